@@ -1,0 +1,69 @@
+"""Failure classes: what went wrong with a candidate, read off its verification result.
+
+Classes: compile_error, runtime_error, timeout, crashed, oom, bad_output (the sandbox's verdicts); coverage (fails
+exactly on the shapes where a template requirement such as BLOCK_N >= N does not hold); precision / nonfinite (a
+low-precision *_DTYPE parameter and errors past the bound / NaN-Inf); tail (only shapes with non-power-of-two dims
+fail); gradient (only gradients fail); wrong (anything else).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.templating import Template
+
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+def parse_shape(label: str) -> dict[str, int]:
+    """``"rows=3,N=4097"`` -> ``{"rows": 3, "N": 4097}``."""
+    return {k: int(v) for k, v in (item.split("=") for item in label.split(",") if item)}
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template: Template,
+             params: dict[str, Any]) -> dict[str, Any]:
+    """{"class", "reason", "evidence"} for a candidate that did not pass."""
+    if verdict != "fail":
+        return {"class": verdict, "reason": f"{verdict}: {message}", "evidence": {}}
+    failing = [c for c in checks if not c["passed"]]
+    failing_shapes = sorted({c["shape"] for c in failing})
+    passing_shapes = sorted({c["shape"] for c in checks} - set(failing_shapes))
+    evidence: dict[str, Any] = {
+        "failing_shapes": failing_shapes,
+        "failing_dtypes": sorted({c["dtype"] for c in failing}),
+        "worst": max(failing, key=lambda c: (c.get("max_abs") or 0) / (c.get("bound") or 1)),
+    }
+
+    unmet = {label: template.unmet(params, parse_shape(label)) for label in failing_shapes}
+    if all(unmet.values()):
+        requirement = next(iter(unmet.values()))[0]
+        return {"class": "coverage", "evidence": {**evidence, "requirement": requirement},
+                "reason": f"fails exactly where '{requirement}' does not hold: [{'] ['.join(failing_shapes)}]"}
+
+    nonfinite = sum(c.get("nonfinite") or 0 for c in failing)
+    low = [name for name, value in params.items() if name.endswith("_DTYPE") and value in LOW_PRECISION]
+    worst = evidence["worst"]
+    if low:
+        what = f"{nonfinite} NaN/Inf values" if nonfinite else \
+            f"error up to {worst['max_abs'] / worst['bound']:.3g}x the bound ({worst['direction']} [{worst['shape']}])"
+        return {"class": "nonfinite" if nonfinite else "precision", "evidence": {**evidence, "param": low[0]},
+                "reason": f"{low[0]}={params[low[0]]} computes in low precision: {what}"}
+    if nonfinite:
+        return {"class": "nonfinite", "evidence": evidence,
+                "reason": f"{nonfinite} NaN/Inf values where the reference is finite"}
+    if set(evidence["failing_dtypes"]) <= set(LOW_PRECISION):
+        return {"class": "precision", "evidence": evidence,
+                "reason": f"only {', '.join(evidence['failing_dtypes'])} fails: worst {worst['direction']} "
+                          f"[{worst['shape']}] at {worst['max_abs'] / worst['bound']:.3g}x the bound"}
+    odd = all(not all(_is_pow2(v) for v in parse_shape(label).values()) for label in failing_shapes)
+    if odd and any(all(_is_pow2(v) for v in parse_shape(label).values()) for label in passing_shapes):
+        return {"class": "tail", "evidence": evidence,
+                "reason": f"power-of-two shapes pass, only shapes with odd sizes fail: [{'] ['.join(failing_shapes)}]"}
+    if all(c["direction"].startswith("grad:") for c in failing):
+        return {"class": "gradient", "evidence": evidence,
+                "reason": f"forward passes, gradients fail: {', '.join(sorted({c['direction'] for c in failing}))}"}
+    return {"class": "wrong", "evidence": evidence, "reason": f"wrong results: {message}"}

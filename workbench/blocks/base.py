@@ -1,0 +1,93 @@
+"""The block contract: a PyTorch reference, input factories, shape suites and tolerances for one block.
+
+A candidate for a block is any Python file defining ``BLOCK = "<name>"`` and ``run`` with exactly the
+reference's signature; verification calls both on the same inputs and compares outputs and gradients.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Shape = Mapping[str, int]
+"""Named dimensions of one test case, e.g. ``{"rows": 3, "N": 4097}``."""
+
+SUITES = ("smoke", "edge", "model")
+"""smoke: tiny, for the interpreter; edge: odd sizes and degenerate cases; model: the model card's sizes (GPU)."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close a candidate must come to the float64 truth.
+
+    A value passes when ``|out - truth|.max() <= factor * |ref_lowp - truth|.max() + atol + rtol * |truth|.max()``:
+    at most ``factor`` times the error the reference itself makes in the candidate's precision (the FlashAttention
+    rule), plus a small floor that keeps exact-in-float32 cases from demanding bit equality.
+    """
+
+    factor: float
+    atol: float
+    rtol: float
+
+    def bound(self, ref_err: float, scale: float) -> float:
+        return self.factor * ref_err + self.atol + self.rtol * scale
+
+
+DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(factor=2.0, atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(factor=2.0, atol=1e-4, rtol=1e-3),
+    torch.bfloat16: Tolerance(factor=2.0, atol=1e-3, rtol=8e-3),
+}
+
+
+def default_tolerance(dtype: torch.dtype) -> Tolerance:
+    return DEFAULT_TOLERANCES[dtype]
+
+
+def shape_label(shape: Shape) -> str:
+    """``{"rows": 3, "N": 4097}`` -> ``"rows=3,N=4097"``."""
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """float32 for low-precision tensors, float64 stays float64: references upcast with this, never to a fixed type."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One architecture block of the catalog.
+
+    reference(*inputs) -> Tensor | tuple[Tensor, ...]: differentiable PyTorch reference; computes in at least float32
+        and in float64 when given float64 inputs, returns outputs in the input dtype.
+    make_inputs(shape, dtype, seed, device) -> dict: every argument of ``reference`` by name, tensors in ``dtype``
+        with realistic distributions; non-tensor arguments (eps, scale) as Python values.
+    grad_inputs: names of the tensor inputs whose gradients are verified.
+    outputs: names of the outputs, in the order ``reference`` returns them.
+    shapes: the ``smoke`` and ``edge`` suites; the ``model`` suite comes from the model cards.
+    work_ops: torch operators (``aten`` names) that do this block's work: a candidate calling them is a torch
+        fallback, not a port.
+    """
+
+    name: str
+    family: str
+    summary: str
+    reference: Callable[..., Any]
+    make_inputs: Callable[[Shape, torch.dtype, int, str], dict[str, Any]]
+    grad_inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    shapes: Mapping[str, list[Shape]]
+    tolerance: Callable[[torch.dtype], Tolerance] = default_tolerance
+    work_ops: tuple[str, ...] = ()
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        """The positional signature that ``run`` must have."""
+        return tuple(inspect.signature(self.reference).parameters)
+
+    def reference_source(self) -> str:
+        return inspect.getsource(inspect.getmodule(self.reference))

@@ -1,0 +1,49 @@
+"""rmsnorm: root-mean-square normalization with a learned weight (DeepSeek / Kimi convention).
+
+    y = weight * x / sqrt(mean(x^2, -1) + eps)
+
+computed in float32 (float64 for float64 inputs) and cast to x.dtype once, at the end.
+
+Shapes: x [..., N], weight [N], y [..., N]. Gradients: x and weight.
+Inputs carry "massive activations" (a few channels of magnitude 50-120, as real hidden states do), so a kernel that
+accumulates x^2 in float16 overflows on wide rows, as it would on a real model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.blocks._rows import ROW_SUITES
+from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    ct = compute_dtype(x)
+    xf = x.to(ct)
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (y * weight.to(ct)).to(x.dtype)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """x [rows, N] ~ N(0, 1) with N // 64 outlier channels (at least one) of magnitude 50-120;
+    weight [N] ~ 1 + N(0, 0.1)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, n = shape["rows"], shape["N"]
+    x = torch.randn(rows, n, generator=g)
+    outliers = torch.randperm(n, generator=g)[: max(1, n // 64)]
+    x[:, outliers] *= 50 + 70 * torch.rand(len(outliers), generator=g)
+    weight = 1 + 0.1 * torch.randn(n, generator=g)
+    return {"x": x.to(device, dtype), "weight": weight.to(device, dtype), "eps": 1e-6}
+
+
+SPEC = BlockSpec(
+    name="rmsnorm",
+    family="norm",
+    summary="RMSNorm with weight, float32 math, one downcast",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("x", "weight"),
+    outputs=("y",),
+    shapes=ROW_SUITES,
+    work_ops=("aten::rsqrt", "aten::rms_norm", "aten::_fused_rms_norm", "aten::layer_norm", "aten::native_layer_norm"),
+)

@@ -1,0 +1,44 @@
+"""swiglu: the gated activation of SwiGLU feed-forward layers (Shazeer 2020).
+
+    y = silu(a) * b,    silu(a) = a * sigmoid(a)
+
+computed in float32 (float64 for float64 inputs) and cast to a.dtype once.
+
+Shapes: a, b [..., N] (a: gate projection, b: up projection), y [..., N]. Gradients: a and b.
+Gate pre-activations are drawn wide (N(0, 4)) so the tails of sigmoid, where float16 exp overflows, are exercised.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.blocks._rows import ROW_SUITES
+from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    ct = compute_dtype(a)
+    af = a.to(ct)
+    return (af * torch.sigmoid(af) * b.to(ct)).to(a.dtype)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """a [rows, N] ~ N(0, 4), b [rows, N] ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, n = shape["rows"], shape["N"]
+    a = 2 * torch.randn(rows, n, generator=g)
+    b = torch.randn(rows, n, generator=g)
+    return {"a": a.to(device, dtype), "b": b.to(device, dtype)}
+
+
+SPEC = BlockSpec(
+    name="swiglu",
+    family="activation",
+    summary="silu(a) * b, float32 math",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("a", "b"),
+    outputs=("y",),
+    shapes=ROW_SUITES,
+    work_ops=("aten::silu", "aten::silu_backward", "aten::sigmoid", "aten::sigmoid_backward"),
+)

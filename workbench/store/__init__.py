@@ -1,0 +1,19 @@
+"""The store: SQLModel tables on one database URL (SQLite by default), engine and session helpers, shared queries."""
+
+from workbench.store.db import get_engine, session_scope
+from workbench.store.models import (
+    Benchmark,
+    BlockRow,
+    Candidate,
+    CIJob,
+    LossReplay,
+    ModelCardRow,
+    PortRun,
+    RunStep,
+    VerificationCheck,
+)
+
+__all__ = [
+    "Benchmark", "BlockRow", "CIJob", "Candidate", "LossReplay", "ModelCardRow", "PortRun", "RunStep",
+    "VerificationCheck", "get_engine", "session_scope",
+]

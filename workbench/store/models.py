@@ -1,0 +1,154 @@
+"""SQLModel tables of the store (DESIGN.md, "Store"). Timestamps are UTC; free-form figures are JSON columns."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, Text
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ModelCardRow(SQLModel, table=True):
+    """A model card as last synced from workbench/models/*.yaml."""
+
+    __tablename__ = "model"
+    name: str = Field(primary_key=True)
+    title: str
+    card: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    synced_at: datetime = Field(default_factory=utcnow)
+
+
+class BlockRow(SQLModel, table=True):
+    __tablename__ = "block"
+    name: str = Field(primary_key=True)
+    family: str
+    summary: str
+    synced_at: datetime = Field(default_factory=utcnow)
+
+
+class PortRun(SQLModel, table=True):
+    """One agent run porting one block. status: running, promoted, blocked, interrupted, failed."""
+
+    __tablename__ = "port_run"
+    id: str = Field(primary_key=True)
+    block: str = Field(index=True)
+    model: str | None = None
+    proposer: str
+    backend: str
+    budget: int
+    status: str = Field(default="running", index=True)
+    reason: str = ""
+    config: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    operator_path: str | None = None
+    best_candidate_id: int | None = None
+    host: str = ""
+    pid: int | None = None
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class RunStep(SQLModel, table=True):
+    """One agent node execution, written as it happens: what the node did and why."""
+
+    __tablename__ = "run_step"
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="port_run.id", index=True)
+    seq: int
+    node: str
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    at: datetime = Field(default_factory=utcnow)
+
+
+class Candidate(SQLModel, table=True):
+    """A candidate module: rendered by the agent (run_id set) or verified from a file (run_id None).
+    status: rendered, then the verification verdict (pass, fail, compile_error, runtime_error, timeout, ...)."""
+
+    __tablename__ = "candidate"
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str | None = Field(default=None, foreign_key="port_run.id", index=True)
+    block: str = Field(index=True)
+    iteration: int = 0
+    template: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    source: str = Field(sa_column=Column(Text))
+    source_hash: str = Field(index=True)
+    path: str
+    status: str = "rendered"
+    message: str = ""
+    worst_ratio: float | None = None
+    verify_seconds: float | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class VerificationCheck(SQLModel, table=True):
+    """One compared quantity of one verification (see workbench.verify.result.Check)."""
+
+    __tablename__ = "verification_check"
+    id: int | None = Field(default=None, primary_key=True)
+    candidate_id: int = Field(foreign_key="candidate.id", index=True)
+    backend: str
+    suite: str
+    shape: str
+    dtype: str
+    seed: int
+    direction: str
+    passed: bool
+    reason: str = ""
+    max_abs: float | None = None
+    max_rel: float | None = None
+    err_ratio: float | None = None
+    ref_err: float | None = None
+    bound: float | None = None
+    nonfinite: int = 0
+
+
+class Benchmark(SQLModel, table=True):
+    """A speed or memory figure of a candidate or a reference at one shape."""
+
+    __tablename__ = "benchmark"
+    id: int | None = Field(default=None, primary_key=True)
+    block: str = Field(index=True)
+    candidate_id: int | None = Field(default=None, foreign_key="candidate.id")
+    backend: str
+    shape: str
+    dtype: str
+    metric: str
+    value: float
+    unit: str
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class LossReplay(SQLModel, table=True):
+    """A loss-curve replay: per-step losses of the operator run and of the reference run it is held against."""
+
+    __tablename__ = "loss_replay"
+    id: int | None = Field(default=None, primary_key=True)
+    model: str
+    mode: str
+    preset: str
+    seed: int
+    ops: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    curve: list[float] = Field(default_factory=list, sa_column=Column(JSON))
+    reference_curve: list[float] = Field(default_factory=list, sa_column=Column(JSON))
+    status: str = "running"
+    reason: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class CIJob(SQLModel, table=True):
+    """A CI verification job over the promoted operators."""
+
+    __tablename__ = "ci_job"
+    id: int | None = Field(default=None, primary_key=True)
+    commit: str = ""
+    status: str = "running"
+    summary: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    junit_path: str | None = None
+    started_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None

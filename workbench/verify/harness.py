@@ -1,0 +1,197 @@
+"""Verify a candidate file against its block's reference (DESIGN.md, "Verification policy").
+
+For every shape of the chosen suites x dtype x seed: fresh inputs, a random upstream gradient, the truth computed
+here in float64, the reference's own error in the candidate's precision, and the candidate's outputs and gradients
+computed in a sandboxed child process. The expected values never enter the candidate's process.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from workbench.backends import Backend, get_backend
+from workbench.blocks import get_block
+from workbench.blocks.base import BlockSpec, Shape, shape_label
+from workbench.errors import NotACandidateError
+from workbench.models import model_shapes
+from workbench.verify.compare import compare
+from workbench.verify.result import Check, VerificationResult
+from workbench.verify.sandbox import run_job
+
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_MEMORY_BYTES = 16 << 30
+_BLOCK_RE = re.compile(r"""^BLOCK\s*(?::\s*str\s*)?=\s*["']([A-Za-z0-9_]+)["']""", re.M)
+
+
+def read_candidate(path: str | Path) -> tuple[str, str]:
+    """(block name, source) of a candidate file, without running it. NotACandidateError when it is none."""
+    path = Path(path)
+    if not path.is_file():
+        raise NotACandidateError(f"{path}: no such file")
+    if path.suffix != ".py":
+        raise NotACandidateError(f"{path}: a candidate is a Python file (.py)")
+    source = path.read_text(errors="replace")
+    block = None
+    try:
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == "BLOCK" for t in targets) and isinstance(
+                        node.value, ast.Constant) and isinstance(node.value.value, str):
+                    block = node.value.value
+    except SyntaxError:
+        match = _BLOCK_RE.search(source)  # a broken candidate still says which block it is for
+        block = match.group(1) if match else None
+    if block is None:
+        raise NotACandidateError(f"{path}: not a candidate (no BLOCK = \"<block name>\" at module level)")
+    return block, source
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def suite_shapes(spec: BlockSpec, suite: str) -> list[Shape]:
+    return model_shapes(spec.name) if suite == "model" else list(spec.shapes.get(suite, []))
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def reference_run(spec: BlockSpec, inputs: dict, grad_outputs: list[torch.Tensor] | None,
+                  upcast: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], dict]:
+    """Outputs and input gradients of the reference. upcast: cast floating inputs (and upstream grads) first."""
+    args, leaves = [], []
+    for name in spec.arg_names:
+        value = inputs[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().clone()
+            if upcast is not None and value.is_floating_point():
+                value = value.to(upcast)
+            if name in spec.grad_inputs:
+                value.requires_grad_(True)
+                leaves.append(value)
+        args.append(value)
+    outputs = _as_tuple(spec.reference(*args))
+    grads: dict = {}
+    if grad_outputs is not None and leaves:
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if o.requires_grad]
+        gos = [g.to(upcast) if upcast is not None else g for _, g in pairs]
+        got = torch.autograd.grad([o for o, _ in pairs], leaves, gos, allow_unused=True)
+        grads = dict(zip(spec.grad_inputs, got, strict=True))
+    return tuple(o.detach() for o in outputs), {k: (v.detach() if v is not None else None) for k, v in grads.items()}
+
+
+def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: list[str], seeds: int,
+                 base_seed: int) -> tuple[list[dict], list[dict]]:
+    """(trials sent to the sandbox, expected values kept here), aligned by trial id."""
+    trials, expected = [], []
+    for suite in suites:
+        for shape in suite_shapes(spec, suite):
+            for dtype_name in dtypes:
+                dtype = getattr(torch, dtype_name)
+                for s in range(seeds):
+                    seed = base_seed + len(trials)
+                    inputs = spec.make_inputs(shape, dtype, seed, backend.device)
+                    ref_out, _ = reference_run(spec, inputs, None)
+                    gen = torch.Generator().manual_seed(seed + 7919)
+                    grad_outputs = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
+                                    if o.is_floating_point() else None for o in ref_out]
+                    lowp = reference_run(spec, inputs, grad_outputs)
+                    truth = reference_run(spec, inputs, grad_outputs, upcast=torch.float64)
+                    meta = {"id": len(trials), "suite": suite, "shape": shape_label(shape), "dtype": dtype_name,
+                            "seed": seed, "replica": s}
+                    trials.append({"id": meta["id"], "inputs": inputs, "grad_outputs": grad_outputs})
+                    expected.append({**meta, "lowp": lowp, "truth": truth, "torch_dtype": dtype})
+    return trials, expected
+
+
+def check_trial(spec: BlockSpec, exp: dict, got: dict) -> list[Check]:
+    """Checks of one trial: each output, then each gradient."""
+    where = {k: exp[k] for k in ("suite", "shape", "dtype", "seed")}
+    if got.get("error"):
+        err = got["error"]
+        return [Check(**where, direction="run", passed=False, reason=f"{err['kind']}: {err['message']}")]
+    (low_out, low_grads), (true_out, true_grads) = exp["lowp"], exp["truth"]
+    outputs = got["outputs"] or []
+    if len(outputs) != len(true_out):
+        return [Check(**where, direction="forward", passed=False,
+                      reason=f"returned {len(outputs)} outputs, expected {len(true_out)}")]
+    tol = spec.tolerance(exp["torch_dtype"])
+    checks = []
+    for name, o, t, r in zip(spec.outputs, outputs, true_out, low_out, strict=True):
+        checks.append(Check(**where, direction=f"forward:{name}", **compare(o, t, r, tol, r.dtype)))
+    grads = got["grads"] or {}
+    for name in spec.grad_inputs:
+        t, r = true_grads.get(name), low_grads.get(name)
+        if t is None:
+            continue
+        checks.append(Check(**where, direction=f"grad:{name}", **compare(grads.get(name), t, r, tol, r.dtype)))
+    return checks
+
+
+def _verdict(checks: list[Check]) -> tuple[str, str]:
+    failing = [c for c in checks if not c.passed]
+    if not failing:
+        return "pass", f"{len(checks)} checks passed"
+    runs = [c for c in failing if c.direction == "run"]
+    if runs:
+        kinds = [c.reason.split(":", 1)[0] for c in runs]
+        kind = next(k for k in ("compile_error", "oom", "runtime_error") if k in kinds)
+        first = next(c for c in runs if c.reason.startswith(kind))
+        return kind, f"{first.reason.split(': ', 1)[1]} ({len(runs)} of the trials; first at [{first.shape}] " \
+                     f"{first.dtype})"
+    worst = max(failing, key=lambda c: (c.max_abs or 0) / (c.bound or 1) if c.bound else float("inf"))
+    return "fail", f"{len(failing)} of {len(checks)} checks failed; worst {worst.line()}"
+
+
+def verify_candidate(path: str | Path, *, block: str | None = None, suites: list[str] | None = None,
+                     dtypes: list[str] | None = None, seeds: int = 2, base_seed: int | None = None,
+                     backend: Backend | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     memory_bytes: int | None = DEFAULT_MEMORY_BYTES, work_dir: Path | None = None,
+                     ) -> VerificationResult:
+    """Full verification of one candidate file. Raises NotACandidateError / UnknownBlockError for user mistakes;
+    everything the candidate does wrong is a verdict in the result."""
+    started = time.monotonic()
+    path = Path(path).resolve()
+    named_block, source = read_candidate(path)
+    spec = get_block(block or named_block)
+    backend = backend or get_backend()
+    suites = [s for s in (suites or ["smoke", "edge"]) if s in backend.suites]
+    dtypes = [d for d in (dtypes or list(backend.dtypes)) if d in backend.dtypes]
+    base_seed = random.SystemRandom().randrange(1 << 30) if base_seed is None else base_seed
+    result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
+                                backend=backend.name, verdict="pass", message="", base_seed=base_seed)
+
+    trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed)
+    job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
+           "trials": trials}
+    job_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=work_dir))
+    try:
+        outcome = run_job(job_dir, job, backend.env, timeout_s, memory_bytes)
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    result.output_tail = outcome.output_tail
+    if outcome.status != "ok":
+        result.verdict, result.message = outcome.status, outcome.message
+    elif outcome.results.get("load_error"):
+        err = outcome.results["load_error"]
+        result.verdict, result.message = err["kind"], err["message"]
+    else:
+        by_id = {t["id"]: t for t in outcome.results["trials"]}
+        for exp in expected:
+            got = by_id.get(exp["id"], {"error": {"kind": "runtime_error", "message": "trial result missing"}})
+            result.checks += check_trial(spec, exp, got)
+        result.verdict, result.message = _verdict(result.checks)
+    result.seconds = time.monotonic() - started
+    return result

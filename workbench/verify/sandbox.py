@@ -1,0 +1,81 @@
+"""Run the sandbox worker in a child process: clean environment, own process group, time and memory limits."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+WORKER = Path(__file__).with_name("worker.py")
+OUTPUT_TAIL_BYTES = 4000
+PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR")
+
+
+@dataclass
+class SandboxOutcome:
+    """status: ok (results came back), timeout, crashed, oom. results: what the worker wrote (status ok only)."""
+
+    status: str
+    message: str
+    results: dict | None
+    output_tail: str
+
+
+def _limits(memory_bytes: int | None):
+    def apply() -> None:
+        if memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
+def child_env(backend_env: dict[str, str]) -> dict[str, str]:
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env.update({"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    env.update(backend_env)
+    return env
+
+
+def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: float,
+            memory_bytes: int | None) -> SandboxOutcome:
+    """Write job.pt, run the worker on it, and read back results.pt."""
+    torch.save(job, job_dir / "job.pt")
+    log_path = job_dir / "output.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", str(WORKER), str(job_dir)],
+            cwd=job_dir, env=child_env(backend_env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=_limits(memory_bytes),
+        )
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return SandboxOutcome("timeout", f"no result within {timeout_s:g} s", None, _tail(log_path))
+    tail = _tail(log_path)
+    results_path = job_dir / "results.pt"
+    if code != 0 or not results_path.exists():
+        if code < 0:
+            name = signal.Signals(-code).name
+            return SandboxOutcome("crashed", f"candidate process killed by {name}", None, tail)
+        if "MemoryError" in tail or "can't allocate memory" in tail:
+            return SandboxOutcome("oom", "candidate process ran out of memory", None, tail)
+        return SandboxOutcome("crashed", f"candidate process exited with code {code} without a result", None, tail)
+    try:
+        results = torch.load(results_path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a result we cannot read is the candidate's fault
+        return SandboxOutcome("crashed", f"unreadable result: {type(exc).__name__}: {exc}"[:300], None, tail)
+    return SandboxOutcome("ok", "", results, tail)
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - OUTPUT_TAIL_BYTES))
+        return f.read().decode("utf-8", "replace")
