@@ -19,8 +19,8 @@ from workbench.errors import WorkbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Port a model's architecture blocks to Triton kernels, verify them, track the port.")
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DbOption = Annotated[str | None, typer.Option("--db", help="database URL (default $WORKBENCH_DB or sqlite:///workbench.db)")]
 OpsOption = Annotated[Path | None, typer.Option("--operators", help="promoted operators folder (default ./operators)")]

@@ -1,8 +1,8 @@
-"""verify_candidate rejects each kind of broken rmsnorm candidate with the verdict for that kind, and accepts a correct one.
+"""verify_candidate rejects each kind of broken rmsnorm candidate with its own verdict, accepts a correct one.
 
-The numerically broken candidates are the rendered row_block template with a single line of text changed, so each
-test changes one thing. The other broken candidates are minimal files. All of them run through the real sandbox on
-the Triton interpreter.
+The numerically broken candidates are the rendered row_block template with one line of text changed, so each
+test changes one thing. The other broken candidates are minimal files. All of them run through the real
+sandbox on the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def verify(path: Path, **overrides):
 
 def minimal(body: str) -> str:
     """A candidate for rmsnorm whose ``run`` is ``body``."""
-    return 'BLOCK = "rmsnorm"\n\n\ndef run(x, weight, eps):\n' + textwrap.indent(textwrap.dedent(body), "    ")
+    header = 'BLOCK = "rmsnorm"\n\n\ndef run(x, weight, eps):\n'
+    return header + textwrap.indent(textwrap.dedent(body), "    ")
 
 
 def failing(result) -> set[tuple[str, str]]:
@@ -68,7 +69,7 @@ def grid(directions, labels=LABELS) -> set[tuple[str, str]]:
     return {(d, label) for d in directions for label in labels}
 
 
-# --- a correct candidate --------------------------------------------------------------------------------------------
+# --- a correct candidate ------------------------------------------------------------------------------------
 
 
 @pytest.mark.interpreter
@@ -90,13 +91,13 @@ def test_correct_candidate_passes_with_figures_on_every_check(tmp_path):
     assert result.worst_ratio() < 1
 
 
-# --- wrong numerics: verdict "fail", and exactly the affected checks fail -------------------------------------------
+# --- wrong numerics: verdict "fail", and exactly the affected checks fail -----------------------------------
 
 WRONG_MATH = {
     # y = x * rstd: the weight is forgotten. The backward kernel is unchanged, so the gradients stay right.
     "forgets the weight": ("(x * rstd * w).to(Y.dtype.element_ty)", "(x * rstd).to(Y.dtype.element_ty)",
                            ["forward:y"]),
-    # rstd = 1 / (mean(x^2) + eps), without the sqrt. The backward kernel reuses the saved rstd, so it is wrong too.
+    # rstd = 1 / (mean(x^2) + eps), without the sqrt. The backward kernel reuses the saved rstd: wrong too.
     "drops the sqrt": ("rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)",
                        "rstd = 1.0 / (tl.sum(x * x, axis=0) / N + eps)", DIRECTIONS),
 }
@@ -132,12 +133,14 @@ def test_wrong_gradient_fails_only_that_gradient(tmp_path, case):
     assert result.verdict == "fail", result.message
     assert failing(result) == grid([broken])
     assert all(c.passed for c in result.checks if c.direction.startswith("forward:"))
-    assert result.message.startswith(f"{len(SHAPES)} of {len(SHAPES) * len(DIRECTIONS)} checks failed; worst {broken} ")
+    total = len(SHAPES) * len(DIRECTIONS)
+    expected = f"{len(SHAPES)} of {total} checks failed; worst {broken} "
+    assert result.message.startswith(expected), result.message
 
 
 @pytest.mark.interpreter
 def test_tail_beyond_block_n_fails_exactly_the_wide_shapes(tmp_path):
-    """BLOCK_N=64 covers only the first 64 columns: wider rows get a sum over part of the row and an unwritten tail."""
+    """BLOCK_N=64 covers only the first 64 columns: a wider row gets a partial sum and an unwritten tail."""
     result = verify(write(tmp_path, rendered(64)))
 
     wide = [shape_label(s) for s in SHAPES if s["N"] > 64]
@@ -145,12 +148,12 @@ def test_tail_beyond_block_n_fails_exactly_the_wide_shapes(tmp_path):
     assert wide and narrow  # the suites still test both sides of the edge
     assert result.verdict == "fail", result.message
     assert {c.shape for c in result.failing()} == set(wide)
-    assert grid(["forward:y"], wide) <= failing(result)  # the forward output itself is wrong on every wide row
+    assert grid(["forward:y"], wide) <= failing(result)  # the output itself is wrong on every wide row
     assert all(c.passed for c in result.checks if c.shape in narrow)
     assert {c.shape for c in result.checks if c.passed} >= set(narrow)
 
 
-# --- errors that are not numerics: each has its own verdict ---------------------------------------------------------
+# --- errors that are not numerics: each has its own verdict -------------------------------------------------
 
 
 @pytest.mark.interpreter
@@ -189,8 +192,8 @@ def test_exception_in_host_code_is_a_runtime_error(tmp_path):
     result = verify(write(tmp_path, source))
 
     assert result.verdict == "runtime_error", result.message
-    assert result.message.startswith(f"cand.py:{line}: IndexError: too many indices for tensor of dimension 2 "
-                                     f"({len(SHAPES)} of the trials;"), result.message
+    assert result.message.startswith(f"cand.py:{line}: IndexError: too many indices for tensor of "
+                                     f"dimension 2 ({len(SHAPES)} of the trials;"), result.message
     assert [c.direction for c in result.checks] == ["run"] * len(SHAPES)
     assert all(c.reason.startswith("runtime_error: ") for c in result.checks)
 
@@ -232,7 +235,7 @@ def test_process_death_is_crashed(tmp_path, case):
     assert result.checks == []
 
 
-# --- files that are no candidate at all: a user error, raised before anything runs ----------------------------------
+# --- files that are no candidate at all: a user error, raised before anything runs --------------------------
 
 NOT_CANDIDATES = {
     "missing file": (None, "missing.py", "no such file"),

@@ -1,6 +1,6 @@
 """Failure classes: what went wrong with a candidate, read off its verification result.
 
-Classes: compile_error, runtime_error, timeout, crashed, oom, bad_output (the sandbox's verdicts); coverage (fails
+Classes: compile_error, runtime_error, timeout, crashed, oom (the sandbox's verdicts); coverage (fails
 exactly on the shapes where a template requirement such as BLOCK_N >= N does not hold); precision / nonfinite (a
 low-precision *_DTYPE parameter and errors past the bound / NaN-Inf); tail (only shapes with non-power-of-two dims
 fail); gradient (only gradients fail); wrong (anything else).

@@ -15,7 +15,7 @@ from workbench.config import Settings
 from workbench.errors import TemplateError, WorkbenchError
 from workbench.store import get_engine, records
 from workbench.templating import format_point, list_templates, load_template, parse_point
-from workbench.verify.harness import DEFAULT_TIMEOUT_S, suite_shapes
+from workbench.verify.harness import DEFAULT_TIMEOUT_S, select_suites, suite_shapes
 
 PROPOSERS = ("search",)
 
@@ -39,11 +39,10 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
     spec = get_block(block)
     if proposer not in PROPOSERS:
         raise WorkbenchError(f"unknown proposer '{proposer}' (known: {', '.join(PROPOSERS)})")
-    if budget < 1 or explore < 1:
-        raise WorkbenchError("--budget and --explore must be at least 1")
+    if min(budget, explore, seeds) < 1:
+        raise WorkbenchError("--budget, --explore and --seeds must be at least 1")
     backend = backend or get_backend()
-    suites = [s for s in (suites or ["smoke", "edge"]) if s in backend.suites]
-    dtypes = [d for d in (dtypes or list(backend.dtypes)) if d in backend.dtypes]
+    suites, dtypes = select_suites(backend, suites, dtypes)
     templates = {t.name: t for t in list_templates(spec.name)}
     if not templates:
         raise WorkbenchError(f"block {spec.name} has no templates (templates/{spec.name}/*.py.j2)")

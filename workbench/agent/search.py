@@ -16,7 +16,7 @@ from workbench.blocks.base import Shape
 from workbench.templating import Template, format_point
 
 # Failures that no parameter of the same template can fix: look at the other templates first.
-STRUCTURAL = ("compile_error", "runtime_error", "crashed", "bad_output", "tail", "gradient", "wrong", "template_error")
+STRUCTURAL = ("compile_error", "runtime_error", "crashed", "tail", "gradient", "wrong", "template_error")
 
 
 def point_key(template: str, params: dict[str, Any]) -> str:
@@ -66,7 +66,12 @@ class SearchProposer:
         others = [t for t in self.templates if t.name != template_name]
         order = others + [template] if diagnosis["class"] in STRUCTURAL else self.templates
         for nxt, nxt_params in self._covering(order, tried):
-            why = "exploring" if diagnosis["class"] == "explore" else f"no repair rule for {diagnosis['class']}"
+            if diagnosis["class"] == "explore":
+                why = "exploring"
+            elif rule:
+                why = f"the {diagnosis['class']} repair has nothing untried left"
+            else:
+                why = f"no repair rule for {diagnosis['class']}"
             if diagnosis["class"] in STRUCTURAL:
                 why += f" ({template_name}'s code is suspect, other templates first)"
             return Proposal(template=nxt.name, params=nxt_params, reason=f"{why}: next untried point")

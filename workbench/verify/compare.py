@@ -36,7 +36,7 @@ def compare(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: torch.Tenso
     nonfinite = int(bad.sum()) + int(mismatch_nonfinite.sum())
 
     tf, of, rf = t[finite_truth], o[finite_truth], r[finite_truth]
-    err = (of - tf).abs()
+    err = torch.where(torch.isfinite(of), (of - tf).abs(), torch.inf)  # a NaN output is an infinite error
     scale = float(tf.abs().max()) if tf.numel() else 0.0
     max_abs = float(err.max()) if err.numel() else 0.0
     ref_err_t = (rf - tf).abs()

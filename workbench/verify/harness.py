@@ -20,8 +20,8 @@ import torch
 
 from workbench.backends import Backend, get_backend
 from workbench.blocks import get_block
-from workbench.blocks.base import BlockSpec, Shape, shape_label
-from workbench.errors import NotACandidateError
+from workbench.blocks.base import SUITES, BlockSpec, Shape, shape_label
+from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
 from workbench.verify.compare import compare
 from workbench.verify.result import Check, VerificationResult
@@ -58,6 +58,24 @@ def read_candidate(path: str | Path) -> tuple[str, str]:
 
 def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
+
+
+def select_suites(backend: Backend, suites: list[str] | None, dtypes: list[str] | None) -> tuple[list[str], list[str]]:
+    """The suites and dtypes asked for (default: smoke+edge, every dtype of the backend), each checked against what
+    the backend can run: a name it cannot is a WorkbenchError, never silently dropped."""
+    suites = suites or ["smoke", "edge"]
+    dtypes = dtypes or list(backend.dtypes)
+    for suite in suites:
+        if suite not in SUITES:
+            raise WorkbenchError(f"unknown shape suite '{suite}' (known: {', '.join(SUITES)})")
+        if suite not in backend.suites:
+            raise WorkbenchError(f"the {suite} suite does not run on the {backend.name} backend "
+                                 f"(it runs: {', '.join(backend.suites)})")
+    for dtype in dtypes:
+        if dtype not in backend.dtypes:
+            raise WorkbenchError(f"dtype {dtype} does not run on the {backend.name} backend "
+                                 f"(it runs: {', '.join(backend.dtypes)})")
+    return suites, dtypes
 
 
 def suite_shapes(spec: BlockSpec, suite: str) -> list[Shape]:
@@ -167,18 +185,23 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     named_block, source = read_candidate(path)
     spec = get_block(block or named_block)
     backend = backend or get_backend()
-    suites = [s for s in (suites or ["smoke", "edge"]) if s in backend.suites]
-    dtypes = [d for d in (dtypes or list(backend.dtypes)) if d in backend.dtypes]
+    suites, dtypes = select_suites(backend, suites, dtypes)
+    if seeds < 1:
+        raise WorkbenchError("seeds must be at least 1")
     base_seed = random.SystemRandom().randrange(1 << 30) if base_seed is None else base_seed
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
                                 backend=backend.name, verdict="pass", message="", base_seed=base_seed)
 
     trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed)
+    if not trials:
+        raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
            "trials": trials}
     job_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=work_dir))
     try:
-        outcome = run_job(job_dir, job, backend.env, timeout_s, memory_bytes)
+        # RLIMIT_AS caps host memory; CUDA maps far more address space than it uses, so no cap there.
+        cap = memory_bytes if backend.device == "cpu" else None
+        outcome = run_job(job_dir, job, backend.env, timeout_s, cap)
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
     result.output_tail = outcome.output_tail

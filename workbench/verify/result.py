@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 # Sandbox and per-trial outcomes that are not numerics: each is a verdict of its own.
-ERROR_VERDICTS = ("compile_error", "runtime_error", "timeout", "crashed", "oom", "bad_output")
+ERROR_VERDICTS = ("compile_error", "runtime_error", "timeout", "crashed", "oom")
 
 
 @dataclass

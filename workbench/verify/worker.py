@@ -33,7 +33,7 @@ def classify(exc: BaseException, candidate: str) -> dict:
         kind = "compile_error"
     else:
         kind = "runtime_error"
-    frames = traceback.extract_tb(root.__traceback__) + traceback.extract_tb(exc.__traceback__)
+    frames = traceback.extract_tb(exc.__traceback__) + traceback.extract_tb(root.__traceback__)  # outer first
     where = next((f"{Path(f.filename).name}:{f.lineno}: " for f in reversed(frames) if f.filename == candidate), "")
     return {"kind": kind, "message": f"{where}{type(root).__name__}: {first}"[:500]}
 

@@ -1,0 +1,72 @@
+"""The agent end to end on the Triton interpreter: recovery through named repairs, exhaustion, broken templates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workbench.agent.run import port_block
+from workbench.store import get_engine
+from workbench.store.queries import find_run, run_candidates, run_steps
+from workbench.templating import templates_dir
+from workbench.verify.harness import verify_candidate
+
+pytestmark = pytest.mark.interpreter
+
+
+def test_bad_start_recovers_through_named_repairs_and_promotes(settings):
+    """Start with float16 accumulation and a 64-wide row tile: the agent must repair the accumulator, then the
+    tile, and promote a candidate that passes full verification."""
+    outcome = port_block("rmsnorm", settings, start="row_block:BLOCK_N=64,ACC_DTYPE=float16", seeds=1, budget=6)
+    assert outcome.status == "promoted", outcome.reason
+    engine = get_engine(settings.db_url)
+    candidates = run_candidates(engine, outcome.run_id)
+    assert [c.status for c in candidates] == ["fail", "fail", "pass"]
+    assert [c.params["ACC_DTYPE"] for c in candidates] == ["float16", "float32", "float32"]
+    assert [c.params["BLOCK_N"] for c in candidates] == [64, 64, 8192]
+    messages = [s.message for s in run_steps(engine, outcome.run_id)]
+    assert any("precision repair" in m and "ACC_DTYPE float16 -> float32" in m for m in messages)
+    assert any("coverage repair" in m and "BLOCK_N 64 -> 8192" in m for m in messages)
+    diagnoses = [s.message for s in run_steps(engine, outcome.run_id) if s.node == "diagnose"]
+    assert diagnoses[0].startswith(("nonfinite", "precision")) and diagnoses[1].startswith("coverage")
+
+    operator = Path(outcome.operator_path)
+    manifest = json.loads(operator.with_suffix(".json").read_text())
+    assert operator.parent == settings.operators_dir / "rmsnorm"
+    assert manifest["template"] == "row_block" and manifest["params"]["BLOCK_N"] == 8192
+    assert manifest["run_id"] == outcome.run_id and manifest["verification"]["verdict"] == "pass"
+    assert "params: BLOCK_N=8192" in operator.read_text()
+    assert verify_candidate(operator, seeds=1, base_seed=1234).passed
+
+
+def test_budget_runs_out_and_the_run_ends_blocked(settings):
+    outcome = port_block("rmsnorm", settings, start="row_block:BLOCK_N=64,ACC_DTYPE=float16", seeds=1, budget=1,
+                         dtypes=["float16"], suites=["smoke"])
+    assert outcome.status == "blocked"
+    assert "budget of 1 candidates spent" in outcome.reason
+    assert "last diagnosis" in outcome.reason
+    engine = get_engine(settings.db_url)
+    run = find_run(engine, outcome.run_id)
+    assert run.status == "blocked" and run.finished_at is not None and run.best_candidate_id is not None
+    assert not (settings.operators_dir / "rmsnorm").exists()
+
+
+def test_template_rendering_invalid_python_is_diagnosed_and_the_next_template_promoted(settings, tmp_path,
+                                                                                       monkeypatch):
+    root = tmp_path / "templates"
+    shutil.copytree(templates_dir() / "rmsnorm", root / "rmsnorm")
+    broken = root / "rmsnorm" / "row_block.py.j2"
+    broken.write_text(broken.read_text().replace("def run(x, weight, eps):", "def run(x, weight, eps)"))
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(root))
+    outcome = port_block("rmsnorm", settings, seeds=1, dtypes=["float32"], suites=["smoke"], budget=3)
+    assert outcome.status == "promoted"
+    engine = get_engine(settings.db_url)
+    first, second = run_candidates(engine, outcome.run_id)[:2]
+    assert first.template == "row_block" and first.status == "compile_error"
+    assert "SyntaxError" in first.message and first.message.count("\n") == 0
+    assert second.template == "col_tiled" and second.status == "pass"
+    revise = [s.message for s in run_steps(engine, outcome.run_id) if s.node == "revise"]
+    assert "no repair rule for compile_error" in revise[0] and "other templates first" in revise[0]
