@@ -140,7 +140,9 @@ def test_parse_point():
     assert (name, point) == ("row_block", {"BLOCK_N": 64, "ACC_DTYPE": "float16"})
     assert type(point["BLOCK_N"]) is int
     assert type(point["ACC_DTYPE"]) is str
-    assert parse_point(" row_block : BLOCK_N = 64 , ") == ("row_block", {"BLOCK_N": 64})
+    assert parse_point(" row_block : BLOCK_N = 64 ,ACC_DTYPE= float32") == (
+        "row_block", {"BLOCK_N": 64, "ACC_DTYPE": "float32"})
+    assert parse_point("row_block:BLOCK_N=64,") == ("row_block", {"BLOCK_N": 64})
     assert parse_point("col_tiled") == ("col_tiled", {})
 
 

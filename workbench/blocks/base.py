@@ -7,8 +7,9 @@ reference's signature; verification calls both on the same inputs and compares o
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,8 +70,12 @@ class BlockSpec:
     grad_inputs: names of the tensor inputs whose gradients are verified.
     outputs: names of the outputs, in the order ``reference`` returns them.
     shapes: the ``smoke`` and ``edge`` suites; the ``model`` suite comes from the model cards.
-    work_ops: torch operators (``aten`` names) that do this block's work: a candidate calling them is a torch
-        fallback, not a port.
+    host_ops: torch operators (``"aten.sum"``) that a candidate's host code may call besides allocation, views and
+        copies (which every block may use): anything else during ``run`` or its backward is a torch fallback.
+    comparators: custom comparison per quantity, keyed "forward:<output>" or "grad:<input>", with the signature
+        of ``workbench.verify.compare.compare`` (e.g. set overlap for top-k indices); default: that compare.
+    hidden_shapes: draws extra shapes at verification time (never shown to the candidate's author) from an rng;
+        default: random sizes within the ranges of the smoke and edge suites.
     """
 
     name: str
@@ -82,7 +87,9 @@ class BlockSpec:
     outputs: tuple[str, ...]
     shapes: Mapping[str, list[Shape]]
     tolerance: Callable[[torch.dtype], Tolerance] = default_tolerance
-    work_ops: tuple[str, ...] = ()
+    host_ops: tuple[str, ...] = ()
+    comparators: Mapping[str, Callable[..., dict]] = field(default_factory=dict)
+    hidden_shapes: Callable[[random.Random], list[Shape]] | None = None
 
     @property
     def arg_names(self) -> tuple[str, ...]:

@@ -40,5 +40,4 @@ SPEC = BlockSpec(
     grad_inputs=("a", "b"),
     outputs=("y",),
     shapes=ROW_SUITES,
-    work_ops=("aten::silu", "aten::silu_backward", "aten::sigmoid", "aten::sigmoid_backward"),
 )
