@@ -89,7 +89,7 @@ def _as_tuple(out) -> tuple:
 def reference_run(spec: BlockSpec, inputs: dict, grad_outputs: list[torch.Tensor] | None,
                   upcast: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], dict]:
     """Outputs and input gradients of the reference. upcast: cast floating inputs (and upstream grads) first."""
-    args, leaves = [], []
+    args, leaves = [], {}
     for name in spec.arg_names:
         value = inputs[name]
         if isinstance(value, torch.Tensor):
@@ -98,15 +98,15 @@ def reference_run(spec: BlockSpec, inputs: dict, grad_outputs: list[torch.Tensor
                 value = value.to(upcast)
             if name in spec.grad_inputs:
                 value.requires_grad_(True)
-                leaves.append(value)
+                leaves[name] = value
         args.append(value)
     outputs = _as_tuple(spec.reference(*args))
     grads: dict = {}
     if grad_outputs is not None and leaves:
         pairs = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if o.requires_grad]
         gos = [g.to(upcast) if upcast is not None else g for _, g in pairs]
-        got = torch.autograd.grad([o for o, _ in pairs], leaves, gos, allow_unused=True)
-        grads = dict(zip(spec.grad_inputs, got, strict=True))
+        got = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), gos, allow_unused=True)
+        grads = dict(zip(leaves, got, strict=True))
     return tuple(o.detach() for o in outputs), {k: (v.detach() if v is not None else None) for k, v in grads.items()}
 
 

@@ -51,24 +51,24 @@ def load_candidate(path: str):
 def run_trial(run, trial: dict, arg_names: list[str], grad_inputs: list[str]):
     import torch
 
-    args, leaves = [], []
+    args, leaves = [], {}
     for name in arg_names:
         value = trial["inputs"][name]
         if isinstance(value, torch.Tensor):
             value = value.clone()
             if name in grad_inputs:
                 value.requires_grad_(True)
-                leaves.append(value)
+                leaves[name] = value
         args.append(value)
     out = run(*args)
     outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-    grads: dict[str, object] = {name: None for name in grad_inputs}
+    grads: dict[str, object] = {name: None for name in leaves}
     differentiable = [(o, g) for o, g in zip(outputs, trial["grad_outputs"], strict=False)
-                      if isinstance(o, torch.Tensor) and o.requires_grad]
+                      if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
     if leaves and differentiable:
-        got = torch.autograd.grad([o for o, _ in differentiable], leaves, [g for _, g in differentiable],
-                                  allow_unused=True)
-        grads = {name: (g.detach() if g is not None else None) for name, g in zip(grad_inputs, got, strict=True)}
+        got = torch.autograd.grad([o for o, _ in differentiable], list(leaves.values()),
+                                  [g for _, g in differentiable], allow_unused=True)
+        grads = {name: (g.detach() if g is not None else None) for name, g in zip(leaves, got, strict=True)}
     detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
     return detached, grads
 
