@@ -19,3 +19,8 @@ class TemplateError(WorkbenchError):
 
 class NotACandidateError(WorkbenchError):
     pass
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message folded onto one line (YAML errors span several)."""
+    return " ".join(str(exc).split())

@@ -28,6 +28,6 @@ def list_promoted(operators_dir: Path, block: str | None = None) -> list[dict[st
             data = json.loads(manifest.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if source.is_file():
+        if isinstance(data, dict) and source.is_file():
             found.append({**data, "path": str(source)})
     return sorted(found, key=lambda m: m.get("promoted_at", ""), reverse=True)

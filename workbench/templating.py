@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from workbench.errors import TemplateError
+from workbench.errors import TemplateError, one_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Point = dict[str, Any]
@@ -106,7 +106,7 @@ def parse_point(text: str) -> tuple[str, Point]:
     """``"row_block:BLOCK_N=64,ACC_DTYPE=float16"`` -> ("row_block", {"BLOCK_N": 64, "ACC_DTYPE": "float16"})."""
     name, _, rest = text.partition(":")
     point: Point = {}
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep:
             raise TemplateError(f"bad parameter '{item}' in '{text}' (expected NAME=VALUE)")
@@ -136,7 +136,7 @@ def load_template(block: str, name: str) -> Template:
                         constraints=list(meta.get("constraints", [])), requires=list(meta.get("requires", [])))
     except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TemplateError(f"template {block}/{name}: malformed sidecar {sidecar.name}: "
-                            f"{type(exc).__name__}: {exc}") from None
+                            f"{type(exc).__name__}: {one_line(exc)}") from None
 
 
 def list_templates(block: str) -> list[Template]:

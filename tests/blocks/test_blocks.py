@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 
 import pytest
 import torch
@@ -86,7 +87,9 @@ def test_grad_inputs_and_outputs_are_consistent(block):
     assert spec.outputs == ("y",)
     assert isinstance(spec.reference(**inputs), torch.Tensor)  # a single output, not a tuple
     assert "def reference" in spec.reference_source()
-    assert spec.work_ops and all(op.startswith("aten::") for op in spec.work_ops)
+    assert all(re.fullmatch(r"aten\.\w+", op) for op in spec.host_ops), spec.host_ops
+    quantities = {f"forward:{o}" for o in spec.outputs} | {f"grad:{i}" for i in spec.grad_inputs}
+    assert set(spec.comparators) <= quantities, "a comparator is keyed by a quantity the block has"
 
 
 # --- rmsnorm reference -----------------------------------------------------------------------------------------

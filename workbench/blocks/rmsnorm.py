@@ -31,7 +31,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     rows, n = shape["rows"], shape["N"]
     x = torch.randn(rows, n, generator=g)
     outliers = torch.randperm(n, generator=g)[: max(1, n // 64)]
-    x[:, outliers] *= 50 + 70 * torch.rand(len(outliers), generator=g)
+    x[:, outliers] = x[:, outliers].sign() * (50 + 70 * torch.rand(rows, len(outliers), generator=g))
     weight = 1 + 0.1 * torch.randn(n, generator=g)
     return {"x": x.to(device, dtype), "weight": weight.to(device, dtype), "eps": 1e-6}
 

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from workbench.blocks.base import Shape
-from workbench.errors import UnknownModelError, WorkbenchError
+from workbench.errors import UnknownModelError, WorkbenchError, one_line
 
 CARDS_DIR = Path(__file__).parent
 
@@ -30,8 +30,8 @@ def _load(path: Path) -> ModelCard:
         data = yaml.safe_load(path.read_text())
         return ModelCard(name=data["name"], title=data.get("title", data["name"]),
                          facts=dict(data.get("facts", {})), blocks=dict(data["blocks"]))
-    except (yaml.YAMLError, KeyError, TypeError) as exc:
-        raise WorkbenchError(f"model card {path.name} is malformed: {exc}") from None
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise WorkbenchError(f"model card {path.name} is malformed: {one_line(exc)}") from None
 
 
 def list_models() -> list[ModelCard]:

@@ -24,6 +24,7 @@ from workbench.blocks.base import SUITES, BlockSpec, Shape, shape_label
 from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
 from workbench.verify.compare import compare
+from workbench.verify.integrity import INTEGRITY_VERDICTS, evaluate
 from workbench.verify.result import Check, VerificationResult
 from workbench.verify.sandbox import run_job
 
@@ -110,27 +111,55 @@ def reference_run(spec: BlockSpec, inputs: dict, grad_outputs: list[torch.Tensor
     return tuple(o.detach() for o in outputs), {k: (v.detach() if v is not None else None) for k, v in grads.items()}
 
 
+HIDDEN_SHAPES = 2
+
+
+def default_hidden_shapes(spec: BlockSpec, rng: random.Random) -> list[Shape]:
+    """Shapes nobody was shown: each dim drawn independently between its smallest and largest smoke/edge value."""
+    shown = [shape for suite in ("smoke", "edge") for shape in spec.shapes.get(suite, [])]
+    dims = list(shown[0]) if shown else []
+    return [{d: rng.randint(min(s[d] for s in shown), max(s[d] for s in shown)) for d in dims}
+            for _ in range(HIDDEN_SHAPES)]
+
+
 def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: list[str], seeds: int,
                  base_seed: int) -> tuple[list[dict], list[dict]]:
-    """(trials sent to the sandbox, expected values kept here), aligned by trial id."""
+    """(trials sent to the sandbox, expected values kept here), aligned by trial id.
+
+    kind "suite": every shape of the suites x dtype x seed; "hidden": shapes drawn now from the base seed, one seed
+    each; "repeat": the first trial of each dtype again on the same inputs (determinism)."""
     trials, expected = [], []
+
+    def add(kind: str, suite: str, shape: Shape, dtype_name: str, seed: int, replica: int) -> None:
+        dtype = getattr(torch, dtype_name)
+        inputs = spec.make_inputs(shape, dtype, seed, backend.device)
+        ref_out, _ = reference_run(spec, inputs, None)
+        gen = torch.Generator().manual_seed(seed + 7919)
+        grad_outputs = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
+                        if o.is_floating_point() else None for o in ref_out]
+        lowp = reference_run(spec, inputs, grad_outputs)
+        truth = reference_run(spec, inputs, grad_outputs, upcast=torch.float64)
+        meta = {"id": len(trials), "kind": kind, "suite": suite, "shape": shape_label(shape), "dtype": dtype_name,
+                "seed": seed, "replica": replica}
+        trials.append({"id": meta["id"], "inputs": inputs, "grad_outputs": grad_outputs})
+        expected.append({**meta, "lowp": lowp, "truth": truth, "torch_dtype": dtype})
+
     for suite in suites:
         for shape in suite_shapes(spec, suite):
             for dtype_name in dtypes:
-                dtype = getattr(torch, dtype_name)
                 for s in range(seeds):
-                    seed = base_seed + len(trials)
-                    inputs = spec.make_inputs(shape, dtype, seed, backend.device)
-                    ref_out, _ = reference_run(spec, inputs, None)
-                    gen = torch.Generator().manual_seed(seed + 7919)
-                    grad_outputs = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
-                                    if o.is_floating_point() else None for o in ref_out]
-                    lowp = reference_run(spec, inputs, grad_outputs)
-                    truth = reference_run(spec, inputs, grad_outputs, upcast=torch.float64)
-                    meta = {"id": len(trials), "suite": suite, "shape": shape_label(shape), "dtype": dtype_name,
-                            "seed": seed, "replica": s}
-                    trials.append({"id": meta["id"], "inputs": inputs, "grad_outputs": grad_outputs})
-                    expected.append({**meta, "lowp": lowp, "truth": truth, "torch_dtype": dtype})
+                    add("suite", suite, shape, dtype_name, base_seed + len(trials), s)
+    rng = random.Random(base_seed)
+    hidden = spec.hidden_shapes(rng) if spec.hidden_shapes else default_hidden_shapes(spec, rng)
+    for shape in hidden:
+        for dtype_name in dtypes:
+            add("hidden", "hidden", shape, dtype_name, base_seed + len(trials), 0)
+    for dtype_name in dtypes:
+        first = next((e for e in expected if e["kind"] == "suite" and e["dtype"] == dtype_name), None)
+        if first:
+            trials.append({**trials[first["id"]], "id": len(trials)})
+            expected.append({**first, "id": len(expected), "kind": "repeat", "suite": "repeat",
+                             "repeat_of": first["id"]})
     return trials, expected
 
 
@@ -162,6 +191,10 @@ def _verdict(checks: list[Check]) -> tuple[str, str]:
     failing = [c for c in checks if not c.passed]
     if not failing:
         return "pass", f"{len(checks)} checks passed"
+    cheats = {c.direction.removeprefix("integrity:"): c for c in failing if c.direction.startswith("integrity:")}
+    for name in INTEGRITY_VERDICTS:
+        if name in cheats:
+            return name, cheats[name].reason
     runs = [c for c in failing if c.direction == "run"]
     if runs:
         kinds = [c.reason.split(":", 1)[0] for c in runs]
@@ -196,7 +229,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     if not trials:
         raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
-           "trials": trials}
+           "trials": trials, "device": backend.device}
     job_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=work_dir))
     try:
         # RLIMIT_AS caps host memory; CUDA maps far more address space than it uses, so no cap there.
@@ -207,14 +240,19 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     result.output_tail = outcome.output_tail
     if outcome.status != "ok":
         result.verdict, result.message = outcome.status, outcome.message
-    elif outcome.results.get("load_error"):
-        err = outcome.results["load_error"]
-        result.verdict, result.message = err["kind"], err["message"]
     else:
-        by_id = {t["id"]: t for t in outcome.results["trials"]}
-        for exp in expected:
-            got = by_id.get(exp["id"], {"error": {"kind": "runtime_error", "message": "trial result missing"}})
-            result.checks += check_trial(spec, exp, got)
+        results = outcome.results
+        by_id = {t["id"]: t for t in results["trials"]}
+        numeric: dict[int, list[Check]] = {}
+        if not results.get("load_error"):
+            missing = {"error": {"kind": "runtime_error", "message": "no result for this trial"}}
+            for exp in expected:
+                numeric[exp["id"]] = check_trial(spec, exp, by_id.get(exp["id"], missing))
+                result.checks += numeric[exp["id"]]
+        result.checks += evaluate(spec, results, expected, by_id, numeric)
         result.verdict, result.message = _verdict(result.checks)
+        if results.get("load_error") and result.verdict == "pass":
+            err = results["load_error"]
+            result.verdict, result.message = err["kind"], err["message"]
     result.seconds = time.monotonic() - started
     return result

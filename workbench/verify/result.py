@@ -10,7 +10,8 @@ ERROR_VERDICTS = ("compile_error", "runtime_error", "timeout", "crashed", "oom")
 
 @dataclass
 class Check:
-    """One compared quantity. direction: "forward:<output>", "grad:<input>", or "run" for a trial that failed."""
+    """One compared quantity. direction: "forward:<output>", "grad:<input>", "run" for a trial that failed, or
+    "integrity:<verdict>" for a failed integrity check (suite "integrity")."""
 
     suite: str
     shape: str

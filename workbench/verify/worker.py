@@ -1,19 +1,172 @@
-"""Sandbox worker: runs one candidate on the trials of a job and writes back its outputs and gradients.
+"""Sandbox worker: runs one untrusted candidate on the trials of a job and sends back its outputs, gradients and
+what it was seen doing.
 
-Started as ``python -I worker.py JOB_DIR`` in a child process (its environment already holds TRITON_INTERPRET when
-the interpreter is the backend). It imports torch and the candidate, nothing of the workbench: the reference and the
-expected values never enter this process. Reads JOB_DIR/job.pt, writes JOB_DIR/results.pt:
-``{"load_error": None | {kind, message}, "trials": [{id, outputs, grads, error}]}``.
+Started as ``python -I worker.py JOB_DIR RESULT_FD`` in a child process (its environment already holds
+TRITON_INTERPRET when the interpreter is the backend). It imports torch, triton and the candidate, nothing of the
+workbench: the reference and the expected values never enter this process, and an import of ``workbench`` by the
+candidate is refused and reported. Before the candidate is loaded it installs what the parent's integrity checks
+read:
+
+- an audit hook (cannot be removed) recording frame and object introspection, tracing, ctypes, processes,
+  sockets, dynamic code and reads of the workbench's sources when the calling code is the candidate's;
+- a Triton launch counter (forward and backward separately);
+- a torch dispatch mode, during ``run`` and its backward, recording every aten op and poisoning every freshly
+  allocated buffer with a NaN bit pattern (POISON_BITS) so unwritten outputs are recognisable;
+- a snapshot of torch, triton, time and builtins attributes, compared after every trial (monkeypatching).
+
+Reads JOB_DIR/job.pt; writes the result as one torch.save blob to RESULT_FD (a pipe): ``{"load_error",
+"trials": [{id, outputs, grads, error, launches_fwd, launches_bwd, ops, aliasing, mutated, subclass, seconds}],
+"events", "patched"}``.
 """
 
 from __future__ import annotations
 
+import builtins
+import importlib.abc
 import importlib.util
+import io
+import os
 import sys
+import sysconfig
+import threading
+import time
 import traceback
 from pathlib import Path
 
 KERNEL_ERRORS = (ValueError, TypeError, AttributeError, NameError, AssertionError, SyntaxError)
+# Bit patterns written into every fresh buffer (NaN payloads for floats, a sentinel for integers).
+POISON_BITS = {"float32": 0x7FA5A5A5, "float16": 0x7D5A, "bfloat16": 0x7FA5, "float64": 0x7FF4A5A5A5A5A5A5}
+POISON_INT = -0x5A5A5A5A
+# Audit events that no candidate needs: the first non-stdlib frame raising them must not be the candidate's.
+FORBIDDEN_EVENTS = {
+    "sys._getframe": "introspection", "sys._current_frames": "introspection", "sys.settrace": "introspection",
+    "sys.setprofile": "introspection", "gc.get_objects": "introspection", "gc.get_referrers": "introspection",
+    "gc.get_referents": "introspection", "object.__getattr__": "introspection",
+    "ctypes.dlopen": "forbidden_call", "ctypes.dlsym": "forbidden_call", "ctypes.addressof": "forbidden_call",
+    "ctypes.string_at": "forbidden_call", "ctypes.cdata": "forbidden_call", "ctypes.call_function": "forbidden_call",
+    "subprocess.Popen": "forbidden_call", "os.system": "forbidden_call", "os.exec": "forbidden_call",
+    "os.posix_spawn": "forbidden_call", "os.fork": "forbidden_call", "os.kill": "forbidden_call",
+    "socket.connect": "forbidden_call", "socket.bind": "forbidden_call",
+    "compile": "forbidden_call", "exec": "forbidden_call", "code.__new__": "forbidden_call",
+    "import": "forbidden_import", "open": "forbidden_import",
+}
+BENIGN_CALLERS = ("warnings.py", os.path.join("logging", "__init__.py"))
+STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+OWN_FILE = os.path.abspath(__file__)
+WORKBENCH_DIR = str(Path(__file__).resolve().parent.parent)  # the package whose sources hold the references
+
+
+class Watch:
+    """What the candidate was seen doing; filled by the hooks below."""
+
+    candidate = ""
+    events: list[dict] = []
+    in_hook = False
+
+
+def _first_foreign_frame(frame):
+    """The first frame up the stack that is neither the standard library, a frozen module, nor this worker; None
+    when an import comes first (the event belongs to a standard-library module being initialised)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith("<frozen importlib"):
+            return None
+        if not (name.startswith(STDLIB) or name.startswith("<frozen") or name == OWN_FILE):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _audit(event: str, args: tuple) -> None:
+    kind = FORBIDDEN_EVENTS.get(event)
+    if kind is None or Watch.in_hook or not Watch.candidate:
+        return
+    if event == "import" and not str(args[0]).split(".")[0] == "workbench":
+        return
+    if event == "open" and not (isinstance(args[0], str) and os.path.abspath(args[0]).startswith(WORKBENCH_DIR)):
+        return
+    if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"):
+        return
+    Watch.in_hook = True
+    try:
+        caller = sys._getframe(1)
+        if kind != "introspection" and event in ("compile", "exec", "code.__new__"):
+            frame = caller  # dynamic code counts only when the candidate itself calls compile/exec
+        elif caller.f_code.co_filename.endswith(BENIGN_CALLERS):
+            return  # warnings and logging look up their caller's frame and hand nothing back
+        else:
+            frame = _first_foreign_frame(caller)
+        if frame is not None and frame.f_code.co_filename == Watch.candidate and len(Watch.events) < 20:
+            detail = args[0] if event in ("import", "open", "subprocess.Popen", "os.system") else \
+                (args[1] if event == "object.__getattr__" else "")
+            Watch.events.append({"kind": kind, "event": event, "detail": str(detail)[:200],
+                                 "line": frame.f_lineno})
+    finally:
+        Watch.in_hook = False
+
+
+class RefuseWorkbench(importlib.abc.MetaPathFinder):
+    """The candidate may not import the workbench (its references live there)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] == "workbench":
+            raise ImportError("the workbench is not importable from a candidate")
+        return None
+
+
+class Launches:
+    count = 0
+
+
+def _count_launches(cls) -> None:
+    original = cls.run
+
+    def run(self, *args, **kwargs):
+        Launches.count += 1
+        return original(self, *args, **kwargs)
+
+    cls.run = run
+
+
+def _snapshot(modules) -> dict:
+    """{(module, attribute): id(value)} of the namespaces a candidate could patch to fool the checks."""
+    return {(name, key): id(value) for name, ns in modules.items() for key, value in list(vars(ns).items())}
+
+
+def _patched(before: dict, modules) -> list[str]:
+    now = _snapshot(modules)
+    return sorted(f"{m}.{k}" for (m, k), ident in before.items() if now.get((m, k), ident) != ident)
+
+
+def make_trace_mode():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    empties = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+               torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
+               torch.ops.aten.new_empty_strided.default}
+    int_views = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+                 torch.float64: torch.int64}
+
+    class Trace(TorchDispatchMode):
+        """Counts aten ops by name and poisons fresh buffers."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops: dict[str, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            self.ops[name] = self.ops.get(name, 0) + 1
+            out = func(*args, **(kwargs or {}))
+            if func in empties and isinstance(out, torch.Tensor) and out.numel():
+                if out.dtype in int_views:
+                    out.view(int_views[out.dtype]).fill_(POISON_BITS[str(out.dtype).removeprefix("torch.")])
+                elif out.dtype in (torch.int32, torch.int64):
+                    out.fill_(POISON_INT)
+            return out
+
+    return Trace
 
 
 def classify(exc: BaseException, candidate: str) -> dict:
@@ -48,37 +201,105 @@ def load_candidate(path: str):
     return module
 
 
-def run_trial(run, trial: dict, arg_names: list[str], grad_inputs: list[str]):
+def _storages(tensors) -> set[int]:
     import torch
 
-    args, leaves = [], {}
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+
+
+def _same_bits(a, b) -> bool:
+    import torch
+
+    if a.dtype.is_floating_point:
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.is_contiguous() and b.is_contiguous() \
+            else torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    return torch.equal(a, b)
+
+
+def run_trial(run, trial: dict, arg_names: list[str], grad_inputs: list[str], trace_mode, previous: set[int],
+              device: str) -> dict:
+    """One call of ``run`` and its backward on fresh copies of the inputs, with everything the checks need."""
+    import torch
+
+    args, leaves, pristine = [], {}, {}
     for name in arg_names:
         value = trial["inputs"][name]
         if isinstance(value, torch.Tensor):
+            pristine[name] = value
             value = value.clone()
             if name in grad_inputs:
                 value.requires_grad_(True)
                 leaves[name] = value
         args.append(value)
-    out = run(*args)
+    grad_outputs = [g.clone() if g is not None else None for g in trial["grad_outputs"]]
+    input_storages = _storages(args)
+    entry: dict = {"id": trial["id"], "error": None}
+    trace = trace_mode()
+    started = time.perf_counter()
+    with trace:
+        Launches.count = 0
+        out = run(*args)
+        entry["launches_fwd"] = Launches.count
     outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-    grads: dict[str, object] = {name: None for name in leaves}
-    differentiable = [(o, g) for o, g in zip(outputs, trial["grad_outputs"], strict=False)
+    grads: dict = {name: None for name in leaves}
+    differentiable = [(o, g) for o, g in zip(outputs, grad_outputs, strict=False)
                       if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-    if leaves and differentiable:
-        got = torch.autograd.grad([o for o, _ in differentiable], list(leaves.values()),
-                                  [g for _, g in differentiable], allow_unused=True)
-        grads = {name: (g.detach() if g is not None else None) for name, g in zip(leaves, got, strict=True)}
-    detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
-    return detached, grads
+    with trace:
+        Launches.count = 0
+        if leaves and differentiable:
+            got = torch.autograd.grad([o for o, _ in differentiable], list(leaves.values()),
+                                      [g for _, g in differentiable], allow_unused=True)
+            grads = dict(zip(leaves, got, strict=True))
+        entry["launches_bwd"] = Launches.count
+    if device == "cuda":
+        torch.cuda.synchronize()
+    entry["seconds"] = time.perf_counter() - started
+    entry["ops"] = trace.ops
+    tensors_out = [o for o in outputs if isinstance(o, torch.Tensor)]
+    entry["subclass"] = [type(t).__name__ for t in tensors_out + [g for g in grads.values() if g is not None]
+                         if type(t) is not torch.Tensor]
+    out_storages = [t.untyped_storage().data_ptr() for t in tensors_out if t.numel()]
+    entry["aliasing"] = sorted(
+        {"an input" for p in out_storages if p in input_storages}
+        | {"an earlier call's output" for p in out_storages if p in previous}
+        | ({"another output"} if len(out_storages) != len(set(out_storages)) else set()))
+    mutated = [name for name, value in pristine.items() if not _same_bits(value, args[arg_names.index(name)].detach())]
+    mutated += [f"grad_output[{i}]" for i, (g, h) in enumerate(zip(trial["grad_outputs"], grad_outputs, strict=True))
+                if g is not None and not _same_bits(g, h)]
+    entry["mutated"] = mutated
+    entry["outputs"] = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
+    entry["grads"] = {k: (v.detach() if v is not None else None) for k, v in grads.items()}
+    previous.update(out_storages)
+    return entry
 
 
-def main(job_dir: str) -> int:
+def main(job_dir: str, result_fd: int) -> int:
     import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime import jit
 
     job = torch.load(Path(job_dir) / "job.pt", weights_only=True)
     candidate = job["candidate"]
-    results: dict = {"load_error": None, "trials": []}
+    _count_launches(jit.JITFunction)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from triton.runtime import interpreter
+
+        _count_launches(interpreter.InterpretedFunction)
+    watched = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.autograd": torch.autograd,
+               "torch.autograd.Function": torch.autograd.Function, "torch.nn.functional": torch.nn.functional,
+               "triton": triton, "triton.language": tl, "triton.runtime.jit.JITFunction": jit.JITFunction,
+               "time": time, "builtins": builtins, "sys": sys, "worker": sys.modules[__name__]}
+    trace_mode = make_trace_mode()
+    with trace_mode():  # warm up: the first traced ops import modules lazily (and torch._dynamo rewraps a few names)
+        torch.empty(2, 2, device=job["device"]).reshape(4).clone().sum()
+    before = _snapshot(watched)
+    threads = threading.active_count()
+    sys.meta_path.insert(0, RefuseWorkbench())
+    sys.addaudithook(_audit)
+    Watch.candidate = candidate
+
+    results: dict = {"load_error": None, "trials": [], "events": Watch.events, "patched": []}
     try:
         module = load_candidate(candidate)
     except BaseException as exc:  # noqa: BLE001 - any failure to load is the candidate's verdict
@@ -86,16 +307,29 @@ def main(job_dir: str) -> int:
         if results["load_error"]["kind"] == "runtime_error":
             results["load_error"]["kind"] = "compile_error"
     else:
+        previous: set[int] = set()
+        kept = []  # earlier outputs stay alive so their storage cannot be reused and look fresh
         for trial in job["trials"]:
-            entry = {"id": trial["id"], "outputs": None, "grads": None, "error": None}
             try:
-                entry["outputs"], entry["grads"] = run_trial(module.run, trial, job["arg_names"], job["grad_inputs"])
+                entry = run_trial(module.run, trial, job["arg_names"], job["grad_inputs"], trace_mode, previous,
+                                  job["device"])
+                kept.append(entry["outputs"])
             except Exception as exc:  # noqa: BLE001 - recorded as the trial's verdict
-                entry["error"] = classify(exc, candidate)
+                entry = {"id": trial["id"], "error": classify(exc, candidate)}
             results["trials"].append(entry)
-    torch.save(results, Path(job_dir) / "results.pt")
+            patched = _patched(before, watched)
+            if threading.active_count() > threads:
+                patched.append(f"threading: {threading.active_count() - threads} background thread(s) left running")
+            if patched:
+                results["patched"] = patched
+                break
+    Watch.candidate = ""
+    blob = io.BytesIO()
+    torch.save(results, blob)
+    with os.fdopen(result_fd, "wb") as channel:
+        channel.write(blob.getvalue())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))

@@ -1,0 +1,95 @@
+"""attnres: Attention Residuals, a softmax over depth of earlier residual sources (arXiv 2603.15031;
+fla/ops/attnres/naive.py).
+
+Each sub-layer mixes the L residual sources v_1..v_L (the embedding and the earlier block outputs) with one learned
+pseudo-query w [D] (zero init = the uniform average):
+
+    k_i = RMSNorm(v_i) * g = v_i / sqrt(mean(v_i^2) + eps) * g      keys, g: key-norm weight [D]
+    p   = softmax_i(scale * k_i . w)                                 softmax over depth, per token
+    h   = sum_i p_i v_i                                              values are the raw sources
+    h   = RMSNorm(h) * g_out                                         optional, fused (out_weight None: skipped)
+
+All math in float32 (float64 for float64 inputs), one downcast of h and of p at the end. The same eps serves both
+norms.
+
+Shapes: sources [L, N, D] (N tokens), query [D], key_weight [D], out_weight [D] or None -> h [N, D], p [L, N].
+Gradients: sources, query, key_weight, out_weight (both outputs are differentiable: dp flows into the softmax).
+Inputs: sources of different magnitudes across depth (the residual stream grows with depth) sharing a few massive
+activation channels, so a kernel that accumulates sum(v^2) in float16 overflows as it would on a real model; a trained
+(non-zero) query with scale = 1/sqrt(D), so the logits spread over a few units and the softmax is neither one-hot
+nor uniform.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def reference(sources: torch.Tensor, query: torch.Tensor, key_weight: torch.Tensor, out_weight: torch.Tensor | None,
+              eps: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    ct = compute_dtype(sources)
+    v = sources.to(ct)                                             # [L, N, D]
+    k = _rms_norm(v, key_weight.to(ct), eps)                       # [L, N, D]
+    logits = (k * query.to(ct)).sum(dim=-1) * scale                # [L, N]
+    p = torch.softmax(logits, dim=0)                               # over depth
+    h = (p.unsqueeze(-1) * v).sum(dim=0)                           # [N, D]
+    if out_weight is not None:
+        h = _rms_norm(h, out_weight.to(ct), eps)
+    return h.to(sources.dtype), p.to(sources.dtype)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """sources [L, N, D]: source i ~ N(0, s_i^2) with s_i log-uniform in [0.5, 4], and max(1, D // 64) channels shared
+    by all sources scaled by 10-40 (massive activations); query [D] ~ N(0, 4) with scale = 1/sqrt(D) (logits of a few
+    units); key_weight, out_weight [D] ~ 1 + N(0, 0.1); out_weight None when shape["norm"] == 0; eps 1e-6."""
+    g = torch.Generator().manual_seed(seed)
+    n_src, n, d = shape["L"], shape["N"], shape["D"]
+    depth_scale = torch.exp(math.log(0.5) + math.log(8.0) * torch.rand(n_src, 1, 1, generator=g))
+    sources = torch.randn(n_src, n, d, generator=g) * depth_scale
+    outliers = torch.randperm(d, generator=g)[: max(1, d // 64)]
+    sources[..., outliers] *= 10 + 30 * torch.rand(len(outliers), generator=g)
+    query = 2 * torch.randn(d, generator=g)
+    key_weight = 1 + 0.1 * torch.randn(d, generator=g)
+    out_weight = 1 + 0.1 * torch.randn(d, generator=g)
+    return {
+        "sources": sources.to(device, dtype),
+        "query": query.to(device, dtype),
+        "key_weight": key_weight.to(device, dtype),
+        "out_weight": out_weight.to(device, dtype) if shape.get("norm", 1) else None,
+        "eps": 1e-6,
+        "scale": 1.0 / math.sqrt(d),
+    }
+
+
+SHAPES = {
+    # norm: 1 fuses the output RMSNorm (out_weight given), 0 returns the plain mixture (out_weight None)
+    "smoke": [{"L": 4, "N": 8, "D": 64, "norm": 0}, {"L": 3, "N": 16, "D": 128, "norm": 1}],
+    # one source (p = 1), one token, a width of one, non-power-of-two depths and widths, the model's depth (12)
+    "edge": [
+        {"L": 1, "N": 5, "D": 33, "norm": 1},
+        {"L": 5, "N": 1, "D": 1, "norm": 0},
+        {"L": 12, "N": 3, "D": 200, "norm": 1},
+        {"L": 7, "N": 6, "D": 1000, "norm": 0},
+        {"L": 2, "N": 9, "D": 123, "norm": 1},
+    ],
+}
+
+
+SPEC = BlockSpec(
+    name="attnres",
+    family="residual",
+    summary="softmax-over-depth mixing of residual sources with RMSNorm keys, optional fused output RMSNorm",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("sources", "query", "key_weight", "out_weight"),
+    outputs=("h", "p"),
+    shapes=SHAPES,
+)

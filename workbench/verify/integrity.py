@@ -1,0 +1,165 @@
+"""Integrity checks: what a candidate did while it ran, read off the worker's report and the outputs it returned.
+
+Each failed check is a named verdict (INTEGRITY_VERDICTS) that outranks the numerics: a candidate that cheats is
+refused for cheating even when its numbers happen to match.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.blocks.base import BlockSpec
+from workbench.verify.result import Check
+from workbench.verify.worker import POISON_BITS, POISON_INT
+
+# Host code may allocate, view, copy and read scalars; every other aten op during run/backward is a torch fallback
+# unless the block lists it in host_ops.
+BASE_HOST_OPS = frozenset({
+    "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
+    "aten.zeros", "aten.zeros_like", "aten.new_zeros", "aten.ones", "aten.ones_like", "aten.new_ones",
+    "aten.full", "aten.full_like", "aten.new_full", "aten.fill_", "aten.zero_", "aten.arange",
+    "aten.set_", "aten.copy_", "aten.clone", "aten._to_copy", "aten.detach", "aten.alias", "aten.lift_fresh",
+    "aten.view", "aten._unsafe_view", "aten.reshape", "aten._reshape_alias", "aten.as_strided", "aten.expand",
+    "aten.t", "aten.transpose", "aten.permute", "aten.squeeze", "aten.unsqueeze", "aten.slice", "aten.select",
+    "aten.split", "aten.split_with_sizes", "aten.unbind", "aten.unflatten", "aten._local_scalar_dense",
+})
+
+# In the order they are reported when several fail.
+INTEGRITY_VERDICTS = (
+    "forbidden_import", "introspection", "forbidden_call", "monkeypatch", "torch_fallback", "no_kernel",
+    "tensor_subclass", "aliasing", "input_mutation", "unwritten_output", "cached_result", "constant_output",
+    "nondeterministic", "overfit_shapes",
+)
+
+# The patterns the worker writes into fresh buffers, read back through an integer view of the same width.
+INT_VIEWS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+             torch.float64: torch.int64}
+
+
+def _check(name: str, reason: str) -> Check:
+    return Check(suite="integrity", shape="-", dtype="-", seed=0, direction=f"integrity:{name}", passed=False,
+                 reason=reason)
+
+
+def poisoned(t: torch.Tensor) -> int:
+    """How many elements still hold the worker's poison pattern (never written by the candidate)."""
+    if not isinstance(t, torch.Tensor) or not t.numel():
+        return 0
+    if t.dtype in INT_VIEWS:
+        bits = POISON_BITS[str(t.dtype).removeprefix("torch.")]
+        return int((t.contiguous().view(INT_VIEWS[t.dtype]) == bits).sum())
+    if t.dtype in (torch.int32, torch.int64):
+        return int((t == POISON_INT).sum())
+    return 0
+
+
+def _tensors(got: dict) -> list[tuple[str, torch.Tensor]]:
+    named = [(f"output {i}", o) for i, o in enumerate(got.get("outputs") or [])]
+    named += [(f"grad of {k}", g) for k, g in (got.get("grads") or {}).items()]
+    return [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
+
+
+def _constant(t: torch.Tensor) -> bool:
+    return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
+
+
+def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[int, dict],
+             numeric: dict[int, list[Check]]) -> list[Check]:
+    """Failed integrity checks, each naming its verdict; an empty list when the candidate behaved."""
+    failed: list[Check] = []
+    for event in results.get("events", []):
+        failed.append(_check(event["kind"], f"{event['event']} {event['detail']} at line {event['line']}".strip()))
+    if results.get("patched"):
+        failed.append(_check("monkeypatch", f"changed during run: {', '.join(results['patched'][:5])}"))
+
+    allowed = BASE_HOST_OPS | set(spec.host_ops)
+    fallback, no_kernel, subclass, aliasing, mutated, unwritten, constant = set(), [], set(), set(), set(), [], []
+    for exp in expected:
+        got = by_id.get(exp["id"])
+        if not got or got.get("error"):
+            continue
+        fallback |= {op for op in got.get("ops", {}) if op not in allowed}
+        outputs = [o for o in got.get("outputs") or [] if isinstance(o, torch.Tensor)]
+        grads = [g for g in (got.get("grads") or {}).values() if isinstance(g, torch.Tensor)]
+        if any(o.numel() for o in outputs) and not got.get("launches_fwd"):
+            no_kernel.append(f"forward [{exp['shape']}] {exp['dtype']}")
+        if any(g.numel() for g in grads) and not got.get("launches_bwd"):
+            no_kernel.append(f"backward [{exp['shape']}] {exp['dtype']}")
+        subclass |= set(got.get("subclass", []))
+        aliasing |= set(got.get("aliasing", []))
+        mutated |= set(got.get("mutated", []))
+        for name, t in _tensors(got):
+            if count := poisoned(t):
+                unwritten.append(f"{name} [{exp['shape']}] {exp['dtype']}: {count} elements")
+        truths = list(exp["truth"][0]) + [v for v in exp["truth"][1].values() if v is not None]
+        mine = outputs + grads
+        for t, o in zip(truths, mine, strict=False):
+            if o.is_floating_point() and _constant(o) and not _constant(t) and o.shape == t.shape:
+                constant.append(f"[{exp['shape']}] {exp['dtype']}")
+    if fallback:
+        failed.append(_check("torch_fallback", f"torch ops doing the block's work: {', '.join(sorted(fallback))}"))
+    if no_kernel:
+        failed.append(_check("no_kernel", f"no Triton kernel launched: {'; '.join(no_kernel[:3])}"))
+    if subclass:
+        failed.append(_check("tensor_subclass", f"returned tensor subclasses: {', '.join(sorted(subclass))}"))
+    if aliasing:
+        failed.append(_check("aliasing", f"outputs share memory with {', '.join(sorted(aliasing))}"))
+    if mutated:
+        failed.append(_check("input_mutation", f"inputs modified: {', '.join(sorted(mutated))}"))
+    if unwritten:
+        failed.append(_check("unwritten_output", f"poisoned buffers returned unwritten: {'; '.join(unwritten[:3])}"))
+    if cached := _cached(expected, by_id):
+        failed.append(_check("cached_result", cached))
+    if constant:
+        failed.append(_check("constant_output", f"constant output where the truth varies: {'; '.join(constant[:3])}"))
+    if nondet := _nondeterministic(expected, by_id, numeric):
+        failed.append(_check("nondeterministic", nondet))
+    if overfit := _overfit(expected, numeric):
+        failed.append(_check("overfit_shapes", overfit))
+    return failed
+
+
+def _cached(expected: list[dict], by_id: dict[int, dict]) -> str:
+    """Bit-identical outputs for different inputs whose truths differ: a result replayed from an earlier call."""
+    seen: dict[tuple, list[tuple[dict, list]]] = {}
+    for exp in expected:
+        got = by_id.get(exp["id"])
+        if exp["kind"] == "repeat" or not got or got.get("error"):
+            continue
+        outs = [o for o in got.get("outputs") or [] if isinstance(o, torch.Tensor) and o.numel()]
+        key = (exp["shape"], exp["dtype"])
+        for other, other_outs in seen.get(key, []):
+            for o, p, t, u in zip(outs, other_outs, exp["truth"][0], other["truth"][0], strict=False):
+                if o.shape == p.shape and torch.equal(o, p) and not torch.equal(t, u):
+                    return f"[{exp['shape']}] {exp['dtype']}: seed {exp['seed']} returned seed {other['seed']}'s output"
+        seen.setdefault(key, []).append((exp, outs))
+    return ""
+
+
+def _nondeterministic(expected: list[dict], by_id: dict[int, dict], numeric: dict[int, list[Check]]) -> str:
+    """A repeated call on the same inputs must agree with the first within the check's bound."""
+    for exp in expected:
+        if exp["kind"] != "repeat":
+            continue
+        first, again = by_id.get(exp["repeat_of"]), by_id.get(exp["id"])
+        if not first or not again or first.get("error") or again.get("error"):
+            continue
+        bounds = [c.bound for c in numeric.get(exp["repeat_of"], [])]
+        for (name, a), (_, b), bound in zip(_tensors(first), _tensors(again), bounds, strict=False):
+            if a.shape != b.shape or bound is None:
+                continue
+            diff = float((a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max()) if a.numel() else 0.0
+            if diff > bound:
+                return f"{name} [{exp['shape']}] {exp['dtype']}: two calls on the same inputs differ by {diff:.3g} " \
+                       f"(bound {bound:.3g})"
+    return ""
+
+
+def _overfit(expected: list[dict], numeric: dict[int, list[Check]]) -> str:
+    """Every shown shape passes but a hidden shape drawn at verification time fails."""
+    shown = [c for e in expected if e["kind"] == "suite" for c in numeric.get(e["id"], [])]
+    hidden = [c for e in expected if e["kind"] == "hidden" for c in numeric.get(e["id"], [])]
+    if shown and all(c.passed for c in shown) and any(not c.passed for c in hidden):
+        bad = next(c for c in hidden if not c.passed)
+        return f"passes every suite shape but fails hidden shape [{bad.shape}] {bad.dtype}: {bad.reason}"
+    return ""
