@@ -304,5 +304,27 @@ def show(run_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     console.print(trace)
 
 
+@command
+def dashboard(db: DbOption = None, operators: OpsOption = None,
+              port: Annotated[int, typer.Option(help="local port to serve on")] = 8501) -> None:
+    """The Streamlit dashboard on http://localhost:PORT: port status, candidates, traces, replays, CI, live runs."""
+    import os
+    import subprocess
+
+    app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+    if not app_path.is_file():
+        raise WorkbenchError(f"no dashboard at {app_path} (run from a checkout of the workbench)")
+    settings = Settings.load(db, operators)
+    env = {**os.environ, "WORKBENCH_DB": settings.db_url, "WORKBENCH_OPERATORS": str(settings.operators_dir)}
+    console.print(f"dashboard on http://localhost:{port} (database {settings.db_url}); Ctrl-C stops it")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
+           "--server.port", str(port), "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+    try:
+        code = subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code)
+
+
 def main() -> None:
     app()

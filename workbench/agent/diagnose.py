@@ -1,9 +1,10 @@
 """Failure classes: what went wrong with a candidate, read off its verification result.
 
-Classes: compile_error, runtime_error, timeout, crashed, oom (the sandbox's verdicts); coverage (fails
-exactly on the shapes where a template requirement such as BLOCK_N >= N does not hold); precision / nonfinite (a
-low-precision *_DTYPE parameter and errors past the bound / NaN-Inf); tail (only shapes with non-power-of-two dims
-fail); gradient (only gradients fail); wrong (anything else).
+Classes: compile_error, runtime_error, timeout, crashed, oom (the sandbox's verdicts); the integrity verdicts
+(torch_fallback, aliasing, ...: workbench.verify.integrity); coverage (fails exactly on the shapes where a template
+requirement such as BLOCK_N >= N does not hold); precision / nonfinite (a low-precision *_DTYPE parameter and errors
+past the bound / NaN-Inf); tail (only shapes with non-power-of-two dims fail); gradient (only gradients fail);
+wrong (anything else).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from workbench.templating import Template
 
 LOW_PRECISION = ("float16", "bfloat16")
+NUMERIC_VERDICTS = ("fail", "unwritten_output")
 
 
 def parse_shape(label: str) -> dict[str, int]:
@@ -26,10 +28,22 @@ def _is_pow2(n: int) -> bool:
 
 def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template: Template,
              params: dict[str, Any]) -> dict[str, Any]:
-    """{"class", "reason", "evidence"} for a candidate that did not pass."""
-    if verdict != "fail":
+    """{"class", "reason", "evidence"} for a candidate that did not pass. Unwritten outputs are read like wrong
+    numbers (they are what a tile narrower than the data leaves behind); other verdicts are their own class."""
+    if verdict not in NUMERIC_VERDICTS:
         return {"class": verdict, "reason": f"{verdict}: {message}", "evidence": {}}
+    found = _numeric_class(message, checks, template, params)
+    if verdict == "unwritten_output" and found["class"] == "wrong":
+        return {**found, "class": verdict, "reason": f"{verdict}: {message}"}
+    return found
+
+
+def _numeric_class(message: str, checks: list[dict[str, Any]], template: Template,
+                   params: dict[str, Any]) -> dict[str, Any]:
+    checks = [c for c in checks if c["direction"] != "run" and not c["direction"].startswith("integrity:")]
     failing = [c for c in checks if not c["passed"]]
+    if not failing:
+        return {"class": "wrong", "evidence": {}, "reason": f"wrong results: {message}"}
     failing_shapes = sorted({c["shape"] for c in failing})
     passing_shapes = sorted({c["shape"] for c in checks} - set(failing_shapes))
     evidence: dict[str, Any] = {

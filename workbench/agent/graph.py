@@ -20,7 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from sqlalchemy.engine import Engine
 
 from workbench import __version__
-from workbench.agent.diagnose import diagnose
+from workbench.agent.diagnose import NUMERIC_VERDICTS, diagnose
 from workbench.agent.search import SearchProposer, point_key
 from workbench.agent.state import Attempt, PortState, Proposal
 from workbench.backends import Backend
@@ -143,7 +143,7 @@ def build_graph(ctx: PortContext):
         if current["verdict"] == "template_error" or template is None:
             d = {"class": "template_error", "reason": current["message"], "evidence": {}}
         else:
-            checks = state.get("last_checks", []) if current["verdict"] == "fail" else []
+            checks = state.get("last_checks", []) if current["verdict"] in NUMERIC_VERDICTS else []
             d = diagnose(current["verdict"], current["message"], checks, template, current["params"])
         ctx.emit(state["run_id"], "diagnose", f"{d['class']}: {d['reason']}", {"class": d["class"]})
         return {"diagnosis": d, "history": [{**current, "diagnosis": d}], "last_checks": []}

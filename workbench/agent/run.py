@@ -11,6 +11,7 @@ from workbench.agent.search import SearchProposer
 from workbench.agent.state import Proposal
 from workbench.backends import Backend, get_backend
 from workbench.blocks import get_block
+from workbench.blocks.base import SUITES
 from workbench.config import Settings
 from workbench.errors import TemplateError, WorkbenchError
 from workbench.store import get_engine, records
@@ -46,7 +47,9 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
     templates = {t.name: t for t in list_templates(spec.name)}
     if not templates:
         raise WorkbenchError(f"block {spec.name} has no templates (templates/{spec.name}/*.py.j2)")
-    shapes = [shape for suite in suites for shape in suite_shapes(spec, suite)]
+    # A promoted operator meets every suite (the model card's sizes too, even where only a GPU verifies them) and
+    # hidden shapes drawn between them: the proposer plans for all of them, not just the suites verified here.
+    shapes = [shape for suite in SUITES for shape in suite_shapes(spec, suite)]
     search = SearchProposer(list(templates.values()), shapes)
     start_proposal = _start_point(spec.name, start) if start else None
 

@@ -14,9 +14,11 @@ from typing import Any
 from workbench.agent.state import Proposal
 from workbench.blocks.base import Shape
 from workbench.templating import Template, format_point
+from workbench.verify.integrity import INTEGRITY_VERDICTS
 
 # Failures that no parameter of the same template can fix: look at the other templates first.
-STRUCTURAL = ("compile_error", "runtime_error", "crashed", "tail", "gradient", "wrong", "template_error")
+STRUCTURAL = ("compile_error", "runtime_error", "crashed", "tail", "gradient", "wrong", "template_error",
+              *INTEGRITY_VERDICTS)
 
 
 def point_key(template: str, params: dict[str, Any]) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from workbench.blocks import rmsnorm, swiglu
+from workbench.blocks import attnres, dsa_indexer, lora_linear, rmsnorm, seq_chunked_ce, swiglu, vocab_blockwise_ce
 from workbench.blocks.base import BlockSpec
 from workbench.errors import UnknownBlockError
 
-REGISTRY: dict[str, BlockSpec] = {spec.name: spec for spec in (rmsnorm.SPEC, swiglu.SPEC)}
+REGISTRY: dict[str, BlockSpec] = {spec.name: spec for spec in (
+    rmsnorm.SPEC, swiglu.SPEC, attnres.SPEC, seq_chunked_ce.SPEC, vocab_blockwise_ce.SPEC, lora_linear.SPEC,
+    dsa_indexer.SPEC)}
 
 
 def get_block(name: str) -> BlockSpec:

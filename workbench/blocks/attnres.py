@@ -71,14 +71,14 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
 
 SHAPES = {
     # norm: 1 fuses the output RMSNorm (out_weight given), 0 returns the plain mixture (out_weight None)
-    "smoke": [{"L": 4, "N": 8, "D": 64, "norm": 0}, {"L": 3, "N": 16, "D": 128, "norm": 1}],
-    # one source (p = 1), one token, a width of one, non-power-of-two depths and widths, the model's depth (12)
+    "smoke": [{"L": 4, "N": 4, "D": 64, "norm": 0}, {"L": 3, "N": 8, "D": 128, "norm": 1}],
+    # one source (p = 1), one token, a width of three, non-power-of-two depths and widths, the model's depth (12)
     "edge": [
-        {"L": 1, "N": 5, "D": 33, "norm": 1},
-        {"L": 5, "N": 1, "D": 1, "norm": 0},
-        {"L": 12, "N": 3, "D": 200, "norm": 1},
-        {"L": 7, "N": 6, "D": 1000, "norm": 0},
-        {"L": 2, "N": 9, "D": 123, "norm": 1},
+        {"L": 1, "N": 3, "D": 33, "norm": 1},
+        {"L": 5, "N": 1, "D": 3, "norm": 0},
+        {"L": 12, "N": 2, "D": 200, "norm": 1},
+        {"L": 7, "N": 3, "D": 1000, "norm": 0},
+        {"L": 2, "N": 5, "D": 123, "norm": 1},
     ],
 }
 

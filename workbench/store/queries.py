@@ -130,11 +130,11 @@ def known_blocks(engine: Engine) -> list[str]:
     return list(REGISTRY) + sorted(recorded - set(REGISTRY))
 
 
-def model_plan(engine: Engine, operators_dir: Path, model: str):
+def model_plan(engine: Engine, operators_dir: str | Path, model: str):
     """Each block a model card needs: block, role, status, detail, model sizes (DataFrame, the card's order)."""
     from workbench.models import get_model
 
-    card = get_model(model)
+    card, operators_dir = get_model(model), Path(operators_dir)
     rows = []
     for name, info in card.blocks.items():
         status, detail = block_status(engine, operators_dir, name)

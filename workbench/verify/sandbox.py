@@ -3,6 +3,7 @@ address space and printed output; the result comes back over a pipe that only th
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import resource
@@ -18,6 +19,7 @@ import torch
 WORKER = Path(__file__).with_name("worker.py")
 OUTPUT_TAIL_BYTES = 4000
 OUTPUT_LIMIT_BYTES = 64 << 20
+PR_SET_PDEATHSIG = 1
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR")
 
 
@@ -31,12 +33,18 @@ class SandboxOutcome:
     output_tail: str
 
 
-def _limits(memory_bytes: int | None):
+def _limits(memory_bytes: int | None, timeout_s: float):
+    """Runs in the child before the worker starts: address space, core dumps, file size, CPU time, and death with
+    the parent (a killed agent must not leave a candidate running)."""
     def apply() -> None:
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_LIMIT_BYTES, OUTPUT_LIMIT_BYTES))
+        cpu = int(2 * timeout_s) + 60
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     return apply
 
 
@@ -60,7 +68,7 @@ def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: fl
             proc = subprocess.Popen(
                 [sys.executable, "-I", str(WORKER), str(job_dir), str(write_fd)], pass_fds=(write_fd,),
                 cwd=job_dir, env=child_env(backend_env), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_limits(memory_bytes))
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_limits(memory_bytes, timeout_s))
         finally:
             os.close(write_fd)
         reader.start()

@@ -1,0 +1,145 @@
+"""Shared pieces of the four MoE blocks (moe_router, moe_permute, moe_grouped_gemm, moe_combine).
+
+Routing input generation:
+    routing_ids: expert ids [N, k] int64 the way a trained router hands them out: Zipf-skewed expert popularity
+        (a random permutation of ranks, p_e ~ 1 / (rank + 1)^1.1), a quarter of the experts never chosen (empty
+        groups), k distinct experts per token (Gumbel top-k); optionally one hot expert taken by every token, and
+        optionally capacity dropping (capacity factor 1.25: slots past ceil(1.25 * N * k / E) per expert, in token
+        order, are dropped and marked -1, Megatron-LM's "position" drop policy).
+    permutation: the expert-major layout of those ids (stable argsort of the flat ids, dropped slots last), the
+        ground truth that moe_permute computes and that moe_grouped_gemm / moe_combine take as inputs.
+
+Comparators (the signature of workbench.verify.compare.compare) for discrete outputs: exact equality, and per-row
+equality of id sets (order-insensitive). Shape helpers for the hidden shape draws.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from workbench.blocks.base import Tolerance
+
+ZIPF_S = 1.1
+"""Zipf exponent of expert popularity: the most popular expert gets about 3x the load of the 3rd, 10x the 10th."""
+CAPACITY_FACTOR = 1.25
+
+
+def routing_ids(n: int, e: int, k: int, g: torch.Generator, *, hot: bool = False, drop: bool = False
+                ) -> torch.Tensor:
+    """Expert ids [n, k] int64 in [0, e) (or -1 for a dropped slot), k distinct experts per token, see the module
+    docstring. Needs k <= e."""
+    if not 1 <= k <= e:
+        raise ValueError(f"need 1 <= k <= E, got k={k}, E={e}")
+    ranks = torch.randperm(e, generator=g)
+    logp = -ZIPF_S * torch.log(ranks.double() + 1)
+    empty = e // 4 if e - e // 4 >= k + 1 else 0  # keep enough live experts for k distinct choices
+    if empty:
+        logp[ranks >= e - empty] = -math.inf  # the least popular quarter is never chosen
+    if hot:
+        logp[ranks == 0] = math.inf  # the most popular expert is every token's first choice
+    gumbel = -torch.log(-torch.log(torch.rand(n, e, generator=g, dtype=torch.float64).clamp_min(1e-300)))
+    ids = torch.topk(logp + gumbel, k, dim=-1).indices  # Gumbel top-k: k distinct draws without replacement
+    if drop and n > 0:
+        capacity = math.ceil(CAPACITY_FACTOR * n * k / e)
+        flat = ids.flatten()
+        onehot = torch.nn.functional.one_hot(flat, e)
+        position = onehot.cumsum(0).gather(1, flat[:, None]).squeeze(1)  # 1-based arrival order at the expert
+        ids = torch.where(position > capacity, -1, flat).view(n, k)
+    return ids.to(torch.int64)
+
+
+def permutation(ids: torch.Tensor, e: int) -> dict[str, torch.Tensor]:
+    """The expert-major layout of ``ids`` [N, k] (-1 = dropped), M = N*k rows:
+
+    order [M]: flat slot index (t*k + j) of each permuted row (stable argsort, dropped slots at the end);
+    token_of_row [M]: source token of each row, -1 for the tail rows that hold dropped slots;
+    row_of_slot [N, k]: the row holding token t's j-th choice, -1 when dropped (TransformerEngine's row_id_map);
+    counts [E]: rows per expert; offsets [E + 1]: exclusive prefix of counts, offsets[E] = number of routed rows.
+    """
+    n, k = ids.shape
+    flat = ids.reshape(-1).to(torch.int64)
+    key = torch.where(flat < 0, e, flat)
+    order = torch.sort(key, stable=True).indices
+    valid = flat[order] >= 0
+    rows = torch.arange(flat.numel(), dtype=torch.int64, device=ids.device)
+    token_of_row = torch.where(valid, order // max(k, 1), -1)
+    row_of_slot = torch.full_like(flat, -1)
+    row_of_slot[order[valid]] = rows[valid]
+    counts = torch.bincount(flat[flat >= 0], minlength=e)[:e].to(torch.int64)
+    offsets = torch.zeros(e + 1, dtype=torch.int64, device=ids.device)
+    offsets[1:] = counts.cumsum(0)
+    return {"order": order, "token_of_row": token_of_row, "row_of_slot": row_of_slot.view(n, k),
+            "counts": counts, "offsets": offsets}
+
+
+# --- comparators -------------------------------------------------------------------------------------------------
+
+
+def _shape_dtype_problem(out, truth: torch.Tensor, expect_dtype: torch.dtype) -> str | None:
+    if out is None:
+        return "no value returned for this quantity"
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, expected a tensor"
+    if tuple(out.shape) != tuple(truth.shape):
+        return f"shape {tuple(out.shape)}, expected {tuple(truth.shape)}"
+    if out.dtype != expect_dtype:
+        return f"dtype {out.dtype}, expected {expect_dtype}"
+    return None
+
+
+def _figures(wrong: int, total: int) -> dict:
+    return {"max_abs": float(wrong), "max_rel": float(wrong) / max(total, 1), "err_ratio": float(wrong) / max(total, 1),
+            "ref_err": 0.0, "bound": 0.0, "nonfinite": 0}
+
+
+def compare_exact(out, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Tolerance, expect_dtype: torch.dtype
+                  ) -> dict:
+    """Bit-for-bit equality (integer maps and counts, and copies such as a permuted activation). max_abs: the
+    number of differing elements. The reference must agree with the truth too, or the inputs were not tie-free."""
+    problem = _shape_dtype_problem(out, truth, expect_dtype)
+    if problem:
+        return {"passed": False, "reason": problem}
+    o = out.detach().cpu()
+    t = truth.detach().cpu().to(o.dtype)
+    same = (o == t) | (torch.isnan(o) & torch.isnan(t)) if o.is_floating_point() else o == t
+    wrong = int((~same).sum())
+    if wrong:
+        first = tuple(int(i) for i in (~same).nonzero()[0])
+        return {"passed": False, **_figures(wrong, o.numel()),
+                "reason": f"{wrong} of {o.numel()} elements differ (must be exact); first at {first}: "
+                          f"{o[first].item()} vs {t[first].item()}"}
+    return {"passed": True, **_figures(0, o.numel())}
+
+
+def compare_id_sets(out, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Tolerance, expect_dtype: torch.dtype
+                    ) -> dict:
+    """Per row of [N, k] ids, the same set of ids (order-insensitive; the order itself is checked through the
+    weights and their gradients, which are positional). max_abs: the number of rows whose set differs."""
+    problem = _shape_dtype_problem(out, truth, expect_dtype)
+    if problem:
+        return {"passed": False, "reason": problem}
+    o = out.detach().cpu().reshape(-1, truth.shape[-1] if truth.dim() else 1).sort(-1).values
+    t = truth.detach().cpu().to(out.dtype).reshape(o.shape).sort(-1).values
+    bad_rows = (o != t).any(-1)
+    wrong = int(bad_rows.sum())
+    if wrong:
+        row = int(bad_rows.nonzero()[0])
+        return {"passed": False, **_figures(wrong, o.shape[0]),
+                "reason": f"{wrong} of {o.shape[0]} rows select a different id set; first row {row}: "
+                          f"{o[row].tolist()} vs {t[row].tolist()}"}
+    return {"passed": True, **_figures(0, o.shape[0])}
+
+
+# --- shapes --------------------------------------------------------------------------------------------------------
+
+
+def draw_routing_shape(rng: random.Random, *, n_max: int = 40, e_max: int = 16, k_max: int = 4) -> dict[str, int]:
+    """N in [0, n_max] (0 and 1 a tenth of the time each), E in [1, e_max], k in [1, min(k_max, E)]."""
+    u = rng.random()
+    n = 0 if u < 0.1 else 1 if u < 0.2 else rng.randint(2, n_max)
+    e = rng.randint(1, e_max)
+    k = rng.randint(1, min(k_max, e))
+    return {"N": n, "E": e, "k": k}

@@ -1,0 +1,94 @@
+"""moe_grouped_gemm: the routed experts' SwiGLU MLPs over contiguous row groups (Megatron-LM GroupedMLP; vLLM
+fused_moe without the routing).
+
+For each expert e, on its rows r in [offsets[e], offsets[e+1]) of the expert-major activations x:
+
+    a = x[r] @ w1[e]^T,   b = x[r] @ w3[e]^T            # gate and up projections, [rows_e, F]
+    y[r] = (silu(a) * b) @ w2[e]^T                       # down projection, [rows_e, D]
+
+computed in float32 (float64 for float64 inputs) and cast to x.dtype once. Rows past offsets[E] (the tail of
+dropped slots from moe_permute) are not any expert's: y is 0 there and so is their gradient.
+
+Shapes: x [M, D] (M = N*k rows, expert-major), offsets [E + 1] int64 (offsets[0] = 0, non-decreasing,
+offsets[E] <= M), w1 and w3 [E, F, D], w2 [E, D, F], y [M, D]. Gradients: x, w1, w3, w2.
+Routing comes from workbench.blocks._moe.routing_ids: Zipf-skewed group sizes with empty experts, optionally one
+hot expert (with k = 1 every row is in one group) and capacity drops (a tail of rows outside every group).
+Magnitudes: vLLM's tests draw x and the weights as randn / 10 so that, at their hidden sizes of 1-4K, the
+projections come out O(0.5); at our interpreter sizes (D, F of 16-64) that scaling would leave y near 1e-3, where
+the tolerance's absolute floor hides real errors, so the weights are drawn with the same effect at any size:
+x ~ N(0, 1), w1, w3 ~ N(0, 1/D), w2 ~ N(0, 1/F) (a, b and y all O(1)).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from workbench.blocks._moe import draw_routing_shape, permutation, routing_ids
+from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+
+
+def reference(x: torch.Tensor, offsets: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
+              ) -> torch.Tensor:
+    ct = compute_dtype(x)
+    bounds = offsets.tolist()
+    parts = []
+    for e in range(w1.shape[0]):
+        xe = x[bounds[e]:bounds[e + 1]].to(ct)
+        h = torch.nn.functional.silu(xe @ w1[e].to(ct).T) * (xe @ w3[e].to(ct).T)
+        parts.append(h @ w2[e].to(ct).T)
+    parts.append(x[bounds[-1]:].to(ct) * 0)  # tail rows of dropped slots: no expert, zero output and gradient
+    return torch.cat(parts).to(x.dtype)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """x [N*k, D] ~ N(0, 1) (the tail rows too: a kernel must not touch them); offsets of routing_ids(N, E, k);
+    w1, w3 [E, F, D] ~ N(0, 1/D); w2 [E, D, F] ~ N(0, 1/F)."""
+    g = torch.Generator().manual_seed(seed)
+    n, k, d, f, e = shape["N"], shape["k"], shape["D"], shape["F"], shape["E"]
+    ids = routing_ids(n, e, k, g, hot=bool(shape["hot"]), drop=bool(shape["drop"]))
+    offsets = permutation(ids, e)["offsets"]
+    x = torch.randn(n * k, d, generator=g)
+    w1 = torch.randn(e, f, d, generator=g) / math.sqrt(d)
+    w3 = torch.randn(e, f, d, generator=g) / math.sqrt(d)
+    w2 = torch.randn(e, d, f, generator=g) / math.sqrt(f)
+    return {"x": x.to(device, dtype), "offsets": offsets.to(device), "w1": w1.to(device, dtype),
+            "w3": w3.to(device, dtype), "w2": w2.to(device, dtype)}
+
+
+SHAPES = {
+    "smoke": [
+        {"N": 16, "k": 2, "D": 32, "F": 64, "E": 4, "hot": 0, "drop": 0},
+        {"N": 12, "k": 4, "D": 64, "F": 32, "E": 8, "hot": 0, "drop": 0},
+    ],
+    # no rows, one row, every row in one group (k = 1), Zipf groups with drops on odd sizes, mostly empty experts
+    "edge": [
+        {"N": 0, "k": 2, "D": 16, "F": 32, "E": 4, "hot": 0, "drop": 0},
+        {"N": 1, "k": 1, "D": 16, "F": 16, "E": 4, "hot": 0, "drop": 0},
+        {"N": 24, "k": 1, "D": 24, "F": 40, "E": 8, "hot": 1, "drop": 0},
+        {"N": 21, "k": 3, "D": 40, "F": 24, "E": 12, "hot": 0, "drop": 1},
+        {"N": 3, "k": 2, "D": 16, "F": 48, "E": 16, "hot": 1, "drop": 1},
+    ],
+}
+
+
+def hidden_shapes(rng: random.Random) -> list[Shape]:
+    """Three draws: routing sizes (k <= E, N <= 24), D and F in [16, 64], hot and drop each on or off."""
+    return [{"N": s["N"], "k": s["k"], "D": rng.randint(16, 64), "F": rng.randint(16, 64), "E": s["E"],
+             "hot": rng.randint(0, 1), "drop": rng.randint(0, 1)}
+            for s in (draw_routing_shape(rng, n_max=24) for _ in range(3))]
+
+
+SPEC = BlockSpec(
+    name="moe_grouped_gemm",
+    family="moe",
+    summary="per-expert SwiGLU MLP (gate/up, silu * up, down) over contiguous expert-major row groups",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("x", "w1", "w3", "w2"),
+    outputs=("y",),
+    shapes=SHAPES,
+    hidden_shapes=hidden_shapes,
+)

@@ -1,0 +1,86 @@
+"""moe_permute: token rows to expert-major order (Megatron-LM moe_utils.permute; TransformerEngine moe_permute).
+
+    order        = stable_argsort(where(ids < 0, E, ids).flatten())   # [M], M = N*k; dropped slots (-1) last
+    token_of_row = order // k          (-1 for rows holding a dropped slot)
+    x_perm[r]    = x[token_of_row[r]]  (zeros for those rows)          # a copy: exact
+    row_of_slot[t, j] = the row r with order[r] == t*k + j  (-1 when dropped)   # TransformerEngine's row_id_map
+    counts[e]    = #{(t, j): ids[t, j] == e};   offsets = [0, cumsum(counts)]  (offsets[E] = routed rows)
+
+Rows of one expert are contiguous and keep token order (the sort is stable), which is what a grouped GEMM over
+offsets and a per-token combine (via row_of_slot) need.
+
+Shapes: x [N, D]; expert_ids [N, k] int64 in [0, E) or -1 (dropped by capacity), k distinct experts per token;
+num_experts E. Outputs x_perm [N*k, D] (x's dtype), token_of_row [N*k] int64, row_of_slot [N, k] int64,
+counts [E] int64, offsets [E + 1] int64. Gradient: x only, dx[t] = sum_j dx_perm[row_of_slot[t, j]] (a per-token
+gather of its k rows, summed in float32). Every output but the gradient is compared exactly.
+
+Inputs: Zipf-skewed routing with a quarter of the experts empty (workbench.blocks._moe.routing_ids); shape dims
+``hot`` (every token's first choice is one expert; with k = 1 all tokens land on it) and ``drop`` (capacity
+factor 1.25: overflow slots are dropped as -1).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from workbench.blocks._moe import compare_exact, draw_routing_shape, permutation, routing_ids
+from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+
+
+def reference(x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    p = permutation(expert_ids, num_experts)
+    tok = p["token_of_row"]
+    kept = (tok >= 0).to(compute_dtype(x))[:, None]
+    x_perm = x.to(compute_dtype(x)).index_select(0, tok.clamp(min=0)) * kept
+    return x_perm.to(x.dtype), tok, p["row_of_slot"], p["counts"], p["offsets"]
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """x [N, D] ~ N(0, 1); expert_ids from routing_ids (Zipf-skewed, empty experts, optional hot expert and
+    capacity drops)."""
+    g = torch.Generator().manual_seed(seed)
+    n, d, e, k = shape["N"], shape["D"], shape["E"], shape["k"]
+    x = torch.randn(n, d, generator=g)
+    ids = routing_ids(n, e, k, g, hot=bool(shape["hot"]), drop=bool(shape["drop"]))
+    return {"x": x.to(device, dtype), "expert_ids": ids.to(device), "num_experts": e}
+
+
+SHAPES = {
+    "smoke": [
+        {"N": 32, "D": 32, "E": 8, "k": 2, "hot": 0, "drop": 0},
+        {"N": 16, "D": 64, "E": 16, "k": 4, "hot": 0, "drop": 0},
+    ],
+    # no tokens, one token, every token on one expert (k = 1), a hot expert with capacity drops on odd sizes,
+    # Zipf routing with drops and many empty experts
+    "edge": [
+        {"N": 0, "D": 16, "E": 8, "k": 2, "hot": 0, "drop": 0},
+        {"N": 1, "D": 48, "E": 4, "k": 2, "hot": 0, "drop": 0},
+        {"N": 40, "D": 24, "E": 8, "k": 1, "hot": 1, "drop": 0},
+        {"N": 37, "D": 40, "E": 13, "k": 3, "hot": 1, "drop": 1},
+        {"N": 29, "D": 16, "E": 16, "k": 4, "hot": 0, "drop": 1},
+    ],
+}
+
+
+def hidden_shapes(rng: random.Random) -> list[Shape]:
+    """Four draws: routing sizes (k <= E), D in [16, 64], hot and drop each on or off."""
+    return [{"N": s["N"], "D": rng.randint(16, 64), "E": s["E"], "k": s["k"], "hot": rng.randint(0, 1),
+             "drop": rng.randint(0, 1)} for s in (draw_routing_shape(rng) for _ in range(4))]
+
+
+SPEC = BlockSpec(
+    name="moe_permute",
+    family="moe",
+    summary="stable expert-major permutation of token rows with row maps, counts and offsets",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("x",),
+    outputs=("x_perm", "token_of_row", "row_of_slot", "counts", "offsets"),
+    shapes=SHAPES,
+    comparators={f"forward:{name}": compare_exact
+                 for name in ("x_perm", "token_of_row", "row_of_slot", "counts", "offsets")},
+    hidden_shapes=hidden_shapes,
+)

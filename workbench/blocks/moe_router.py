@@ -1,0 +1,193 @@
+"""moe_router: token-choice top-k routing of a Mixture-of-Experts layer (DeepSeek-V3 / Kimi K2 sigmoid routing with
+an aux-loss-free selection bias; softmax routing of Mixtral / Qwen3 / DeepSeek-V2; Skywork-MoE gating-logit
+normalization).
+
+    logits = x.float() @ W.T                                   # [N, E], float32 always (float64 for float64 inputs)
+    z      = (logits - mean_e) / std_e * lambda                # Skywork normalization, only when norm_lambda is set
+    s      = sigmoid(z)   or   softmax(z, over e)              # score_func
+    ids    = topk(s + bias, k)                                 # the bias steers selection only, sorted descending
+    w      = s.gather(ids)
+    w      = w / (w.sum(-1) + 1e-20)                           # when renormalize
+    w      = w * route_scale
+    counts = bincount(ids, E)
+
+std is the unbiased (E - 1) standard deviation over the experts, as torch.std and Skywork's code compute it.
+
+Shapes: x [N, D] (any float dtype), weight [E, D] (same dtype), bias [E] float32 (DeepSeek-V3 keeps its correction
+bias in float32); outputs weights [N, k] float32 (float64 for float64 inputs), ids [N, k] int64 in descending order
+of s + bias, counts [E] int64. Gradients: x and weight, through the weights (ids and counts are discrete; the bias is
+updated by the balancing rule below, not by gradients).
+
+Discrete outputs are verified exactly, so inputs are tie-free by construction: rows whose top-(k+1) selection
+scores come closer than 1e-4 of their scale are redrawn (the role of TransformerEngine's arange-based logits).
+Modes (shape dim ``mode``): 0 sigmoid + renormalize, scale 2.827 (Kimi K2 / DeepSeek-V3); 1 softmax + renormalize
+(Mixtral, Qwen3); 2 softmax with Skywork normalization, lambda 1, renormalize (Skywork-MoE); 3 softmax without
+renormalization, scale 16 (DeepSeek-V2).
+
+The balancing statistics a trainer needs around the router are plain torch functions here: the Switch
+auxiliary loss, the router z-loss, the aux-loss-free bias update and Skywork-MoE's adaptive aux-loss coefficient.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from workbench.blocks._moe import compare_exact, compare_id_sets, draw_routing_shape
+from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+
+RENORM_EPS = 1e-20
+MODES: dict[int, tuple[str, float | None, bool, float]] = {
+    # mode: (score_func, norm_lambda, renormalize, route_scale)
+    0: ("sigmoid", None, True, 2.827),
+    1: ("softmax", None, True, 1.0),
+    2: ("softmax", 1.0, True, 1.0),
+    3: ("softmax", None, False, 16.0),
+}
+TIE_GAP = 1e-4
+"""Tie-free inputs: consecutive top-(k+1) selection scores differ by at least TIE_GAP * max|score| of the row."""
+
+
+def scores(logits: torch.Tensor, score_func: str, norm_lambda: float | None) -> torch.Tensor:
+    """Routing scores [N, E] from logits [N, E] (differentiable; same dtype as logits)."""
+    z = logits
+    if norm_lambda is not None:
+        z = (z - z.mean(-1, keepdim=True)) / z.std(-1, keepdim=True) * norm_lambda
+    if score_func == "sigmoid":
+        return torch.sigmoid(z)
+    if score_func == "softmax":
+        return torch.softmax(z, dim=-1)
+    raise ValueError(f"score_func must be 'sigmoid' or 'softmax', got {score_func!r}")
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str,
+              norm_lambda: float | None, renormalize: bool, route_scale: float
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ct = compute_dtype(x)
+    logits = x.to(ct) @ weight.to(ct).T
+    s = scores(logits, score_func, norm_lambda)
+    ids = torch.topk(s.detach() + bias.detach().to(ct), topk, dim=-1, sorted=True).indices
+    w = s.gather(-1, ids)
+    if renormalize:
+        w = w / (w.sum(-1, keepdim=True) + RENORM_EPS)
+    counts = torch.bincount(ids.reshape(-1), minlength=weight.shape[0])
+    return w * route_scale, ids, counts
+
+
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+
+def near_ties(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str,
+              norm_lambda: float | None) -> torch.Tensor:
+    """Rows [N] bool whose top-(k+1) selection scores (float64) are not separated by TIE_GAP of their scale."""
+    with torch.no_grad():
+        sel = scores(x.double() @ weight.double().T, score_func, norm_lambda) + bias.double()
+        top = torch.topk(sel, min(topk + 1, sel.shape[-1]), dim=-1).values
+        if top.shape[-1] < 2:
+            return torch.zeros(sel.shape[0], dtype=torch.bool)
+        gaps = top[:, :-1] - top[:, 1:]
+        return (gaps < TIE_GAP * sel.abs().amax(-1, keepdim=True)).any(-1) | ~torch.isfinite(sel).all(-1)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """x [N, D] ~ N(0, 1) plus a shared mean direction (hidden states are not centred: it skews expert popularity);
+    weight [E, D] ~ N(0, 1/D) with row norms varying by up to 1.5x (some experts are hot); bias [E] float32,
+    N(0, 0.05^2) for sigmoid scores, scaled by 1/E for softmax scores. Near-tie rows are redrawn."""
+    g = torch.Generator().manual_seed(seed)
+    n, d, e, k = shape["N"], shape["D"], shape["E"], shape["k"]
+    score_func, norm_lambda, renormalize, route_scale = MODES[shape["mode"]]
+    mean_dir = 0.5 * torch.randn(d, generator=g)
+    weight = torch.randn(e, d, generator=g) / math.sqrt(d) * (1 + 0.5 * torch.rand(e, 1, generator=g))
+    bias = 0.05 * torch.randn(e, generator=g) / (1 if score_func == "sigmoid" else e)
+    x = torch.randn(n, d, generator=g) + mean_dir
+    wc = weight.to(dtype)
+    redo = torch.arange(n)
+    for _ in range(200):
+        bad = redo[near_ties(x[redo].to(dtype), wc, bias, k, score_func, norm_lambda)]
+        if not len(bad):
+            break
+        x[bad] = torch.randn(len(bad), d, generator=g) + mean_dir
+        redo = bad
+    else:
+        raise RuntimeError(f"moe_router: could not draw tie-free inputs for {dict(shape)}")
+    return {"x": x.to(device, dtype), "weight": wc.to(device), "bias": bias.to(device), "topk": k,
+            "score_func": score_func, "norm_lambda": norm_lambda, "renormalize": renormalize,
+            "route_scale": route_scale}
+
+
+# --- balancing statistics (plain torch, for trainers and replays) ----------------------------------------------
+
+
+def switch_aux_loss(probs: torch.Tensor, counts: torch.Tensor, topk: int, alpha: float) -> torch.Tensor:
+    """Switch Transformer load-balancing loss ``alpha * E * sum_i f_i * P_i`` (Megatron-LM
+    switch_load_balancing_loss_func): f_i = counts_i / (N * k) the fraction of routed slots that went to expert i,
+    P_i = mean over tokens of probs[:, i]. probs [N, E] (differentiable), counts [E]. Equals alpha under uniform
+    routing and uniform probabilities."""
+    n, e = probs.shape
+    f = counts.to(probs.dtype) / max(n * topk, 1)
+    p = probs.mean(0) if n else torch.zeros_like(f)
+    return alpha * e * (f * p).sum()
+
+
+def z_loss(logits: torch.Tensor, coeff: float) -> torch.Tensor:
+    """Router z-loss (ST-MoE): ``coeff * mean_t(logsumexp_e(logits)^2)``; logits [N, E]."""
+    return coeff * torch.logsumexp(logits, dim=-1).square().mean()
+
+
+def update_bias(bias: torch.Tensor, counts: torch.Tensor, gamma: float = 1e-3) -> torch.Tensor:
+    """Aux-loss-free balancing (DeepSeek-V3): ``b + gamma * sign(mean(c) - c)``: overloaded experts lose selection
+    bias, underloaded ones gain it. Returns a new tensor in bias's dtype."""
+    c = counts.to(torch.float64)
+    return bias + gamma * torch.sign(c.mean() - c).to(bias.dtype)
+
+
+def adaptive_aux_coeff(coeff: float, drop_rate: float, beta: float = 0.99, xi: float = 0.2, coeff_max: float = 0.01
+                       ) -> float:
+    """Skywork-MoE's adaptive auxiliary-loss coefficient for the next step:
+    ``beta * a + (1 - beta) * min(xi * drop_rate, a_max)`` (xi = 1/5, a_max = 0.01, beta = 0.99)."""
+    return beta * coeff + (1 - beta) * min(xi * drop_rate, coeff_max)
+
+
+# --- shapes ----------------------------------------------------------------------------------------------------------
+
+SHAPES = {
+    "smoke": [
+        {"N": 32, "D": 32, "E": 16, "k": 4, "mode": 0},
+        {"N": 24, "D": 64, "E": 8, "k": 2, "mode": 1},
+    ],
+    # no tokens, one token with k = 1, Skywork normalization on odd sizes, unnormalized softmax, k = E
+    "edge": [
+        {"N": 0, "D": 16, "E": 8, "k": 2, "mode": 0},
+        {"N": 1, "D": 16, "E": 8, "k": 1, "mode": 0},
+        {"N": 37, "D": 48, "E": 12, "k": 3, "mode": 2},
+        {"N": 19, "D": 24, "E": 16, "k": 4, "mode": 3},
+        {"N": 5, "D": 20, "E": 3, "k": 3, "mode": 1},
+    ],
+}
+
+
+def hidden_shapes(rng: random.Random) -> list[Shape]:
+    """Four draws: routing sizes (k <= E), D in [16, 64], any mode (Skywork normalization needs E >= 2)."""
+    out = []
+    for _ in range(4):
+        shape = draw_routing_shape(rng)
+        modes = [m for m in MODES if shape["E"] >= 2 or MODES[m][1] is None]
+        out.append({"N": shape["N"], "D": rng.randint(16, 64), "E": shape["E"], "k": shape["k"],
+                    "mode": rng.choice(modes)})
+    return out
+
+
+SPEC = BlockSpec(
+    name="moe_router",
+    family="moe",
+    summary="top-k expert routing: float32 logits, sigmoid/softmax scores, selection bias, renormalized weights",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("x", "weight"),
+    outputs=("weights", "ids", "counts"),
+    shapes=SHAPES,
+    comparators={"forward:ids": compare_id_sets, "forward:counts": compare_exact},
+    hidden_shapes=hidden_shapes,
+)
