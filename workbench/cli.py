@@ -26,7 +26,8 @@ DbOption = Annotated[str | None, typer.Option("--db", help="database URL (defaul
 OpsOption = Annotated[Path | None, typer.Option("--operators", help="promoted operators folder (default ./operators)")]
 JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
-VERDICT_STYLE = {"pass": "green", "promoted": "green", "fail": "red", "blocked": "red", "running": "yellow",
+VERDICT_STYLE = {"pass": "green", "passed": "green", "promoted": "green", "fail": "red", "failed": "red",
+                 "blocked": "red", "running": "yellow",
                  "in progress": "yellow", "numerics pass": "cyan", "no spec": "dim", "not started": "dim"}
 
 
@@ -265,6 +266,43 @@ def runs(block: Annotated[str | None, typer.Option(help="only this block")] = No
         table.add_row(r.id, r.block, _style(r.status), r.proposer, str(r.budget),
                       r.started_at.strftime("%Y-%m-%d %H:%M:%S"), escape(r.reason[:100]))
     console.print(table)
+
+
+@command
+def ci(
+    junit: Annotated[Path | None, typer.Option(help="write JUnit XML here (one testcase per operator x check)")] = None,
+    changed_only: Annotated[bool, typer.Option("--changed-only", help="only operators changed since the baseline")]
+    = False,
+    update_baseline: Annotated[bool, typer.Option("--update-baseline",
+                                                  help="write operators/ci_baseline.json from this job")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds one operator's verification may take")] = 300.0,
+    db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
+) -> None:
+    """Re-verify every promoted operator against the last recorded results: exit 1 on a regression."""
+    from workbench.ci import run_ci, write_baseline, write_junit
+
+    settings = Settings.load(db, operators)
+
+    def show_report(report) -> None:
+        if not as_json:
+            console.print(f"{_style(report.verdict)} {report.block}: {escape(report.operator)} "
+                          f"({report.seconds:.1f} s) {escape(report.message)}")
+
+    job, reports = run_ci(settings, changed_only=changed_only, timeout_s=timeout, on_report=show_report)
+    if junit:
+        write_junit(junit, job, reports)
+    if update_baseline:
+        write_baseline(settings, reports)
+    regressions = job.summary["regressions"]
+    if as_json:
+        _emit_json({"job": job.id, "status": job.status, "commit": job.commit, "regressions": regressions,
+                    "operators": [vars(r) for r in reports]})
+    else:
+        for line in regressions:
+            err_console.print(f"[red]regression:[/] {escape(line)}")
+        console.print(f"CI job {job.id}: {_style(job.status)}, {len(reports)} operators, {len(regressions)} "
+                      f"regressions")
+    raise typer.Exit(1 if regressions else 0)
 
 
 @command

@@ -1,0 +1,75 @@
+"""`workbench ci`: every promoted operator re-verified, regressions against the baseline fail the job with a reason
+naming exactly the broken operator; JUnit XML lists every operator x check."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+from typer.testing import CliRunner
+
+from workbench.cli import app
+from workbench.operators import promote_file
+from workbench.templating import load_template
+from workbench.verify.harness import source_hash
+
+pytestmark = pytest.mark.interpreter
+runner = CliRunner()
+
+
+def _promote(settings, tmp_path, block: str, template: str, edit: tuple[str, str] | None = None) -> None:
+    t = load_template(block, template)
+    source = t.render(next(p for p in t.points() if not t.unmet(p, {"rows": 1, "N": 8192})))
+    if edit:
+        assert edit[0] in source
+        source = source.replace(edit[0], edit[1])
+    path = tmp_path / f"{block}_{template}.py"
+    path.write_text(source)
+    promote_file(path, settings.operators_dir, block, {"block": block, "template": template,
+                                                       "source_hash": source_hash(source), "promoted_at": "1"})
+
+
+@pytest.fixture
+def baseline(settings, tmp_path):
+    _promote(settings, tmp_path, "rmsnorm", "row_block")
+    _promote(settings, tmp_path, "swiglu", "flat")
+    result = runner.invoke(app, ["ci", "--update-baseline", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["status"] == "passed"
+    return json.loads((settings.operators_dir / "ci_baseline.json").read_text())
+
+
+def test_ci_passes_on_intact_operators_and_the_junit_lists_every_check(settings, tmp_path, baseline):
+    junit = tmp_path / "junit.xml"
+    result = runner.invoke(app, ["ci", "--junit", str(junit)])
+    assert result.exit_code == 0, result.output
+    suite = ET.parse(junit).getroot()
+    names = {(c.get("classname"), c.get("name")) for c in suite.iter("testcase")}
+    for block, entry in baseline.items():
+        assert {(f"operators.{block}", key) for key in entry["checks"]} <= names
+    assert ("operators.rmsnorm", "grad:weight float16") in names and ("operators.swiglu", "integrity") in names
+    assert suite.get("failures") == "0"
+
+
+def test_a_wrong_gradient_fails_exactly_that_operator(settings, tmp_path, baseline):
+    _promote(settings, tmp_path, "rmsnorm", "row_block",
+             edit=("dw_part.sum(0).to(weight.dtype)", "(0.5 * dw_part.sum(0)).to(weight.dtype)"))
+    junit = tmp_path / "junit.xml"
+    result = runner.invoke(app, ["ci", "--junit", str(junit)])
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("regression:")]
+    assert lines and all(line.startswith("regression: rmsnorm") for line in lines)
+    assert any("grad:weight" in line and "now fails" in line for line in lines)
+    failed = {c.get("classname") for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None}
+    assert failed == {"operators.rmsnorm"}
+
+
+def test_a_broken_tail_mask_fails_exactly_that_operator(settings, tmp_path, baseline):
+    _promote(settings, tmp_path, "swiglu", "flat", edit=("mask = offs < numel", "mask = offs < numel - 1"))
+    result = runner.invoke(app, ["ci", "--changed-only", "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert [op["block"] for op in report["operators"]] == ["swiglu"]  # rmsnorm unchanged: not re-verified
+    assert report["regressions"] and all(r.startswith("swiglu") for r in report["regressions"])
+    assert any("unwritten" in r or "now fails" in r for r in report["regressions"])

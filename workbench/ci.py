@@ -1,0 +1,162 @@
+"""CI verification jobs: re-verify every promoted operator and compare with the last recorded results.
+
+A regression is a verdict that was "pass" and is not any more, or a check (quantity x dtype) that passed and now
+fails. The baseline is the newest of: the last passing CI job in the store, and operators/ci_baseline.json (kept in
+the repository so a fresh clone has one). Results go to the store (ci_job) and, on request, to JUnit XML with one
+testcase per operator x check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session, select
+
+from workbench.config import Settings
+from workbench.operators import list_promoted
+from workbench.store import CIJob, get_engine, session_scope
+from workbench.store.models import utcnow
+from workbench.verify.harness import verify_candidate
+from workbench.verify.result import VerificationResult
+
+BASELINE_FILE = "ci_baseline.json"
+SANDBOX_VERDICTS = ("timeout", "crashed", "oom", "compile_error")
+CI_SEED = 20261129  # fixed inputs in CI, so that figures compare across commits
+
+
+@dataclass
+class OperatorReport:
+    block: str
+    operator: str
+    source_hash: str
+    verdict: str
+    message: str
+    worst_ratio: float
+    seconds: float
+    checks: dict[str, bool]  # "forward:y float16" -> passed (all seeds and shapes)
+    reasons: dict[str, str] = field(default_factory=dict)  # first failure reason per failing check
+    regressions: list[str] = field(default_factory=list)
+
+    def baseline_entry(self) -> dict[str, Any]:
+        return {"operator": self.operator, "source_hash": self.source_hash, "verdict": self.verdict,
+                "worst_ratio": self.worst_ratio, "checks": self.checks}
+
+
+def _check_key(direction: str, dtype: str) -> str:
+    """Checks grouped per quantity and dtype; every integrity check is one group, every run error another."""
+    if direction.startswith("integrity:"):
+        return "integrity"
+    return "runs" if direction == "run" else f"{direction} {dtype}"
+
+
+def summarize(block: str, result: VerificationResult) -> OperatorReport:
+    """Per-check pass/fail of one verification; "sandbox" and "integrity" are always present."""
+    checks: dict[str, bool] = {"sandbox": result.verdict not in SANDBOX_VERDICTS, "integrity": True}
+    reasons: dict[str, str] = {} if checks["sandbox"] else {"sandbox": f"{result.verdict}: {result.message}"}
+    for c in result.checks:
+        key = _check_key(c.direction, c.dtype)
+        checks[key] = checks.get(key, True) and c.passed
+        if not c.passed and key not in reasons:
+            reasons[key] = c.line()
+    ratio = result.worst_ratio()
+    return OperatorReport(block=block, operator=Path(result.candidate).name, source_hash=result.source_hash,
+                          verdict=result.verdict, message=result.message,
+                          worst_ratio=ratio if ratio != float("inf") else -1.0, seconds=round(result.seconds, 1),
+                          checks=checks, reasons=reasons)
+
+
+def load_baseline(settings: Settings) -> dict[str, dict]:
+    """Per block, the last known results: the store's last passing job, else the repository's baseline file."""
+    with Session(get_engine(settings.db_url)) as s:
+        job = s.exec(select(CIJob).where(CIJob.status == "passed").order_by(CIJob.started_at.desc())).first()
+    if job and job.summary.get("operators"):
+        return job.summary["operators"]
+    path = settings.operators_dir / BASELINE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def regressions(report: OperatorReport, baseline: dict | None) -> list[str]:
+    if not baseline:
+        return [] if report.verdict == "pass" else [f"{report.block}: new operator fails: {report.message}"]
+    found = []
+    if baseline.get("verdict") == "pass" and report.verdict != "pass":
+        found.append(f"{report.block}: was pass, now {report.verdict}: {report.message}")
+    for key, passed in report.checks.items():
+        if baseline.get("checks", {}).get(key) and not passed:
+            found.append(f"{report.block} {key}: passed before, now fails: {report.reasons.get(key, '')}")
+    return found
+
+
+def current_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, timeout_s: float = 300.0,
+           on_report=None) -> tuple[CIJob, list[OperatorReport]]:
+    """Verify the newest promoted operator of every block, record the job, return it with the per-operator
+    reports. The job's status is "passed" unless there is a regression."""
+    engine = get_engine(settings.db_url)
+    baseline = load_baseline(settings)
+    with session_scope(engine) as s:
+        job = CIJob(commit=current_commit(), status="running")
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    newest: dict[str, dict] = {}
+    for manifest in list_promoted(settings.operators_dir):
+        newest.setdefault(manifest["block"], manifest)
+    reports = []
+    for block, manifest in sorted(newest.items()):
+        known = baseline.get(block)
+        if changed_only and known and known.get("source_hash") == manifest.get("source_hash"):
+            continue
+        result = verify_candidate(manifest["path"], block=block, seeds=seeds, base_seed=CI_SEED,
+                                  timeout_s=timeout_s)
+        report = summarize(block, result)
+        report.regressions = regressions(report, known)
+        reports.append(report)
+        if on_report:
+            on_report(report)
+    failed = [r for rep in reports for r in rep.regressions]
+    summary = {"operators": {r.block: r.baseline_entry() for r in reports},
+               "regressions": failed, "seed": CI_SEED, "changed_only": changed_only}
+    if changed_only:  # unchanged operators keep their last results in the baseline
+        summary["operators"] = {**baseline, **summary["operators"]}
+    with session_scope(engine) as s:
+        job = s.get(CIJob, job_id)
+        job.status = "failed" if failed else "passed"
+        job.summary = summary
+        job.finished_at = utcnow()
+    return job, reports
+
+
+def write_junit(path: Path, job: CIJob, reports: list[OperatorReport]) -> None:
+    """One testsuite, one testcase per operator x check, failures with the reason."""
+    cases = [(r, key, passed) for r in reports for key, passed in sorted(r.checks.items())]
+    suite = ET.Element("testsuite", name="workbench-ci", tests=str(len(cases)),
+                       failures=str(sum(not p for _, _, p in cases)), time=str(sum(r.seconds for r in reports)))
+    for report, key, passed in cases:
+        case = ET.SubElement(suite, "testcase", classname=f"operators.{report.block}", name=key,
+                             file=report.operator)
+        if not passed:
+            failure = ET.SubElement(case, "failure", message=report.reasons.get(key, "failed")[:500])
+            failure.text = report.message
+    ET.SubElement(suite, "properties").append(ET.Element("property", name="commit", value=job.commit))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def write_baseline(settings: Settings, reports: list[OperatorReport]) -> Path:
+    path = settings.operators_dir / BASELINE_FILE
+    entries = {r.block: r.baseline_entry() for r in reports}
+    path.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+    return path
