@@ -11,6 +11,7 @@ import ast
 import hashlib
 import random
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -229,7 +230,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     if not trials:
         raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
-           "trials": trials, "device": backend.device}
+           "trials": trials, "device": backend.device, "token": secrets.token_hex(16)}
     job_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=work_dir))
     try:
         # RLIMIT_AS caps host memory; CUDA maps far more address space than it uses, so no cap there.
@@ -240,6 +241,9 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     result.output_tail = outcome.output_tail
     if outcome.status != "ok":
         result.verdict, result.message = outcome.status, outcome.message
+    elif outcome.results.get("token") != job["token"]:
+        result.verdict = "forged_report"
+        result.message = "the result did not come from the verification worker (a candidate wrote its own report)"
     else:
         results = outcome.results
         by_id = {t["id"]: t for t in results["trials"]}

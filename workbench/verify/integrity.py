@@ -26,8 +26,8 @@ BASE_HOST_OPS = frozenset({
 
 # In the order they are reported when several fail.
 INTEGRITY_VERDICTS = (
-    "forbidden_import", "introspection", "forbidden_call", "monkeypatch", "torch_fallback", "no_kernel",
-    "tensor_subclass", "aliasing", "input_mutation", "unwritten_output", "cached_result", "constant_output",
+    "forged_report", "forbidden_import", "introspection", "forbidden_call", "monkeypatch", "torch_fallback",
+    "no_kernel", "tensor_subclass", "aliasing", "input_mutation", "unwritten_output", "cached_result", "constant_output",
     "nondeterministic", "overfit_shapes",
 )
 
@@ -91,13 +91,17 @@ def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[i
         for name, t in _tensors(got):
             if count := poisoned(t):
                 unwritten.append(f"{name} [{exp['shape']}] {exp['dtype']}: {count} elements")
+        # constant where the truth varies, and where the reference in the same precision varies too (a float16
+        # output can round to a constant legitimately)
         truths = list(exp["truth"][0]) + [v for v in exp["truth"][1].values() if v is not None]
-        mine = outputs + grads
-        for t, o in zip(truths, mine, strict=False):
-            if o.is_floating_point() and _constant(o) and not _constant(t) and o.shape == t.shape:
+        lowps = list(exp["lowp"][0]) + [v for v in exp["lowp"][1].values() if v is not None]
+        for t, r, o in zip(truths, lowps, outputs + grads, strict=False):
+            if o.is_floating_point() and o.shape == t.shape and _constant(o) and not _constant(t) \
+                    and not _constant(r):
                 constant.append(f"[{exp['shape']}] {exp['dtype']}")
     if fallback:
-        failed.append(_check("torch_fallback", f"torch ops doing the block's work: {', '.join(sorted(fallback))}"))
+        what = ", ".join(sorted(op if op != "numpy" else "tensors handed to numpy" for op in fallback))
+        failed.append(_check("torch_fallback", f"host ops doing the block's work: {what}"))
     if no_kernel:
         failed.append(_check("no_kernel", f"no Triton kernel launched: {'; '.join(no_kernel[:3])}"))
     if subclass:

@@ -82,6 +82,8 @@ def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: fl
     _kill_group(proc.pid)  # whatever the candidate left running in its process group
     reader.join(30)
     tail = _tail(log_path)
+    if log_path.stat().st_size >= OUTPUT_LIMIT_BYTES:  # Python ignores SIGXFSZ: its writes fail with EFBIG
+        return SandboxOutcome("crashed", f"printed more than {OUTPUT_LIMIT_BYTES >> 20} MiB", None, tail)
     if code != 0 or not received.getbuffer().nbytes:
         if code < 0:
             name = signal.Signals(-code).name

@@ -31,6 +31,7 @@ import sysconfig
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 
 KERNEL_ERRORS = (ValueError, TypeError, AttributeError, NameError, AssertionError, SyntaxError)
@@ -50,26 +51,20 @@ FORBIDDEN_EVENTS = {
     "compile": "forbidden_call", "exec": "forbidden_call", "code.__new__": "forbidden_call",
     "import": "forbidden_import", "open": "forbidden_import",
 }
+GROWING = ("sys", "worker")  # namespaces that gain attributes by themselves
 BENIGN_CALLERS = ("warnings.py", os.path.join("logging", "__init__.py"))
 STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 OWN_FILE = os.path.abspath(__file__)
 WORKBENCH_DIR = str(Path(__file__).resolve().parent.parent)  # the package whose sources hold the references
 
 
-class Watch:
-    """What the candidate was seen doing; filled by the hooks below."""
-
-    candidate = ""
-    events: list[dict] = []
-    in_hook = False
-
-
-def _first_foreign_frame(frame):
+def _first_foreign_frame(frame, through_imports: bool = False):
     """The first frame up the stack that is neither the standard library, a frozen module, nor this worker; None
-    when an import comes first (the event belongs to a standard-library module being initialised)."""
+    when an import comes first (the event belongs to a standard-library module being initialised), unless
+    ``through_imports`` (then the importer is what counts)."""
     while frame is not None:
         name = frame.f_code.co_filename
-        if name.startswith("<frozen importlib"):
+        if name.startswith("<frozen importlib") and not through_imports:
             return None
         if not (name.startswith(STDLIB) or name.startswith("<frozen") or name == OWN_FILE):
             return frame
@@ -77,32 +72,43 @@ def _first_foreign_frame(frame):
     return None
 
 
-def _audit(event: str, args: tuple) -> None:
-    kind = FORBIDDEN_EVENTS.get(event)
-    if kind is None or Watch.in_hook or not Watch.candidate:
-        return
-    if event == "import" and not str(args[0]).split(".")[0] == "workbench":
-        return
-    if event == "open" and not (isinstance(args[0], str) and os.path.abspath(args[0]).startswith(WORKBENCH_DIR)):
-        return
-    if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"):
-        return
-    Watch.in_hook = True
-    try:
-        caller = sys._getframe(1)
-        if kind != "introspection" and event in ("compile", "exec", "code.__new__"):
-            frame = caller  # dynamic code counts only when the candidate itself calls compile/exec
-        elif caller.f_code.co_filename.endswith(BENIGN_CALLERS):
-            return  # warnings and logging look up their caller's frame and hand nothing back
-        else:
-            frame = _first_foreign_frame(caller)
-        if frame is not None and frame.f_code.co_filename == Watch.candidate and len(Watch.events) < 20:
+def make_audit_hook(candidate: str, job_dir: str, events: list[dict]):
+    """An audit hook that records, and refuses by raising PermissionError, the forbidden events raised by the
+    candidate's code. Its state lives in this closure only: nothing reachable from the candidate's globals can
+    switch it off, and Python offers no way to remove an audit hook."""
+    private = (WORKBENCH_DIR, os.path.abspath(job_dir), "/proc/self", f"/proc/{os.getpid()}")
+    busy = [False]
+
+    def audit(event: str, args: tuple) -> None:
+        kind = FORBIDDEN_EVENTS.get(event)
+        if kind is None or busy[0]:
+            return
+        if event == "import" and str(args[0]).split(".")[0] != "workbench":
+            return
+        if event == "open" and not (isinstance(args[0], str) and os.path.abspath(args[0]).startswith(private)):
+            return
+        if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame"):
+            return
+        busy[0] = True
+        try:
+            caller = sys._getframe(1)
+            if event in ("compile", "exec", "code.__new__"):
+                frame = caller  # dynamic code counts only when the candidate itself calls compile/exec
+            elif caller.f_code.co_filename.endswith(BENIGN_CALLERS):
+                return  # warnings and logging look up their caller's frame and hand nothing back
+            else:
+                frame = _first_foreign_frame(caller, through_imports=event in ("open", "import"))
+            if frame is None or frame.f_code.co_filename != candidate:
+                return
             detail = args[0] if event in ("import", "open", "subprocess.Popen", "os.system") else \
                 (args[1] if event == "object.__getattr__" else "")
-            Watch.events.append({"kind": kind, "event": event, "detail": str(detail)[:200],
-                                 "line": frame.f_lineno})
-    finally:
-        Watch.in_hook = False
+            if len(events) < 20:
+                events.append({"kind": kind, "event": event, "detail": str(detail)[:200], "line": frame.f_lineno})
+        finally:
+            busy[0] = False
+        raise PermissionError(f"refused by the verification sandbox: {event}")
+
+    return audit
 
 
 class RefuseWorkbench(importlib.abc.MetaPathFinder):
@@ -114,32 +120,34 @@ class RefuseWorkbench(importlib.abc.MetaPathFinder):
         return None
 
 
-class Launches:
-    count = 0
-
-
-def _count_launches(cls) -> None:
+def _count_launches(cls, counter: list[int]) -> None:
+    """Wrap cls.run (every Triton launch goes through it) to add one to counter[0]."""
     original = cls.run
 
     def run(self, *args, **kwargs):
-        Launches.count += 1
+        counter[0] += 1
         return original(self, *args, **kwargs)
 
     cls.run = run
 
 
 def _snapshot(modules) -> dict:
-    """{(module, attribute): id(value)} of the namespaces a candidate could patch to fool the checks."""
+    """{(namespace, attribute): id(value)} of the namespaces a candidate could patch to fool the checks."""
     return {(name, key): id(value) for name, ns in modules.items() for key, value in list(vars(ns).items())}
 
 
 def _patched(before: dict, modules) -> list[str]:
+    """Attributes changed since the snapshot, and new ones that are not lazily imported submodules."""
     now = _snapshot(modules)
-    return sorted(f"{m}.{k}" for (m, k), ident in before.items() if now.get((m, k), ident) != ident)
+    changed = {f"{m}.{k}" for (m, k), ident in before.items() if now.get((m, k), ident) != ident}
+    added = {f"{m}.{k}" for (m, k) in now.keys() - before.keys()
+             if m not in GROWING and not isinstance(vars(modules[m]).get(k), types.ModuleType)}
+    return sorted(changed | added)
 
 
 def make_trace_mode():
     import torch
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     empties = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
@@ -166,7 +174,19 @@ def make_trace_mode():
                     out.fill_(POISON_INT)
             return out
 
-    return Trace
+    class HostArrays(TorchFunctionMode):
+        """Counts tensors handed to numpy (host math the dispatch trace cannot see)."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops: dict[str, int] = {}
+
+        def __torch_function__(self, func, types_, args=(), kwargs=None):
+            if func in (torch.Tensor.numpy, torch.Tensor.__array__):
+                self.ops["numpy"] = self.ops.get("numpy", 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    return Trace, HostArrays
 
 
 def classify(exc: BaseException, candidate: str) -> dict:
@@ -207,54 +227,46 @@ def _storages(tensors) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
 
 
-def _same_bits(a, b) -> bool:
+def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: set[int], safe) -> dict:
+    """One call of ``run`` and its backward on fresh copies of the inputs, with everything the checks need.
+    ``safe`` holds the torch functions this worker uses, taken before the candidate was loaded."""
     import torch
 
-    if a.dtype.is_floating_point:
-        return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.is_contiguous() and b.is_contiguous() \
-            else torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-    return torch.equal(a, b)
-
-
-def run_trial(run, trial: dict, arg_names: list[str], grad_inputs: list[str], trace_mode, previous: set[int],
-              device: str) -> dict:
-    """One call of ``run`` and its backward on fresh copies of the inputs, with everything the checks need."""
-    import torch
-
+    arg_names, grad_inputs = job["arg_names"], job["grad_inputs"]
     args, leaves, pristine = [], {}, {}
     for name in arg_names:
         value = trial["inputs"][name]
         if isinstance(value, torch.Tensor):
             pristine[name] = value
-            value = value.clone()
+            value = safe.clone(value)
             if name in grad_inputs:
                 value.requires_grad_(True)
                 leaves[name] = value
         args.append(value)
-    grad_outputs = [g.clone() if g is not None else None for g in trial["grad_outputs"]]
+    grad_outputs = [safe.clone(g) if g is not None else None for g in trial["grad_outputs"]]
     input_storages = _storages(args)
     entry: dict = {"id": trial["id"], "error": None}
-    trace = trace_mode()
-    started = time.perf_counter()
-    with trace:
-        Launches.count = 0
+    trace, host = modes[0](), modes[1]()
+    started = safe.clock()
+    with host, trace:
+        counter[0] = 0
         out = run(*args)
-        entry["launches_fwd"] = Launches.count
+        entry["launches_fwd"] = counter[0]
     outputs = list(out) if isinstance(out, (tuple, list)) else [out]
     grads: dict = {name: None for name in leaves}
     differentiable = [(o, g) for o, g in zip(outputs, grad_outputs, strict=False)
                       if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-    with trace:
-        Launches.count = 0
+    with host, trace:
+        counter[0] = 0
         if leaves and differentiable:
-            got = torch.autograd.grad([o for o, _ in differentiable], list(leaves.values()),
-                                      [g for _, g in differentiable], allow_unused=True)
+            got = safe.grad([o for o, _ in differentiable], list(leaves.values()),
+                            [g for _, g in differentiable], allow_unused=True)
             grads = dict(zip(leaves, got, strict=True))
-        entry["launches_bwd"] = Launches.count
-    if device == "cuda":
-        torch.cuda.synchronize()
-    entry["seconds"] = time.perf_counter() - started
-    entry["ops"] = trace.ops
+        entry["launches_bwd"] = counter[0]
+    if job["device"] == "cuda":
+        safe.synchronize()
+    entry["seconds"] = safe.clock() - started
+    entry["ops"] = {**trace.ops, **host.ops}
     tensors_out = [o for o in outputs if isinstance(o, torch.Tensor)]
     entry["subclass"] = [type(t).__name__ for t in tensors_out + [g for g in grads.values() if g is not None]
                          if type(t) is not torch.Tensor]
@@ -263,12 +275,20 @@ def run_trial(run, trial: dict, arg_names: list[str], grad_inputs: list[str], tr
         {"an input" for p in out_storages if p in input_storages}
         | {"an earlier call's output" for p in out_storages if p in previous}
         | ({"another output"} if len(out_storages) != len(set(out_storages)) else set()))
-    mutated = [name for name, value in pristine.items() if not _same_bits(value, args[arg_names.index(name)].detach())]
-    mutated += [f"grad_output[{i}]" for i, (g, h) in enumerate(zip(trial["grad_outputs"], grad_outputs, strict=True))
-                if g is not None and not _same_bits(g, h)]
-    entry["mutated"] = mutated
-    entry["outputs"] = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
-    entry["grads"] = {k: (v.detach() if v is not None else None) for k, v in grads.items()}
+
+    def same(a, b) -> bool:
+        if a.dtype.is_floating_point:
+            return safe.equal(safe.view(safe.contiguous(a), torch.uint8), safe.view(safe.contiguous(b), torch.uint8))
+        return safe.equal(a, b)
+
+    entry["mutated"] = [name for name, value in pristine.items()
+                        if not same(value, safe.detach(args[arg_names.index(name)]))]
+    entry["mutated"] += [f"grad_output[{i}]" for i, (g, h) in enumerate(zip(trial["grad_outputs"], grad_outputs,
+                                                                           strict=True))
+                         if g is not None and not same(g, h)]
+    plain = (lambda t: safe.detach(torch.Tensor.as_subclass(t, torch.Tensor)) if isinstance(t, torch.Tensor) else t)
+    entry["outputs"] = [plain(o) for o in outputs]
+    entry["grads"] = {k: plain(v) for k, v in grads.items()}
     previous.update(out_storages)
     return entry
 
@@ -279,27 +299,35 @@ def main(job_dir: str, result_fd: int) -> int:
     import triton.language as tl
     from triton.runtime import jit
 
-    job = torch.load(Path(job_dir) / "job.pt", weights_only=True)
+    job_file = Path(job_dir) / "job.pt"
+    job = torch.load(job_file, weights_only=True)
+    job_file.unlink()  # the candidate never sees the job (nor the token that authenticates the result)
+    token = job.pop("token")
+    del sys.argv[1:]
     candidate = job["candidate"]
-    _count_launches(jit.JITFunction)
+    counter = [0]
+    _count_launches(jit.JITFunction, counter)
     if os.environ.get("TRITON_INTERPRET") == "1":
         from triton.runtime import interpreter
 
-        _count_launches(interpreter.InterpretedFunction)
+        _count_launches(interpreter.InterpretedFunction, counter)
+    safe = types.SimpleNamespace(clone=torch.Tensor.clone, detach=torch.Tensor.detach, view=torch.Tensor.view,
+                                 contiguous=torch.Tensor.contiguous, equal=torch.equal, grad=torch.autograd.grad,
+                                 save=torch.save, clock=time.perf_counter, synchronize=torch.cuda.synchronize)
     watched = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.autograd": torch.autograd,
                "torch.autograd.Function": torch.autograd.Function, "torch.nn.functional": torch.nn.functional,
                "triton": triton, "triton.language": tl, "triton.runtime.jit.JITFunction": jit.JITFunction,
                "time": time, "builtins": builtins, "sys": sys, "worker": sys.modules[__name__]}
-    trace_mode = make_trace_mode()
-    with trace_mode():  # warm up: the first traced ops import modules lazily (and torch._dynamo rewraps a few names)
+    modes = make_trace_mode()
+    with modes[1](), modes[0]():  # warm up: the first traced ops import modules lazily (torch._dynamo rewraps names)
         torch.empty(2, 2, device=job["device"]).reshape(4).clone().sum()
     before = _snapshot(watched)
     threads = threading.active_count()
+    events: list[dict] = []
     sys.meta_path.insert(0, RefuseWorkbench())
-    sys.addaudithook(_audit)
-    Watch.candidate = candidate
+    sys.addaudithook(make_audit_hook(candidate, job_dir, events))
 
-    results: dict = {"load_error": None, "trials": [], "events": Watch.events, "patched": []}
+    results: dict = {"load_error": None, "trials": [], "events": events, "patched": []}
     try:
         module = load_candidate(candidate)
     except BaseException as exc:  # noqa: BLE001 - any failure to load is the candidate's verdict
@@ -311,8 +339,7 @@ def main(job_dir: str, result_fd: int) -> int:
         kept = []  # earlier outputs stay alive so their storage cannot be reused and look fresh
         for trial in job["trials"]:
             try:
-                entry = run_trial(module.run, trial, job["arg_names"], job["grad_inputs"], trace_mode, previous,
-                                  job["device"])
+                entry = run_trial(module.run, trial, job, modes, counter, previous, safe)
                 kept.append(entry["outputs"])
             except Exception as exc:  # noqa: BLE001 - recorded as the trial's verdict
                 entry = {"id": trial["id"], "error": classify(exc, candidate)}
@@ -323,9 +350,9 @@ def main(job_dir: str, result_fd: int) -> int:
             if patched:
                 results["patched"] = patched
                 break
-    Watch.candidate = ""
+    results["token"] = token
     blob = io.BytesIO()
-    torch.save(results, blob)
+    safe.save(results, blob)
     with os.fdopen(result_fd, "wb") as channel:
         channel.write(blob.getvalue())
     return 0
