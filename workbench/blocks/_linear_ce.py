@@ -112,5 +112,6 @@ SUITES = {
 
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
-    """Two shapes drawn at verification time within the ranges of the suites, every dim independent."""
+    """Two shapes drawn at verification time: every dim independently between 1 (2 for V) and its largest size in
+    the suites, so that tiny vocabularies and single tokens come up along with odd multi-tile sizes."""
     return [{"N": rng.randint(1, 133), "V": rng.randint(2, 381), "D": rng.randint(1, 77)} for _ in range(2)]

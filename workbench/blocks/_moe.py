@@ -9,8 +9,10 @@ Routing input generation:
     permutation: the expert-major layout of those ids (stable argsort of the flat ids, dropped slots last), the
         ground truth that moe_permute computes and that moe_grouped_gemm / moe_combine take as inputs.
 
-Comparators (the signature of workbench.verify.compare.compare) for discrete outputs: exact equality, and per-row
-equality of id sets (order-insensitive). Shape helpers for the hidden shape draws.
+Comparators (the signature of workbench.verify.compare.compare): for discrete outputs exact equality and per-row
+equality of id sets (order-insensitive); for float32-by-contract quantities of low-precision trials the float32
+tolerance. Shape suites and hidden shape draws shared by moe_permute and moe_combine
+(dims N, D, E, k, hot, drop).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import random
 
 import torch
 
-from workbench.blocks.base import Tolerance
+from workbench.blocks.base import DEFAULT_TOLERANCES, Tolerance
 
 ZIPF_S = 1.1
 """Zipf exponent of expert popularity: the most popular expert gets about 3x the load of the 3rd, 10x the 10th."""
@@ -133,6 +135,19 @@ def compare_id_sets(out, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Toler
     return {"passed": True, **_figures(0, o.shape[0])}
 
 
+def compare_float32_quantity(out, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Tolerance,
+                             expect_dtype: torch.dtype) -> dict:
+    """The default comparison, but a quantity that is float32 by contract in a low-precision trial (the router's
+    weights, the combine's weight gradient) is held to the float32 tolerance, not to the trial dtype's: its
+    reference is float32 arithmetic on the same inputs, and a float16-sized floor (rtol 1e-3) would let a kernel
+    that computes it in half precision through."""
+    from workbench.verify.compare import compare  # here, not at the top: workbench.verify imports the blocks
+
+    if expect_dtype == torch.float32:
+        tol = DEFAULT_TOLERANCES[torch.float32]
+    return compare(out, truth, ref_lowp, tol, expect_dtype)
+
+
 # --- shapes --------------------------------------------------------------------------------------------------------
 
 
@@ -143,3 +158,27 @@ def draw_routing_shape(rng: random.Random, *, n_max: int = 40, e_max: int = 16, 
     e = rng.randint(1, e_max)
     k = rng.randint(1, min(k_max, e))
     return {"N": n, "E": e, "k": k}
+
+
+ROUTED_ROWS_SUITES = {
+    "smoke": [
+        {"N": 32, "D": 32, "E": 8, "k": 2, "hot": 0, "drop": 0},
+        {"N": 16, "D": 64, "E": 16, "k": 4, "hot": 0, "drop": 0},
+    ],
+    # no tokens, one token, every token on one expert (k = 1), a hot expert with capacity drops on odd sizes,
+    # Zipf routing with drops and many empty experts
+    "edge": [
+        {"N": 0, "D": 16, "E": 8, "k": 2, "hot": 0, "drop": 0},
+        {"N": 1, "D": 48, "E": 4, "k": 2, "hot": 0, "drop": 0},
+        {"N": 40, "D": 24, "E": 8, "k": 1, "hot": 1, "drop": 0},
+        {"N": 37, "D": 40, "E": 13, "k": 3, "hot": 1, "drop": 1},
+        {"N": 29, "D": 16, "E": 16, "k": 4, "hot": 0, "drop": 1},
+    ],
+}
+"""Suites of the blocks whose inputs are N tokens of width D routed to k of E experts (moe_permute, moe_combine)."""
+
+
+def routed_rows_hidden_shapes(rng: random.Random) -> list[dict[str, int]]:
+    """Four draws for ROUTED_ROWS_SUITES' dims: routing sizes (k <= E), D in [16, 64], hot and drop on or off."""
+    return [{"N": s["N"], "D": rng.randint(16, 64), "E": s["E"], "k": s["k"], "hot": rng.randint(0, 1),
+             "drop": rng.randint(0, 1)} for s in (draw_routing_shape(rng) for _ in range(4))]

@@ -57,16 +57,16 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     assert hv % q.shape[2] == 0, "GVA: the value heads must be a multiple of the q/k heads"
     qf, kf = _expand_heads(q.to(ct), k.to(ct), hv)
     qf = qf * scale
-    vf, gf, bf = v.to(ct), g.to(ct), beta.to(ct)
+    vf, bf, decay = v.to(ct), beta.to(ct), g.to(ct).exp()
     state = torch.zeros(b, hv, dk, dv, dtype=ct, device=v.device) if initial_state is None else initial_state.to(ct)
     outputs = []
-    for t in range(t_len):
-        state = state * gf[:, t].exp()[..., None]                                  # decay each key channel
-        k_t = kf[:, t]                                                             # [B, HV, K]
-        predicted = torch.einsum("bhk,bhkv->bhv", k_t, state)                      # S^T k
-        update = bf[:, t, :, None] * (vf[:, t] - predicted)                        # beta (v - S^T k)
-        state = state + torch.einsum("bhk,bhv->bhkv", k_t, update)
-        outputs.append(torch.einsum("bhk,bhkv->bhv", qf[:, t], state))             # read after the write
+    for t in range(t_len):                                  # state [B, HV, K, V]; k_t, q_t as [B, HV, K, 1]
+        k_t, q_t = kf[:, t, :, :, None], qf[:, t, :, :, None]
+        state = state * decay[:, t, :, :, None]             # decay each key channel
+        predicted = (k_t * state).sum(-2)                   # S^T k                 [B, HV, V]
+        update = bf[:, t, :, None] * (vf[:, t] - predicted)  # beta (v - S^T k)
+        state = state + k_t * update[:, :, None, :]         # + k update^T
+        outputs.append((q_t * state).sum(-2))               # read after the write: S^T q
     o = torch.stack(outputs, dim=1) if outputs else vf.new_zeros(b, 0, hv, dv)
     return o.to(v.dtype), state
 
@@ -153,31 +153,32 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     }
 
 
-# --- shapes ------------------------------------------------------------------------------------------------------------
+# --- shapes ----------------------------------------------------------------------------------------------------------
 
 SHAPES = {
     "smoke": [
         {"B": 1, "T": 32, "H": 1, "HV": 1, "K": 16, "V": 16, "h0": 1},
-        {"B": 2, "T": 64, "H": 2, "HV": 2, "K": 32, "V": 32, "h0": 0},
+        {"B": 2, "T": 16, "H": 2, "HV": 2, "K": 32, "V": 32, "h0": 0},
     ],
-    # one token; a tail past one 64-chunk with GVA 1:4; non-power-of-two head dims with GVA 2:4; V > K
+    # one token with GVA 1:2; a tail past one 64-token chunk; GVA 1:4 with non-power-of-two head dims; V over
+    # several V tiles (V > K); interpreter cost grows with B*HV*T, so each shape exercises one thing at small size
     "edge": [
         {"B": 1, "T": 1, "H": 1, "HV": 2, "K": 16, "V": 16, "h0": 1},
-        {"B": 1, "T": 70, "H": 1, "HV": 4, "K": 16, "V": 16, "h0": 1},
-        {"B": 2, "T": 37, "H": 2, "HV": 4, "K": 24, "V": 20, "h0": 0},
-        {"B": 1, "T": 19, "H": 2, "HV": 2, "K": 16, "V": 48, "h0": 1},
+        {"B": 1, "T": 70, "H": 1, "HV": 1, "K": 16, "V": 16, "h0": 1},
+        {"B": 1, "T": 13, "H": 1, "HV": 4, "K": 24, "V": 20, "h0": 0},
+        {"B": 1, "T": 11, "H": 2, "HV": 2, "K": 16, "V": 48, "h0": 1},
     ],
 }
 
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
-    """Two shapes drawn at verification time, meeting HV % H == 0: any T up to 80 (tails past a chunk of 16, 32 or
-    64), head dims 1-40 (odd ones included), GVA ratios 1-3, with and without an initial state."""
+    """Two shapes drawn at verification time, meeting HV % H == 0 and as cheap as the edge suite: any T up to 40
+    (tails past chunks of 16 and 32), head dims 1-32 (odd ones included), GVA ratios 1-2, with or without h0."""
     shapes = []
     for _ in range(2):
         h = rng.randint(1, 2)
-        shapes.append({"B": rng.randint(1, 2), "T": rng.randint(1, 80), "H": h, "HV": h * rng.randint(1, 3),
-                       "K": rng.randint(1, 40), "V": rng.randint(1, 40), "h0": rng.randint(0, 1)})
+        shapes.append({"B": 1, "T": rng.randint(1, 40), "H": h, "HV": h * rng.randint(1, 2), "K": rng.randint(1, 32),
+                       "V": rng.randint(1, 32), "h0": rng.randint(0, 1)})
     return shapes
 
 

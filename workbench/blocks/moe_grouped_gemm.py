@@ -68,17 +68,17 @@ SHAPES = {
         {"N": 0, "k": 2, "D": 16, "F": 32, "E": 4, "hot": 0, "drop": 0},
         {"N": 1, "k": 1, "D": 16, "F": 16, "E": 4, "hot": 0, "drop": 0},
         {"N": 24, "k": 1, "D": 24, "F": 40, "E": 8, "hot": 1, "drop": 0},
-        {"N": 21, "k": 3, "D": 40, "F": 24, "E": 12, "hot": 0, "drop": 1},
-        {"N": 3, "k": 2, "D": 16, "F": 48, "E": 16, "hot": 1, "drop": 1},
+        {"N": 21, "k": 3, "D": 40, "F": 24, "E": 6, "hot": 0, "drop": 1},
+        {"N": 3, "k": 2, "D": 16, "F": 48, "E": 12, "hot": 1, "drop": 1},
     ],
 }
 
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
-    """Three draws: routing sizes (k <= E, N <= 24), D and F in [16, 64], hot and drop each on or off."""
+    """Three draws: routing sizes (k <= E <= 8, N <= 24), D and F in [16, 64], hot and drop each on or off."""
     return [{"N": s["N"], "k": s["k"], "D": rng.randint(16, 64), "F": rng.randint(16, 64), "E": s["E"],
              "hot": rng.randint(0, 1), "drop": rng.randint(0, 1)}
-            for s in (draw_routing_shape(rng, n_max=24) for _ in range(3))]
+            for s in (draw_routing_shape(rng, n_max=24, e_max=8) for _ in range(3))]
 
 
 SPEC = BlockSpec(

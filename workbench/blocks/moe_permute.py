@@ -21,11 +21,9 @@ factor 1.25: overflow slots are dropped as -1).
 
 from __future__ import annotations
 
-import random
-
 import torch
 
-from workbench.blocks._moe import compare_exact, draw_routing_shape, permutation, routing_ids
+from workbench.blocks._moe import ROUTED_ROWS_SUITES, compare_exact, permutation, routed_rows_hidden_shapes, routing_ids
 from workbench.blocks.base import BlockSpec, Shape, compute_dtype
 
 
@@ -48,29 +46,6 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     return {"x": x.to(device, dtype), "expert_ids": ids.to(device), "num_experts": e}
 
 
-SHAPES = {
-    "smoke": [
-        {"N": 32, "D": 32, "E": 8, "k": 2, "hot": 0, "drop": 0},
-        {"N": 16, "D": 64, "E": 16, "k": 4, "hot": 0, "drop": 0},
-    ],
-    # no tokens, one token, every token on one expert (k = 1), a hot expert with capacity drops on odd sizes,
-    # Zipf routing with drops and many empty experts
-    "edge": [
-        {"N": 0, "D": 16, "E": 8, "k": 2, "hot": 0, "drop": 0},
-        {"N": 1, "D": 48, "E": 4, "k": 2, "hot": 0, "drop": 0},
-        {"N": 40, "D": 24, "E": 8, "k": 1, "hot": 1, "drop": 0},
-        {"N": 37, "D": 40, "E": 13, "k": 3, "hot": 1, "drop": 1},
-        {"N": 29, "D": 16, "E": 16, "k": 4, "hot": 0, "drop": 1},
-    ],
-}
-
-
-def hidden_shapes(rng: random.Random) -> list[Shape]:
-    """Four draws: routing sizes (k <= E), D in [16, 64], hot and drop each on or off."""
-    return [{"N": s["N"], "D": rng.randint(16, 64), "E": s["E"], "k": s["k"], "hot": rng.randint(0, 1),
-             "drop": rng.randint(0, 1)} for s in (draw_routing_shape(rng) for _ in range(4))]
-
-
 SPEC = BlockSpec(
     name="moe_permute",
     family="moe",
@@ -79,8 +54,8 @@ SPEC = BlockSpec(
     make_inputs=make_inputs,
     grad_inputs=("x",),
     outputs=("x_perm", "token_of_row", "row_of_slot", "counts", "offsets"),
-    shapes=SHAPES,
+    shapes=ROUTED_ROWS_SUITES,
     comparators={f"forward:{name}": compare_exact
                  for name in ("x_perm", "token_of_row", "row_of_slot", "counts", "offsets")},
-    hidden_shapes=hidden_shapes,
+    hidden_shapes=routed_rows_hidden_shapes,
 )

@@ -16,7 +16,8 @@ std is the unbiased (E - 1) standard deviation over the experts, as torch.std an
 Shapes: x [N, D] (any float dtype), weight [E, D] (same dtype), bias [E] float32 (DeepSeek-V3 keeps its correction
 bias in float32); outputs weights [N, k] float32 (float64 for float64 inputs), ids [N, k] int64 in descending order
 of s + bias, counts [E] int64. Gradients: x and weight, through the weights (ids and counts are discrete; the bias is
-updated by the balancing rule below, not by gradients).
+updated by the balancing rule below, not by gradients). The weights, float32 by contract, are held to the float32
+tolerance in every trial.
 
 Discrete outputs are verified exactly, so inputs are tie-free by construction: rows whose top-(k+1) selection
 scores come closer than 1e-4 of their scale are redrawn (the role of TransformerEngine's arange-based logits).
@@ -35,7 +36,7 @@ import random
 
 import torch
 
-from workbench.blocks._moe import compare_exact, compare_id_sets, draw_routing_shape
+from workbench.blocks._moe import compare_exact, compare_float32_quantity, compare_id_sets, draw_routing_shape
 from workbench.blocks.base import BlockSpec, Shape, compute_dtype
 
 RENORM_EPS = 1e-20
@@ -157,10 +158,11 @@ SHAPES = {
         {"N": 32, "D": 32, "E": 16, "k": 4, "mode": 0},
         {"N": 24, "D": 64, "E": 8, "k": 2, "mode": 1},
     ],
-    # no tokens, one token with k = 1, Skywork normalization on odd sizes, unnormalized softmax, k = E
+    # no tokens, one token with k = 1 (unnormalized: renormalizing a single weight makes it a constant without
+    # gradient), Skywork normalization on odd sizes, unnormalized softmax, k = E
     "edge": [
         {"N": 0, "D": 16, "E": 8, "k": 2, "mode": 0},
-        {"N": 1, "D": 16, "E": 8, "k": 1, "mode": 0},
+        {"N": 1, "D": 16, "E": 8, "k": 1, "mode": 3},
         {"N": 37, "D": 48, "E": 12, "k": 3, "mode": 2},
         {"N": 19, "D": 24, "E": 16, "k": 4, "mode": 3},
         {"N": 5, "D": 20, "E": 3, "k": 3, "mode": 1},
@@ -169,11 +171,13 @@ SHAPES = {
 
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
-    """Four draws: routing sizes (k <= E), D in [16, 64], any mode (Skywork normalization needs E >= 2)."""
+    """Four draws: routing sizes (k <= E), D in [16, 64], a mode that is not degenerate there (Skywork
+    normalization needs E >= 2; with k = 1 only the unnormalized mode leaves the weight a gradient)."""
     out = []
     for _ in range(4):
         shape = draw_routing_shape(rng)
-        modes = [m for m in MODES if shape["E"] >= 2 or MODES[m][1] is None]
+        modes = [m for m, (_, lam, renorm, _) in MODES.items()
+                 if (shape["E"] >= 2 or lam is None) and (shape["k"] >= 2 or not renorm)]
         out.append({"N": shape["N"], "D": rng.randint(16, 64), "E": shape["E"], "k": shape["k"],
                     "mode": rng.choice(modes)})
     return out
@@ -188,6 +192,7 @@ SPEC = BlockSpec(
     grad_inputs=("x", "weight"),
     outputs=("weights", "ids", "counts"),
     shapes=SHAPES,
-    comparators={"forward:ids": compare_id_sets, "forward:counts": compare_exact},
+    comparators={"forward:weights": compare_float32_quantity, "forward:ids": compare_id_sets,
+                 "forward:counts": compare_exact},
     hidden_shapes=hidden_shapes,
 )

@@ -10,7 +10,8 @@ The algorithm a kernel implements: the tokens are processed in chunks of c rows.
 [c, V] are computed in float32, then the chunk's loss terms and, in the same forward pass, its gradients:
 dlogits = (softmax - onehot) * scale, dh[chunk] = dlogits @ W, dW += dlogits^T @ h[chunk]. The [N, V] logits never
 exist; the peak extra memory is the chunk's c x V buffer (Liger sizes c so that c x V is about N x D) plus the
-float32 gradient accumulators. The backward pass only multiplies the stored gradients by the upstream gradient.
+float32 gradient accumulators. The backward pass only multiplies the stored gradients by the upstream gradient
+(in place where the dtypes allow, as Liger does: the graph can be walked backward once).
 Cost: one logits matmul and two gradient matmuls, the gradients computed even when no backward follows.
 
 ``chunked_loss`` is that algorithm in plain PyTorch, an exact second path to the reference (tested against it) that
@@ -61,15 +62,25 @@ class _SeqChunkedLoss(torch.autograd.Function):
                     dw.addmm_(grad.T, hc)
             del logits
         ctx.save_for_backward(dh, dw)
-        ctx.dtypes = (h.dtype, W.dtype)
+        ctx.dtypes, ctx.consumed = (h.dtype, W.dtype), False
         return total * scale
 
     @staticmethod
     def backward(ctx, grad_loss):
+        # The stored gradients are scaled in place when they already have the input's dtype (as Liger does): no
+        # second [V, D] buffer. The graph can therefore be walked backward once only.
+        if ctx.consumed:
+            raise RuntimeError("chunked_loss: backward through the same graph twice (its gradients are consumed)")
+        ctx.consumed = True
         dh, dw = ctx.saved_tensors
-        dh = (dh * grad_loss).to(ctx.dtypes[0]) if dh is not None else None
-        dw = (dw * grad_loss).to(ctx.dtypes[1]) if dw is not None else None
-        return dh, dw, None, None, None, None
+        return (_times(dh, grad_loss, ctx.dtypes[0]), _times(dw, grad_loss, ctx.dtypes[1]),
+                None, None, None, None)
+
+
+def _times(grad: torch.Tensor | None, factor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    if grad is None:
+        return None
+    return grad.mul_(factor) if grad.dtype == dtype else (grad * factor).to(dtype)
 
 
 def chunked_loss(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_index: int = -100,

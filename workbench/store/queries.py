@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,7 +86,8 @@ CHECK_SUMMARY_COLUMNS = ["suite", "shape", "dtype", "direction", "verdict", "che
                          "err_ratio", "max_rel", "nonfinite", "reason"]
 REPLAY_COLUMNS = ["id", "model", "mode", "preset", "seed", "status", "steps", "final_loss", "reference_final_loss",
                   "band", "reason", "ops", "created_at"]
-CI_COLUMNS = ["id", "commit", "status", "started_at", "finished_at", "seconds", "junit_path", "summary"]
+CI_COLUMNS = ["id", "commit", "status", "started_at", "finished_at", "seconds", "operators", "passing", "checks",
+              "failed_checks", "regressions", "junit_path", "summary"]
 
 
 def _frame(rows: list[dict], columns: list[str], times: tuple[str, ...] = ()):
@@ -282,14 +284,41 @@ def replay_curves(engine: Engine, replay_id: int):
     return _frame(rows, ["step", "reference", "operator"])
 
 
+def ci_operators(summary: dict | None) -> list[dict]:
+    """The operators a CI job verified (workbench.ci: summary["operators"][block] = {operator, verdict,
+    worst_ratio, checks: {check: passed}}), one row each with the names of its failing checks."""
+    found = (summary or {}).get("operators")
+    rows = []
+    for block, entry in (found.items() if isinstance(found, dict) else []):
+        if not isinstance(entry, dict):
+            continue
+        checks = entry.get("checks") if isinstance(entry.get("checks"), dict) else {}
+        ratio = entry.get("worst_ratio")
+        rows.append({"block": block, "operator": entry.get("operator", ""), "verdict": entry.get("verdict", ""),
+                     "worst_ratio": ratio if isinstance(ratio, int | float) and ratio >= 0 else None,
+                     "checks": len(checks), "failed": sum(not ok for ok in checks.values()),
+                     "failing": ", ".join(k for k, ok in checks.items() if not ok)})
+    return rows
+
+
+def _ci_figures(summary: dict) -> dict:
+    operators = ci_operators(summary)
+    found = summary.get("regressions")
+    return {"operators": len(operators), "passing": sum(o["verdict"] == "pass" for o in operators),
+            "checks": sum(o["checks"] for o in operators), "failed_checks": sum(o["failed"] for o in operators),
+            "regressions": len(found) if isinstance(found, list | dict) else 0}
+
+
 def ci_jobs_frame(engine: Engine, limit: int = 200):
-    """CI jobs newest first; summary is the job's JSON as a dict."""
+    """CI jobs newest first, with figures from their summaries (operators, passing, checks, failed_checks,
+    regressions); summary is the job's JSON as a dict."""
     with Session(engine) as s:
         jobs = s.exec(select(CIJob).order_by(CIJob.started_at.desc(), CIJob.id.desc()).limit(limit))
         rows = [{"id": j.id, "commit": j.commit, "status": j.status, "started_at": j.started_at,
                  "finished_at": j.finished_at,
                  "seconds": (_aware(j.finished_at) - _aware(j.started_at)).total_seconds() if j.finished_at else None,
-                 "junit_path": j.junit_path, "summary": dict(j.summary or {})} for j in jobs]
+                 "junit_path": j.junit_path, "summary": dict(j.summary or {}), **_ci_figures(j.summary or {})}
+                for j in jobs]
     return _frame(rows, CI_COLUMNS, times=("started_at", "finished_at"))
 
 
@@ -299,15 +328,19 @@ def latest_ci_job(engine: Engine) -> dict | None:
 
 
 def ci_regressions(jobs) -> list[dict]:
-    """The regressions the CI jobs' summaries list (summary["regressions"]: a list of objects or lines, or a
-    mapping of name to detail), one row each with the job id, commit and status."""
+    """The regressions the CI jobs' summaries list (summary["regressions"]: lines "<block> <check>: ..." as
+    workbench.ci writes them, or objects), one row each with the job id, commit and status."""
     rows = []
     for job in jobs.to_dict("records"):
         found = (job["summary"] or {}).get("regressions") or []
         if isinstance(found, dict):
             found = [{"name": k, **(v if isinstance(v, dict) else {"detail": v})} for k, v in found.items()]
         for item in found:
-            detail = item if isinstance(item, dict) else {"detail": item}
+            if isinstance(item, dict):
+                detail = item
+            else:
+                block = re.match(r"[\w.\-]+", str(item))
+                detail = {"block": block.group(0) if block else "", "regression": str(item)}
             rows.append({"job": job["id"], "commit": job["commit"], "status": job["status"],
                          **{k: v if isinstance(v, str | int | float | bool) or v is None else json.dumps(v)
                             for k, v in detail.items()}})

@@ -27,8 +27,8 @@ BASE_HOST_OPS = frozenset({
 # In the order they are reported when several fail.
 INTEGRITY_VERDICTS = (
     "forged_report", "forbidden_import", "introspection", "forbidden_call", "monkeypatch", "torch_fallback",
-    "no_kernel", "tensor_subclass", "aliasing", "input_mutation", "unwritten_output", "cached_result", "constant_output",
-    "nondeterministic", "overfit_shapes",
+    "no_kernel", "tensor_subclass", "aliasing", "input_mutation", "unwritten_output", "cached_result",
+    "constant_output", "nondeterministic", "overfit_shapes",
 )
 
 # The patterns the worker writes into fresh buffers, read back through an integer view of the same width.
