@@ -9,7 +9,7 @@ setup:
 
 # The main job: port every block of the model card that has a spec, on the Triton interpreter when no GPU is seen.
 port: setup
-	$(VENV)/bin/workbench port --model $(MODEL) --explore 2
+	$(VENV)/bin/workbench port --model $(MODEL)
 
 # The whole suite (CI runs this through .ci/run).
 test: setup
