@@ -13,8 +13,9 @@ port: setup
 
 # The whole suite (CI runs this through .ci/run).
 test: setup
+	./scripts/setup-browser.sh
 	$(VENV)/bin/ruff check workbench tests dashboards bench
-	$(VENV)/bin/python -m pytest -n 2 --durations=15 --junitxml=junit.xml
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=15 --junitxml=junit.xml
 
 lint: setup
 	$(VENV)/bin/ruff check workbench tests dashboards bench

@@ -260,7 +260,7 @@ def write_candidate(tmp_path, name: str = "rmsnorm_row_block_0123456789.py") -> 
 
 def test_block_status_lifecycle(tmp_path, engine):
     ops = tmp_path / "operators"
-    assert block_status(engine, ops, "kda") == ("no spec", "")
+    assert block_status(engine, ops, "no_such_block") == ("no spec", "")
     assert block_status(engine, ops, "rmsnorm") == ("not started", f"{len(list_templates('rmsnorm'))} templates")
 
     first = new_run(engine)

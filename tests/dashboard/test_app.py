@@ -1,0 +1,276 @@
+"""The dashboard's pages through streamlit.testing.v1.AppTest on a seeded database, their empty states, that the
+dashboard never writes, and the `workbench dashboard` command."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from seed import CI_REGRESSION, MODEL, seed
+from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
+
+from workbench.cli import app as cli_app
+from workbench.models import get_model
+from workbench.store import get_engine, records
+from workbench.store.queries import block_status
+
+APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+
+
+@pytest.fixture
+def seeded(tmp_path, monkeypatch):
+    data = seed(tmp_path / "seeded")
+    monkeypatch.setenv("WORKBENCH_DB", data.db_url)
+    monkeypatch.setenv("WORKBENCH_OPERATORS", str(data.operators_dir))
+    st.cache_data.clear()
+    return data
+
+
+@pytest.fixture
+def empty_db(tmp_path, monkeypatch):
+    """A database with its tables and nothing in them."""
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    get_engine(url)
+    monkeypatch.setenv("WORKBENCH_DB", url)
+    monkeypatch.setenv("WORKBENCH_OPERATORS", str(tmp_path / "operators"))
+    st.cache_data.clear()
+    return url
+
+
+def open_app(page: str | None = None, **query) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update(query)
+    if page:  # pages are known by their file names (no url_path), so no first run of the overview is needed
+        at.switch_page(f"views/{page}.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def charts(at: AppTest) -> list:
+    return list(at.get("vega_lite_chart")) + list(at.get("arrow_vega_lite_chart"))
+
+
+def text_of(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption] + [i.value for i in at.info]
+    return "\n".join(parts + [s.value for s in at.subheader] + [t.value for t in at.title])
+
+
+def column_format(df_element, column: str) -> str | None:
+    """The number format st.column_config gave a dataframe column."""
+    config = json.loads(df_element.proto.columns)
+    return config.get(column, {}).get("type_config", {}).get("format")
+
+
+# --- overview -----------------------------------------------------------------------------------------------------
+
+
+def test_overview_lists_every_block_of_the_card_with_its_status(seeded):
+    at = open_app()
+    assert at.title[0].value == "Port overview"
+    assert at.selectbox[0].value == MODEL
+    plan = at.dataframe[0].value
+    card = get_model(MODEL)
+    assert list(plan["block"]) == list(card.blocks)
+    engine = get_engine(seeded.db_url)
+    statuses = dict(zip(plan["block"], plan["status"], strict=True))
+    assert statuses["rmsnorm"] == "promoted" and statuses["swiglu"] == "blocked"
+    for name in card.blocks:
+        assert statuses[name] == block_status(engine, seeded.operators_dir, name)[0]
+    promoted = sum(s == "promoted" for s in statuses.values())
+    assert at.get("progress")[0].proto.text.startswith(f"{promoted} of {len(card.blocks)} blocks promoted")
+    assert charts(at)
+    links = {link.proto.label for link in at.get("page_link")}
+    assert {"rmsnorm", "swiglu"} <= links
+
+
+def test_overview_shows_the_latest_ci_job_and_the_running_runs(seeded):
+    at = open_app()
+    text = text_of(at)
+    assert "failed" in text and "9e8d7c6" in text and "1 regression" in text
+    assert "operators **1** · passing **0** · failed checks **1**" in text
+    running = at.dataframe[1].value
+    assert list(running["id"]) == [seeded.running_run]
+    assert running["process"].iloc[0] == "alive"  # the seeding process is this one
+
+
+def test_overview_empty_states_name_the_commands(empty_db):
+    at = open_app()
+    info = " ".join(i.value for i in at.info)
+    assert "`workbench ci`" in info and "`workbench port rmsnorm`" in info
+    assert set(at.dataframe[0].value["status"]) <= {"no spec", "not started"}
+
+
+def test_missing_database_is_not_created(tmp_path, monkeypatch):
+    missing = tmp_path / "nowhere.db"
+    monkeypatch.setenv("WORKBENCH_DB", f"sqlite:///{missing}")
+    at = open_app()
+    assert "no database" in at.info[0].value.lower() and "`workbench port rmsnorm`" in at.info[0].value
+    assert not missing.exists()
+
+
+# --- block --------------------------------------------------------------------------------------------------------
+
+
+def test_block_page_candidates_checks_diff_and_trace(seeded):
+    at = open_app("block", block="rmsnorm")
+    assert at.title[0].value == "rmsnorm"
+    assert ":green-badge[promoted]" in at.markdown[0].value
+    candidates = at.dataframe[0].value
+    bad, good = seeded.candidates[:2]
+    assert list(candidates["id"]) == [bad, good, seeded.candidates[4]]
+    assert list(candidates["status"]) == ["fail", "pass", "rendered"]
+    assert candidates["params"].iloc[0] == "BLOCK_N=8192, ACC_DTYPE=float16"
+    assert candidates["worst_ratio"].iloc[0] > 1 > candidates["worst_ratio"].iloc[1]
+    assert len(charts(at)) == 2  # candidates over time, error heat map
+
+    # error figures per shape and dtype of the latest verified candidate, in scientific notation
+    assert at.selectbox(key="chosen_rmsnorm").value == good
+    checks = at.dataframe[1].value
+    assert set(checks["dtype"]) == {"float32", "float16"}
+    assert {"rows=4,N=64", "rows=1,N=123", "rows=7,N=4097"} == set(checks["shape"])
+    assert (checks["verdict"] == "pass").all()
+    for column in ("max_abs", "bound", "err_ratio"):
+        assert column_format(at.dataframe[1], column) == "%.2e"
+
+    # the diff from the previous candidate, and the promoted run's trace with its reasons
+    code = at.code[0].value
+    assert "-" in code and "tl.float16" in code and "+" in code and "tl.float32" in code
+    assert at.selectbox(key="diff_from_rmsnorm").value == bad
+    assert at.selectbox(key="trace_run_rmsnorm").value == seeded.promoted_run
+    trace = at.markdown[-1].value
+    assert "**diagnose**" in trace and "precision" in trace and "accumulates in float16" in trace
+
+    at.selectbox(key="chosen_rmsnorm").set_value(bad).run()
+    failing = at.dataframe[1].value
+    assert set(failing[failing["verdict"] == "fail"]["dtype"]) == {"float16"}
+    assert failing["reason"].str.contains("max abs err").any()
+
+
+def test_block_page_of_a_blocked_block(seeded):
+    at = open_app("block", block="swiglu")
+    assert ":red-badge[blocked]" in at.markdown[0].value
+    candidates = at.dataframe[0].value
+    assert list(candidates["status"]) == ["compile_error", "runtime_error"]
+    assert candidates["worst_ratio"].isna().all()
+    assert "without error figures" in text_of(at)
+    assert at.selectbox(key="trace_run_swiglu").value == seeded.blocked_run
+    assert "budget of 2 candidates spent" in at.markdown[-1].value
+
+
+def test_block_page_switches_block(seeded):
+    at = open_app("block")
+    assert at.selectbox[0].value == "rmsnorm"
+    at.selectbox[0].set_value("swiglu").run()
+    assert at.title[0].value == "swiglu"
+
+
+# --- replays ------------------------------------------------------------------------------------------------------
+
+
+def test_replays_page_draws_both_curves_and_the_band(seeded):
+    at = open_app("replays")
+    replays = at.dataframe[0].value
+    assert list(replays["id"]) == [seeded.replay_id] and replays["band"].iloc[0] == 0.05
+    assert at.number_input[0].value == 0.05  # the band the replay recorded
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["steps"] == "60" and metrics["steps outside the band"] == "0"
+    (chart,) = charts(at)
+    spec = json.loads(chart.proto.spec)
+    marks = {layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in spec["layer"]}
+    assert marks == {"area", "line"}
+
+    at.number_input[0].set_value(0.005).run()  # a tighter band: some steps fall outside
+    assert int(next(m.value for m in at.metric if m.label == "steps outside the band")) > 0
+
+
+def test_replays_empty_state(empty_db):
+    at = open_app("replays")
+    assert "`workbench replay kimi-k3.1-pro --mode scratch`" in at.info[0].value
+    assert not at.dataframe and not charts(at)
+
+
+# --- CI -----------------------------------------------------------------------------------------------------------
+
+
+def test_ci_page_history_operators_and_regressions(seeded):
+    at = open_app("ci")
+    jobs = at.dataframe[0].value
+    assert list(jobs["commit"]) == ["9e8d7c6", "4f1c2ab"]
+    assert list(jobs["status"]) == ["failed", "passed"] and list(jobs["regressions"]) == [1, 0]
+    assert list(jobs["failed_checks"]) == [1, 0] and list(jobs["passing"]) == [0, 1]
+    operators = at.dataframe[1].value  # of the latest job
+    assert operators.iloc[0]["block"] == "rmsnorm" and operators.iloc[0]["failing"] == "grad:x float16"
+    regressions = at.dataframe[2].value
+    assert list(regressions["block"]) == ["rmsnorm"] and regressions.iloc[0]["regression"] == CI_REGRESSION
+    assert charts(at)
+
+
+def test_ci_empty_state(empty_db):
+    at = open_app("ci")
+    assert "`workbench ci`" in at.info[0].value
+
+
+# --- runs ---------------------------------------------------------------------------------------------------------
+
+
+def test_runs_page_shows_a_run_written_while_the_app_runs(seeded):
+    at = open_app("runs")
+    assert {m.label: m.value for m in at.metric}["running"] == "1"
+    assert at.selectbox(key="live_run").value == seeded.running_run
+    assert len(at.dataframe[0].value) == 3
+
+    engine = get_engine(seeded.db_url)
+    new_run = records.start_run(engine, block="swiglu", proposer="search", backend="interpreter", budget=3, config={})
+    records.add_step(engine, new_run, "plan", "a run started while the dashboard was open")
+    records.add_step(engine, seeded.running_run, "compile", "ok: compiles (a step written live)")
+    st.cache_data.clear()  # what the 1 s cache would do by the next 2 s refresh
+    at.run()
+
+    runs = at.dataframe[0].value
+    assert runs["id"].iloc[0] == new_run and len(runs) == 4
+    assert {m.label: m.value for m in at.metric}["running"] == "2"
+    assert at.selectbox(key="live_run").value == seeded.running_run  # the followed run stays chosen
+    assert "a step written live" in at.markdown[-1].value
+    at.selectbox(key="live_run").set_value(new_run).run()
+    assert "while the dashboard was open" in at.markdown[-1].value
+
+
+def test_runs_empty_state(empty_db):
+    at = open_app("runs")
+    assert "`workbench port rmsnorm`" in at.info[0].value
+
+
+# --- read only ----------------------------------------------------------------------------------------------------
+
+
+def test_the_dashboard_never_writes(seeded):
+    path = seeded.db_url.removeprefix("sqlite:///")
+    before = "\n".join(sqlite3.connect(path).iterdump())
+    for page in (None, "block", "replays", "ci", "runs"):
+        open_app(page)
+    assert "\n".join(sqlite3.connect(path).iterdump()) == before
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+
+
+def test_cli_dashboard_runs_streamlit_on_the_app(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: calls.append((cmd, env)) or 0)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    result = CliRunner().invoke(cli_app, ["dashboard", "--db", url, "--port", "8599"])
+    assert result.exit_code == 0, result.output
+    ((cmd, env),) = calls
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and cmd[4] == str(APP)
+    flags = " ".join(cmd[5:])
+    assert "--server.headless true" in flags and "--server.port 8599" in flags
+    assert "--browser.gatherUsageStats false" in flags
+    assert env["WORKBENCH_DB"] == url
+    assert "http://localhost:8599" in result.output
