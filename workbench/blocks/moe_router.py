@@ -54,7 +54,7 @@ TIE_GAP = 1e-4
 def scores(logits: torch.Tensor, score_func: str, norm_lambda: float | None) -> torch.Tensor:
     """Routing scores [N, E] from logits [N, E] (differentiable; same dtype as logits)."""
     z = logits
-    if norm_lambda is not None:
+    if norm_lambda is not None and z.shape[0] > 0:  # (torch.std warns on an empty batch)
         z = (z - z.mean(-1, keepdim=True)) / z.std(-1, keepdim=True) * norm_lambda
     if score_func == "sigmoid":
         return torch.sigmoid(z)
