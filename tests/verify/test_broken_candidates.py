@@ -3,12 +3,19 @@
 The numerically broken candidates are the rendered row_block template with one line of text changed, so each
 test changes one thing. The other broken candidates are minimal files. All of them run through the real
 sandbox on the Triton interpreter.
+
+Every verification runs three kinds of trial: the suite trials (smoke + edge: SHAPES), hidden trials on shapes
+drawn from the base seed at verification time (Check.suite "hidden": HIDDEN) and the first trial of the dtype run
+again (Check.suite "repeat": REPEATED). A failed integrity check is one more row, with suite "integrity", and its
+verdict outranks the numerics. Exact sets and counts of the suite checks are asserted over the smoke and edge
+rows only; what the hidden, repeat and integrity rows must show is asserted apart.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import random
 import re
 import textwrap
 from pathlib import Path
@@ -20,7 +27,8 @@ from workbench.blocks import get_block
 from workbench.blocks.base import shape_label
 from workbench.errors import NotACandidateError
 from workbench.templating import load_template
-from workbench.verify.harness import read_candidate, verify_candidate
+from workbench.verify.harness import HIDDEN_SHAPES, default_hidden_shapes, read_candidate, verify_candidate
+from workbench.verify.result import Check
 
 SUITES = ["smoke", "edge"]
 FAST = {"suites": SUITES, "seeds": 1, "dtypes": ["float32"], "base_seed": 0}
@@ -28,6 +36,18 @@ SPEC = get_block("rmsnorm")
 SHAPES = [shape for suite in SUITES for shape in SPEC.shapes[suite]]
 LABELS = [shape_label(shape) for shape in SHAPES]
 DIRECTIONS = ["forward:y", "grad:x", "grad:weight"]
+# What the verifier draws for FAST's base seed (rmsnorm has no draw of its own: test_hidden_shapes_are_unseen_draws)
+HIDDEN = default_hidden_shapes(SPEC, random.Random(FAST["base_seed"]))
+HIDDEN_LABELS = [shape_label(shape) for shape in HIDDEN]
+REPEATED = [LABELS[0]]  # the first trial of the one dtype, run again on the same inputs
+# (suite, shape) of every trial in the order the checks come back; one dtype and one seed: one trial per shape
+TRIAL_ROWS = ([(suite, shape_label(shape)) for suite in SUITES for shape in SPEC.shapes[suite]]
+              + [("hidden", label) for label in HIDDEN_LABELS] + [("repeat", label) for label in REPEATED])
+TRIALS = len(TRIAL_ROWS)
+TOTAL = TRIALS * len(DIRECTIONS)  # the numeric checks of a candidate whose every trial ran
+# The timeout also covers the worker's start (importing torch and triton takes 10-20 s on a loaded machine): the
+# candidate must get to run before it is killed.
+HANG_TIMEOUT_S = 45
 
 
 @functools.cache
@@ -61,12 +81,42 @@ def minimal(body: str) -> str:
     return header + textwrap.indent(textwrap.dedent(body), "    ")
 
 
-def failing(result) -> set[tuple[str, str]]:
-    return {(c.direction, c.shape) for c in result.failing()}
+def checks(result, *suites: str) -> list[Check]:
+    """The checks of these suites ("smoke", "edge", "hidden", "repeat", "integrity")."""
+    return [c for c in result.checks if c.suite in suites]
+
+
+def failing(result, suites=SUITES) -> set[tuple[str, str]]:
+    """(direction, shape) of the failed checks of these suites; by default the smoke and edge suite checks."""
+    return {(c.direction, c.shape) for c in result.failing() if c.suite in suites}
 
 
 def grid(directions, labels=LABELS) -> set[tuple[str, str]]:
     return {(d, label) for d in directions for label in labels}
+
+
+def wide(shapes) -> list[str]:
+    """Labels of the shapes whose rows are wider than BLOCK_N=64."""
+    return [shape_label(s) for s in shapes if s["N"] > 64]
+
+
+def narrow(shapes) -> list[str]:
+    return [shape_label(s) for s in shapes if s["N"] <= 64]
+
+
+def test_hidden_shapes_are_unseen_draws():
+    """rmsnorm uses the default draw: HIDDEN_SHAPES shapes from the base seed, each dim between its smallest and
+    largest smoke/edge value; the same seed draws the same shapes, another seed others."""
+    assert SPEC.hidden_shapes is None
+    assert len(HIDDEN) == HIDDEN_SHAPES
+    for shape in HIDDEN:
+        assert list(shape) == list(SHAPES[0])
+        for dim, value in shape.items():
+            assert min(s[dim] for s in SHAPES) <= value <= max(s[dim] for s in SHAPES), shape
+    assert default_hidden_shapes(SPEC, random.Random(FAST["base_seed"])) == HIDDEN
+    assert default_hidden_shapes(SPEC, random.Random(FAST["base_seed"] + 1)) != HIDDEN
+    # test_tail_beyond_block_n... relies on both sides of N=64 among the suite shapes, and on wide hidden shapes
+    assert wide(SHAPES) and narrow(SHAPES) and wide(HIDDEN)
 
 
 # --- a correct candidate ------------------------------------------------------------------------------------
@@ -81,8 +131,14 @@ def test_correct_candidate_passes_with_figures_on_every_check(tmp_path):
 
     assert result.verdict == "pass", result.message
     assert result.passed
-    assert result.message == f"{len(SHAPES) * len(DIRECTIONS)} checks passed"
-    assert {(c.direction, c.shape) for c in result.checks} == grid(DIRECTIONS)
+    assert result.base_seed == FAST["base_seed"]
+    assert result.message == f"{TOTAL} checks passed"
+    # every trial (suite shapes, the hidden shapes drawn from the base seed, the repeat) checked in every
+    # direction, in trial order; no integrity row
+    assert [(c.suite, c.shape, c.direction) for c in result.checks] == [
+        (suite, shape, d) for suite, shape in TRIAL_ROWS for d in DIRECTIONS]
+    first = {c.direction: c for c in checks(result, *SUITES) if c.shape == REPEATED[0]}
+    assert [c.seed for c in checks(result, "repeat")] == [first[d].seed for d in DIRECTIONS]  # the same inputs
     for check in result.checks:
         assert check.passed, check.line()
         assert check.max_abs is not None and check.bound is not None, check.line()
@@ -110,9 +166,12 @@ def test_wrong_forward_math_fails_the_forward_checks(tmp_path, case):
     result = verify(write(tmp_path, mutate(rendered(8192), old, new)))
 
     assert result.verdict == "fail", result.message
-    assert failing(result) == grid(broken)  # every shape, nothing else
-    total = len(SHAPES) * len(DIRECTIONS)
-    assert result.message.startswith(f"{len(grid(broken))} of {total} checks failed; worst ")
+    assert failing(result) == grid(broken)  # every suite shape, nothing else
+    assert failing(result, ["hidden"]) == grid(broken, HIDDEN_LABELS)  # the hidden shapes fail the same way
+    assert failing(result, ["repeat"]) == grid(broken, REPEATED)
+    assert checks(result, "integrity") == []  # wrong, not cheating: no integrity verdict outranks "fail"
+    assert len(result.checks) == TOTAL
+    assert result.message.startswith(f"{len(broken) * TRIALS} of {TOTAL} checks failed; worst ")
     for check in result.failing():
         assert check.reason.startswith("max abs err "), check.line()
         assert check.max_abs > check.bound
@@ -132,25 +191,51 @@ def test_wrong_gradient_fails_only_that_gradient(tmp_path, case):
 
     assert result.verdict == "fail", result.message
     assert failing(result) == grid([broken])
+    assert failing(result, ["hidden"]) == grid([broken], HIDDEN_LABELS)
+    assert failing(result, ["repeat"]) == grid([broken], REPEATED)
+    assert checks(result, "integrity") == []
     assert all(c.passed for c in result.checks if c.direction.startswith("forward:"))
-    total = len(SHAPES) * len(DIRECTIONS)
-    expected = f"{len(SHAPES)} of {total} checks failed; worst {broken} "
+    assert len(result.checks) == TOTAL
+    expected = f"{TRIALS} of {TOTAL} checks failed; worst {broken} "
     assert result.message.startswith(expected), result.message
+    for check in result.failing():
+        assert check.reason.startswith("max abs err "), check.line()
 
 
 @pytest.mark.interpreter
-def test_tail_beyond_block_n_fails_exactly_the_wide_shapes(tmp_path):
-    """BLOCK_N=64 covers only the first 64 columns: a wider row gets a partial sum and an unwritten tail."""
+def test_tail_beyond_block_n_is_an_unwritten_output_on_exactly_the_wide_shapes(tmp_path):
+    """BLOCK_N=64 covers only the first 64 columns: a wider row gets a partial sum, and the columns of y and dx past
+    64 are never written. They still hold the worker's poison, so the verdict names the unwritten outputs."""
     result = verify(write(tmp_path, rendered(64)))
 
-    wide = [shape_label(s) for s in SHAPES if s["N"] > 64]
-    narrow = [shape_label(s) for s in SHAPES if s["N"] <= 64]
-    assert wide and narrow  # the suites still test both sides of the edge
-    assert result.verdict == "fail", result.message
-    assert {c.shape for c in result.failing()} == set(wide)
-    assert grid(["forward:y"], wide) <= failing(result)  # the output itself is wrong on every wide row
-    assert all(c.passed for c in result.checks if c.shape in narrow)
-    assert {c.shape for c in result.checks if c.passed} >= set(narrow)
+    assert wide(SHAPES) and narrow(SHAPES)  # the suites still test both sides of the edge
+    # y ("output 0") and dx ("grad of x") of every wide trial, in trial order, keep rows * (N - 64) poisoned
+    # elements; dw is summed on the host from a zeroed buffer (wrong, but written)
+    unwritten = [f"{name} [{shape_label(s)}] float32: {s['rows'] * (s['N'] - 64)} elements"
+                 for s in SHAPES + HIDDEN if s["N"] > 64 for name in ("output 0", "grad of x")]
+    message = f"poisoned buffers returned unwritten: {'; '.join(unwritten[:3])}"
+    assert result.verdict == "unwritten_output", result.message
+    assert result.message == message
+    assert [(c.shape, c.direction, c.reason) for c in checks(result, "integrity")] == [
+        ("-", "integrity:unwritten_output", message)]  # the one integrity row, and the only integrity failure
+
+    # the numerics: every check of a wide suite shape fails, every check of a narrow one passes
+    assert failing(result) == grid(DIRECTIONS, wide(SHAPES))
+    assert {(c.direction, c.shape) for c in checks(result, *SUITES) if c.passed} == grid(DIRECTIONS, narrow(SHAPES))
+    # likewise the hidden shapes, and the repeated trial (N=64) passes
+    assert failing(result, ["hidden"]) == grid(DIRECTIONS, wide(HIDDEN))
+    assert all(c.passed for c in checks(result, "hidden") if c.shape in narrow(HIDDEN))
+    assert REPEATED[0] in narrow(SHAPES)
+    assert [(c.direction, c.passed) for c in checks(result, "repeat")] == [(d, True) for d in DIRECTIONS]
+    assert len(result.checks) == TOTAL + 1
+    # the poisoned elements read as NaN where the reference is finite: exactly those, in y and dx
+    sizes = {shape_label(s): s["rows"] * (s["N"] - 64) for s in SHAPES + HIDDEN if s["N"] > 64}
+    for check in checks(result, *SUITES, "hidden"):
+        if check.shape in sizes and check.direction in ("forward:y", "grad:x"):
+            assert check.nonfinite == sizes[check.shape], check.line()
+            assert check.reason == f"{sizes[check.shape]} NaN/Inf where the reference is finite", check.line()
+        elif check.shape in sizes:  # dw: finite, wrong (a partial rstd, and zero past column 64)
+            assert check.nonfinite == 0 and check.reason.startswith("max abs err "), check.line()
 
 
 # --- errors that are not numerics: each has its own verdict -------------------------------------------------
@@ -164,9 +249,10 @@ def test_non_power_of_two_arange_is_a_compile_error(tmp_path):
     assert result.verdict == "compile_error", result.message
     # Which line of the file it names is not pinned here: see the report on classify()'s frame order.
     assert re.fullmatch(r"arange\.py:\d+: ValueError: arange's range must be a power of 2 "
-                        rf"\({len(SHAPES)} of the trials; first at \[{re.escape(LABELS[0])}\] float32\)",
+                        rf"\({TRIALS} of the trials; first at \[{re.escape(LABELS[0])}\] float32\)",
                         result.message), result.message
-    assert [c.direction for c in result.checks] == ["run"] * len(SHAPES)
+    # one "run" row per trial (suite, hidden and repeat alike), nothing else: no numerics, no integrity row
+    assert [(c.suite, c.shape, c.direction) for c in result.checks] == [(*row, "run") for row in TRIAL_ROWS]
     assert all(c.reason.startswith("compile_error: arange.py:") for c in result.checks)
 
 
@@ -192,10 +278,11 @@ def test_exception_in_host_code_is_a_runtime_error(tmp_path):
     result = verify(write(tmp_path, source))
 
     assert result.verdict == "runtime_error", result.message
-    assert result.message.startswith(f"cand.py:{line}: IndexError: too many indices for tensor of "
-                                     f"dimension 2 ({len(SHAPES)} of the trials;"), result.message
-    assert [c.direction for c in result.checks] == ["run"] * len(SHAPES)
-    assert all(c.reason.startswith("runtime_error: ") for c in result.checks)
+    assert result.message == (f"cand.py:{line}: IndexError: too many indices for tensor of dimension 2 "
+                              f"({TRIALS} of the trials; first at [{LABELS[0]}] float32)"), result.message
+    assert [(c.suite, c.shape, c.direction) for c in result.checks] == [(*row, "run") for row in TRIAL_ROWS]
+    assert all(c.reason == f"runtime_error: cand.py:{line}: IndexError: too many indices for tensor of dimension 2"
+               for c in result.checks)
 
 
 @pytest.mark.interpreter
@@ -207,12 +294,12 @@ def test_hang_is_a_timeout_and_the_process_is_killed(tmp_path):
         while True:
             pass
     """)
-    result = verify(write(tmp_path, source), timeout_s=8)
+    result = verify(write(tmp_path, source), timeout_s=HANG_TIMEOUT_S)
 
     assert result.verdict == "timeout", result.message
-    assert result.message == "no result within 8 s"
+    assert result.message == f"no result within {HANG_TIMEOUT_S} s"
     assert result.checks == []
-    assert 8 <= result.seconds < 60
+    assert HANG_TIMEOUT_S <= result.seconds < HANG_TIMEOUT_S + 120  # + building the trials, on a loaded machine
     pid = int(pid_file.read_text())  # the candidate really ran, then was killed
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -220,7 +307,8 @@ def test_hang_is_a_timeout_and_the_process_is_killed(tmp_path):
 
 CRASHES = {
     "os._exit(3)": ("import os\nos._exit(3)\n", "candidate process exited with code 3 without a result"),
-    "segfault": ("import ctypes\nctypes.string_at(0)\n", "candidate process killed by SIGSEGV"),
+    # Not ctypes.string_at(0): the sandbox refuses ctypes calls (verdict forbidden_call) before they can crash.
+    "segfault": ("import faulthandler\nfaulthandler._sigsegv()\n", "candidate process killed by SIGSEGV"),
 }
 
 
