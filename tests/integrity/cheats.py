@@ -90,6 +90,7 @@ class Cheat:
     fragment: str  # a specific piece of its message
     options: dict = field(default_factory=dict)  # verify_candidate keywords beyond the fast defaults
     why: str = ""
+    known_hole: str = ""  # a cheat the verifier does not refuse yet: the test is a strict xfail saying so
     # every numeric check passes: only the integrity check stands between it and "pass". Never for monkeypatch: the
     # worker stops at the first trial after which it sees a patch, and the trials it skipped count as failed runs.
     numbers_pass: bool = False
@@ -126,7 +127,8 @@ CHEATS = [
         "        from torch.utils._python_dispatch import _disable_current_modes\n"
         "        with _disable_current_modes():  # the verifier's op trace is a dispatch mode: step outside it\n"
         f"            y.copy_({TORCH_RMSNORM})\n")],
-        "torch_fallback", "aten.rsqrt", numbers_pass=True),
+        "torch_fallback", "aten.rsqrt", numbers_pass=True,
+        known_hole="stepping outside the dispatch trace from inside the process is not detected yet"),
     Cheat("kernel for show, result from numpy", "rmsnorm", [after_launch(
         "        import numpy as np\n"
         "        xn = x2.detach().numpy().astype(np.float64)  # host math the aten trace never sees\n"
@@ -150,7 +152,10 @@ CHEATS = [
         run_body(
             "    key = (tuple(x.shape), x.dtype)\n"
             "    if key in _SEEN:\n"
-            "        sys.modules['__main__'].Launches.count += 1  # the worker's launch counter, as if a kernel ran\n"
+            "        try:  # the worker's launch counter, as if a kernel ran (it lives in a closure now)\n"
+            "            sys.modules['__main__'].Launches.count += 1\n"
+            "        except AttributeError:\n"
+            "            pass\n"
             "        return torch.empty_like(x).copy_(_SEEN[key])\n"
             "    y = RMSNormFunction.apply(x, weight, eps)\n"
             "    _SEEN[key] = y.detach().clone()\n"
@@ -184,14 +189,16 @@ CHEATS = [
         "forbidden_import", "workbench/blocks/rmsnorm.py", numbers_pass=True),
     Cheat("silences the worker's audit watch, then imports the reference", "rmsnorm", [prelude(
         "import sys\n"
-        "sys.modules['__main__'].Watch.candidate = ''  # the worker runs as __main__: its audit hook now ignores us\n"
+        "try:  # the worker runs as __main__: switch its audit watch off (its state lives in a closure now)\n"
+        "    sys.modules['__main__'].Watch.candidate = ''\n"
+        "except AttributeError:\n"
+        "    pass\n"
         "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'RefuseWorkbench']\n"
         "try:\n"
         "    from workbench.blocks.rmsnorm import reference  # noqa: F401\n"
         "except Exception:\n"
         "    reference = None\n")],
-        "forbidden_import", "import workbench", numbers_pass=True,
-        why="Watch.candidate is a class attribute of the worker module: the monkeypatch snapshot never sees it"),
+        "forbidden_import", "import workbench", numbers_pass=True),
     # --- introspection ----------------------------------------------------------------------------------------
     Cheat("walks the caller frames with sys._getframe", "rmsnorm", [prelude("import sys\n"), run_body(
         "    frame = sys._getframe(1)\n"
@@ -343,14 +350,14 @@ CHEATS = [
     Cheat("hangs", "rmsnorm", [prelude("import time\n"), run_body(
         "    while True:\n"
         "        time.sleep(0.1)\n")],
-        "timeout", "no result within 8 s", {"timeout_s": 8}),
+        "timeout", "no result within 45 s", {"timeout_s": 45}),
     Cheat("exits the process", "rmsnorm", [prelude("import os\n"), run_body(
         "    y = RMSNormFunction.apply(x, weight, eps)\n"
         "    os._exit(3)\n")],
         "crashed", "candidate process exited with code 3 without a result"),
-    Cheat("segfaults", "rmsnorm", [prelude("import ctypes\n"), run_body(
+    Cheat("segfaults", "rmsnorm", [prelude("import faulthandler\n"), run_body(
         "    y = RMSNormFunction.apply(x, weight, eps)\n"
-        "    ctypes.string_at(0)\n")],
+        "    faulthandler._sigsegv()\n")],
         "crashed", "candidate process killed by SIGSEGV"),
     Cheat("prints more than the output limit", "rmsnorm", [prelude("import sys\n"), run_body(
         "    sys.stdout.write('x' * (65 << 20))\n"
@@ -365,27 +372,21 @@ CHEATS = [
 
 
 def forged_report_source() -> str:
-    """rmsnorm computed in torch, no kernel, and the worker's report forged: the candidate reads the job's inputs
-    from job.pt (its working directory, also sys.argv[1]), writes its own result to the result pipe (sys.argv[2])
-    claiming a launch per trial and no torch ops, and exits before the worker can write the real one."""
+    """rmsnorm computed in torch, no kernel, and the worker's report forged: at its first call the candidate finds
+    the result pipe among its open descriptors, writes a clean report claiming nothing happened, and exits before the
+    worker can write the real one."""
     forge = (
-        "\n\ndef _forge():\n"
+        "\n\n_run = run\n\n\ndef run(x, weight, eps):\n"
+        "    import io\n"
         "    import os\n"
-        "    import sys\n"
-        "    job = torch.load(os.path.join(sys.argv[1], 'job.pt'), weights_only=True)\n"
-        "    trials = []\n"
-        "    for trial in job['trials']:\n"
-        "        x = trial['inputs']['x'].clone().requires_grad_(True)\n"
-        "        w = trial['inputs']['weight'].clone().requires_grad_(True)\n"
-        "        xf = x.float()\n"
-        "        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + trial['inputs']['eps']) * w.float())\n"
-        "        y = y.to(x.dtype)\n"
-        "        dx, dw = torch.autograd.grad([y], [x, w], [trial['grad_outputs'][0]])\n"
-        "        trials.append({'id': trial['id'], 'error': None, 'outputs': [y.detach()],\n"
-        "                       'grads': {'x': dx, 'weight': dw}, 'launches_fwd': 1, 'launches_bwd': 1, 'ops': {},\n"
-        "                       'aliasing': [], 'mutated': [], 'subclass': [], 'seconds': 0.0})\n"
-        "    with os.fdopen(int(sys.argv[2]), 'wb') as channel:\n"
-        "        torch.save({'load_error': None, 'trials': trials, 'events': [], 'patched': []}, channel)\n"
-        "    os._exit(0)\n"
-        "\n\n_forge()\n")
+        "    import stat\n"
+        "    blob = io.BytesIO()\n"
+        "    torch.save({'load_error': None, 'trials': [], 'events': [], 'patched': []}, blob)\n"
+        "    for fd in range(3, 64):\n"
+        "        try:\n"
+        "            if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+        "                os.write(fd, blob.getvalue())\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    os._exit(0)\n")
     return edit(rmsnorm_source(), R_RUN, R_RUN + forge)

@@ -48,22 +48,24 @@ def test_the_cheat_table_is_sound():
         ast.parse(source)
         assert source != BASES[cheat.block]()
         assert cheat.verdict in INTEGRITY_VERDICTS + ERROR_VERDICTS, cheat.name
-    assert set(INTEGRITY_VERDICTS) <= {c.verdict for c in CHEATS}
+    assert set(INTEGRITY_VERDICTS) - {"forged_report"} <= {c.verdict for c in CHEATS}  # forged: its own test
     # the overfit cheat is only a cheat if the hidden shapes drawn for base seed 0 have widths nobody was shown
     hidden = default_hidden_shapes(get_block("rmsnorm"), random.Random(FAST["base_seed"]))
     assert hidden and all(shape["N"] not in SHOWN_WIDTHS for shape in hidden)
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("cheat", CHEATS, ids=slug)
+@pytest.mark.parametrize("cheat", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=c.known_hole))
+                                   if c.known_hole else c for c in CHEATS], ids=slug)
 def test_cheat_is_refused_with_its_verdict(tmp_path, cheat):
     result = verify(write(tmp_path, cheat.source()), **cheat.options)
 
     assert result.verdict == cheat.verdict, f"{cheat.name}: got {result.verdict}: {result.message}"
     assert not result.passed
     assert cheat.fragment in result.message, result.message
-    if cheat.numbers_pass:  # built to be right: the integrity check alone refuses it
-        assert [c.line() for c in result.failing() if not c.direction.startswith("integrity:")] == []
+    if cheat.numbers_pass:  # built to be right: only the integrity check (and its refusal of the call) stops it
+        others = [c.line() for c in result.failing() if not c.direction.startswith("integrity:")]
+        assert all("refused by the verification sandbox" in line for line in others), others
     if cheat.verdict in INTEGRITY_VERDICTS:  # the message is the reason of the first check of that verdict
         refused = [c for c in result.failing() if c.direction == f"integrity:{cheat.verdict}"]
         assert refused and refused[0].reason == result.message
@@ -74,14 +76,14 @@ def test_cheat_is_refused_with_its_verdict(tmp_path, cheat):
 
 @pytest.mark.interpreter
 def test_forged_report_is_not_accepted(tmp_path):
-    """A candidate that writes its own report to the result pipe and exits must not pass. Which verdict a fixed
-    verifier gives depends on the fix (job.pt unreadable, the pipe out of reach, the report authenticated), so only
-    "not pass" is pinned."""
+    """A candidate that writes its own report to the result pipe and exits: the report lacks the token that only
+    the worker holds (job.pt is gone before the candidate loads), so it is refused as forged."""
     source = forged_report_source()
     ast.parse(source)
     result = verify(write(tmp_path, source))
 
     assert result.verdict != "pass", f"forged report accepted: {result.message}"
+    assert result.verdict == "forged_report", result.message
 
 
 @pytest.mark.interpreter
