@@ -18,8 +18,10 @@ Conventions, decided once for both blocks:
   as well; Liger casts back to the input dtype). The gradients come back in the dtypes of h and W, as autograd requires.
 - All targets ignored under "mean": torch's cross_entropy returns NaN (0 / 0) and NaN gradients; here the loss is 0
   with zero gradients (sum over no tokens divided by max(0, 1)), which is what a trainer wants from a micro-batch that
-  is entirely prompt or padding: it contributes nothing instead of poisoning the step. Liger's kernels give 0 too.
-- Targets outside [0, V) other than ignore_index are a caller error; the reference raises, kernels are undefined.
+  is entirely prompt or padding: it contributes nothing instead of poisoning the step (Liger's kernel skips
+  ignored rows and gives 0 as well).
+- Targets outside [0, V) other than ignore_index are a caller error: the reference raises (a device assert on a
+  GPU); what a kernel does with them is undefined.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
 # --- shapes --------------------------------------------------------------------------------------------------------
 
 SUITES = {
-    # several token blocks and vocabulary tiles at the smallest tile sizes the templates offer (16 x 64 x 16)
+    # several token, vocabulary and hidden tiles at the smallest tile sizes the templates offer (16 x 64 x 32)
     "smoke": [{"N": 16, "V": 64, "D": 32}, {"N": 64, "V": 256, "D": 64}],
     # one token; odd sizes like BLOCKS.md's (252, 507, 123) at half the size the interpreter can afford: several
     # token, vocabulary and hidden tiles, none full, several chunks with a short last one; a vocabulary smaller

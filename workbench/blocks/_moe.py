@@ -47,9 +47,11 @@ def routing_ids(n: int, e: int, k: int, g: torch.Generator, *, hot: bool = False
     if drop and n > 0:
         capacity = math.ceil(CAPACITY_FACTOR * n * k / e)
         flat = ids.flatten()
-        onehot = torch.nn.functional.one_hot(flat, e)
-        position = onehot.cumsum(0).gather(1, flat[:, None]).squeeze(1)  # 1-based arrival order at the expert
-        ids = torch.where(position > capacity, -1, flat).view(n, k)
+        order = torch.sort(flat, stable=True).indices
+        counts = torch.bincount(flat, minlength=e)
+        arrival = torch.empty_like(flat)  # 0-based arrival order of each slot at its expert, in token order
+        arrival[order] = torch.arange(flat.numel()) - (counts.cumsum(0) - counts)[flat[order]]
+        ids = torch.where(arrival >= capacity, -1, flat).view(n, k)
     return ids.to(torch.int64)
 
 

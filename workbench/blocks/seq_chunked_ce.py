@@ -46,12 +46,14 @@ class _SeqChunkedLoss(torch.autograd.Function):
         for start in range(0, n, chunk):
             hc, yc = h[start:start + chunk].to(ct), y[start:start + chunk]
             valid = yc != ignore_index
-            logits = hc @ w.T  # [c, V]: the only buffer that grows with V
-            lse = torch.logsumexp(logits, dim=-1)
+            logits = hc @ w.T  # [c, V]: the only buffer that grows with V; every step below works in place
             target = logits.gather(1, torch.where(valid, yc, 0)[:, None]).squeeze(1)
-            total += torch.where(valid, lse - target, 0).sum()
+            top = logits.amax(dim=1)
+            exps = logits.sub_(top[:, None]).exp_()
+            norm = exps.sum(dim=1)
+            total += torch.where(valid, top + torch.log(norm) - target, 0).sum()
             if need_dh or need_dw:
-                grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                grad = exps.div_(norm[:, None])  # softmax
                 rows = valid.nonzero().squeeze(1)
                 grad[rows, yc[rows]] -= 1
                 grad[~valid] = 0
@@ -60,7 +62,8 @@ class _SeqChunkedLoss(torch.autograd.Function):
                     torch.mm(grad, w, out=dh[start:start + chunk])
                 if need_dw:
                     dw.addmm_(grad.T, hc)
-            del logits
+                del grad
+            del logits, exps  # before the next chunk's logits exist
         ctx.save_for_backward(dh, dw)
         ctx.dtypes, ctx.consumed = (h.dtype, W.dtype), False
         return total * scale

@@ -37,8 +37,9 @@ class _VocabBlockwiseLoss(torch.autograd.Function):
         for start in range(0, W.shape[0], block):
             z = hc @ w[start:start + block].T  # [N, block]
             m_new = torch.maximum(m, z.amax(dim=1))
-            s = s * torch.exp(m - m_new) + torch.exp(z - m_new[:, None]).sum(dim=1)
+            s = s * torch.exp(m - m_new) + z.sub_(m_new[:, None]).exp_().sum(dim=1)
             m = m_new
+            del z  # before the next block's logits exist
         lse = m + torch.log(s)
         valid = y != ignore_index
         target = (hc * w[torch.where(valid, y, 0)]).sum(dim=1)  # the indexed dot h_i . W[y_i]
@@ -68,6 +69,7 @@ class _VocabBlockwiseLoss(torch.autograd.Function):
                 dh.addmm_(grad, wb)
             if need_dw:
                 torch.mm(grad.T, hc, out=dw[start:start + ctx.block])
+            del grad  # before the next block's logits exist
         return (dh.to(h.dtype) if need_dh else None, dw.to(W.dtype) if need_dw else None, None, None, None, None)
 
 
