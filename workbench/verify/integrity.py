@@ -22,6 +22,7 @@ BASE_HOST_OPS = frozenset({
     "aten.view", "aten._unsafe_view", "aten.reshape", "aten._reshape_alias", "aten.as_strided", "aten.expand",
     "aten.t", "aten.transpose", "aten.permute", "aten.squeeze", "aten.unsqueeze", "aten.slice", "aten.select",
     "aten.split", "aten.split_with_sizes", "aten.unbind", "aten.unflatten", "aten._local_scalar_dense",
+    "aten.promote_types", "aten.result_type",  # dtype queries
 })
 
 # In the order they are reported when several fail.
