@@ -182,7 +182,7 @@ def test_port_promotes_a_candidate_that_verifies(settings):
     from workbench.agent.run import port_block
     from workbench.verify.harness import verify_candidate
 
-    outcome = port_block("dsa_sparse_attention", settings, seeds=1, budget=3)
+    outcome = port_block("dsa_sparse_attention", settings, seeds=1, budget=2)
     assert outcome.status == "promoted", outcome.reason
     result = verify_candidate(outcome.operator_path, seeds=1, suites=["smoke"], base_seed=99)
     assert result.passed, result.message

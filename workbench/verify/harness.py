@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 import random
 import re
 import secrets
@@ -177,14 +178,24 @@ def check_trial(spec: BlockSpec, exp: dict, got: dict) -> list[Check]:
                       reason=f"returned {len(outputs)} outputs, expected {len(true_out)}")]
     tol = spec.tolerance(exp["torch_dtype"])
     checks = []
+    context = {"truth_outputs": dict(zip(spec.outputs, true_out, strict=True)),
+               "lowp_outputs": dict(zip(spec.outputs, low_out, strict=True))}
+
+    def judge(direction: str, o, t, r) -> Check:
+        custom = spec.comparators.get(direction)
+        if custom is None:
+            return Check(**where, direction=direction, **compare(o, t, r, tol, r.dtype))
+        wants = inspect.signature(custom).parameters
+        extra = {k: v for k, v in context.items() if k in wants}
+        return Check(**where, direction=direction, **custom(o, t, r, tol, r.dtype, **extra))
+
     for name, o, t, r in zip(spec.outputs, outputs, true_out, low_out, strict=True):
-        checks.append(Check(**where, direction=f"forward:{name}", **compare(o, t, r, tol, r.dtype)))
+        checks.append(judge(f"forward:{name}", o, t, r))
     grads = got["grads"] or {}
     for name in spec.grad_inputs:
         t, r = true_grads.get(name), low_grads.get(name)
-        if t is None:
-            continue
-        checks.append(Check(**where, direction=f"grad:{name}", **compare(grads.get(name), t, r, tol, r.dtype)))
+        if t is not None:
+            checks.append(judge(f"grad:{name}", grads.get(name), t, r))
     return checks
 
 
