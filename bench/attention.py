@@ -14,6 +14,7 @@ rendered at its first point.
 
 Sections (one function per block family; add yours to SECTIONS):
 - kda: `reference` (the recurrence, token by token) and `chunked_reference` (the chunked WY form used for replays).
+- dsa_indexer, dsa_sparse_attention, attnres: the block's reference (--shapes takes kda's dims only).
 """
 
 from __future__ import annotations
@@ -84,11 +85,16 @@ def child(candidate: str, block: str, shape: dict, repeats: int) -> None:
 
 def rendered_candidates(block: str, folder: Path) -> list[Path]:
     """Each template of the block rendered at its first point, as files in folder."""
+    from workbench.blocks import get_block
     from workbench.templating import list_templates
 
+    spec = get_block(block)
+    shown = [shape for suite in ("smoke", "edge") for shape in spec.shapes.get(suite, [])]
     paths = []
     for template in list_templates(block):
-        point = next(template.points())
+        point = next((p for p in template.points() if not any(template.unmet(p, s) for s in shown)), None)
+        if point is None:
+            continue
         path = folder / f"{block}_{template.name}.py"
         path.write_text(template.render(point))
         paths.append(path)
@@ -116,7 +122,34 @@ def kda_section(shapes: list[dict] | None, candidates: list[Path], repeats: int)
         print(row, flush=True)
 
 
-SECTIONS: dict[str, Callable[[list[dict] | None, list[Path], int], None]] = {"kda": kda_section}
+def reference_section(block: str) -> Callable[[list[dict] | None, list[Path], int], None]:
+    """A section for a block with one reference: its time per shape, and each candidate's on the interpreter."""
+
+    def section(shapes: list[dict] | None, candidates: list[Path], repeats: int) -> None:
+        import torch
+
+        from workbench.blocks import get_block
+        from workbench.blocks.base import shape_label
+
+        spec = get_block(block)
+        shapes = shapes or spec.shapes["smoke"] + spec.shapes["edge"]
+        names = [p.stem.removeprefix(f"{block}_") for p in candidates]
+        print(f"{block}: forward + backward, float32, seconds (best of {repeats})")
+        print(f"{'shape':44} {'reference':>10}" + "".join(f" {'interp ' + n:>24}" for n in names))
+        for shape in shapes:
+            inputs = spec.make_inputs(shape, torch.float32, 0, "cpu")
+            row = f"{shape_label(shape):44} {best_time(forward_backward(spec.reference, inputs), repeats):10.4f}"
+            for path in candidates:
+                row += f" {interpreter_time(path, block, shape, repeats):24.3f}"
+            print(row, flush=True)
+
+    return section
+
+
+SECTIONS: dict[str, Callable[[list[dict] | None, list[Path], int], None]] = {
+    "kda": kda_section,
+    **{block: reference_section(block) for block in ("dsa_indexer", "dsa_sparse_attention", "attnres")},
+}
 DIMS = {"kda": ("B", "T", "H", "HV", "K", "V", "h0")}
 
 
