@@ -159,3 +159,23 @@ def test_port_promotes_a_verified_candidate(settings):
     result = verify_candidate(outcome.operator_path, seeds=1, base_seed=4321)
     assert result.passed, result.message
     assert {f"forward:{o}" for o in SPEC.outputs} | {"grad:x"} <= {c.direction for c in result.checks}
+
+
+@pytest.mark.interpreter
+def test_verifier_refuses_an_unstable_order_within_experts(tmp_path):
+    """The exact comparator through the harness: ranking a tile's slots against the later ones instead of the
+    earlier ones keeps every count and offset but reverses token order inside an expert's rows, which the exact
+    row maps and the copy must refuse."""
+    from workbench.templating import load_template
+    from workbench.verify.harness import verify_candidate
+
+    template = load_template("moe_permute", "scatter")
+    source = template.render(next(template.points()))
+    assert "(i[None, :] < i[:, None])" in source
+    path = tmp_path / "moe_permute_unstable.py"
+    path.write_text(source.replace("(i[None, :] < i[:, None])", "(i[None, :] > i[:, None])"))
+    result = verify_candidate(path, suites=["smoke"], dtypes=["float32"], seeds=1, base_seed=3)
+    assert result.verdict == "fail", result.message
+    failing = {c.direction for c in result.failing()}
+    assert {"forward:token_of_row", "forward:row_of_slot", "forward:x_perm"} <= failing
+    assert not {"forward:counts", "forward:offsets"} & failing

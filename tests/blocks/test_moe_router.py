@@ -251,3 +251,21 @@ def test_port_promotes_a_verified_candidate(settings):
     assert result.passed, result.message
     directions = {c.direction for c in result.checks}
     assert {"forward:weights", "forward:ids", "forward:counts", "grad:x", "grad:weight"} <= directions
+
+
+@pytest.mark.interpreter
+def test_verifier_refuses_a_router_that_ignores_the_selection_bias(tmp_path):
+    """The id-set comparator through the harness: dropping the bias from the selection changes which experts some
+    tokens get, and the verification fails on forward:ids (and on the positional weights)."""
+    from workbench.templating import load_template
+    from workbench.verify.harness import verify_candidate
+
+    template = load_template("moe_router", "two_pass")
+    source = template.render(next(template.points()))
+    assert "(s + b[None, :])" in source
+    path = tmp_path / "moe_router_no_bias.py"
+    path.write_text(source.replace("(s + b[None, :])", "(s + 0.0 * b[None, :])"))
+    result = verify_candidate(path, suites=["smoke"], dtypes=["float32"], seeds=1, base_seed=3)
+    assert result.verdict == "fail"
+    failing = {c.direction for c in result.failing()}
+    assert "forward:ids" in failing and "forward:counts" in failing

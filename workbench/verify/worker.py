@@ -277,6 +277,8 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
         | ({"another output"} if len(out_storages) != len(set(out_storages)) else set()))
 
     def same(a, b) -> bool:
+        if not a.numel():
+            return a.shape == b.shape
         if a.dtype.is_floating_point:
             return safe.equal(safe.view(safe.contiguous(a), torch.uint8), safe.view(safe.contiguous(b), torch.uint8))
         return safe.equal(a, b)
