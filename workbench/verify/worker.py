@@ -279,8 +279,9 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
     def same(a, b) -> bool:
         if not a.numel():
             return a.shape == b.shape
-        if a.dtype.is_floating_point:
-            return safe.equal(safe.view(safe.contiguous(a), torch.uint8), safe.view(safe.contiguous(b), torch.uint8))
+        if a.dtype.is_floating_point:  # bitwise, so NaN payloads and -0.0 count; flat, so 0-dim tensors view too
+            flat_a, flat_b = safe.view(safe.contiguous(a), -1), safe.view(safe.contiguous(b), -1)
+            return safe.equal(safe.view(flat_a, torch.uint8), safe.view(flat_b, torch.uint8))
         return safe.equal(a, b)
 
     entry["mutated"] = [name for name, value in pristine.items()
