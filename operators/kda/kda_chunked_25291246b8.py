@@ -1,0 +1,496 @@
+"""kda candidate rendered from templates/kda/chunked.py.j2.
+
+chunked WY form, forward and backward; tl.dot within and across chunks, the state carried chunk to chunk
+params: BT=64, BC=16, BV=32, KC=32, num_warps=4
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.language.standard import _sum_combine as add
+
+# Sums are written tl.reduce(x, axis, add): the same reduction as tl.sum, which on a GPU compiles identically, but
+# the Triton interpreter runs it directly in numpy; tl.sum is itself a jit function and each nested jit call costs
+# the interpreter about 10 ms of re-patching triton.language.
+
+BLOCK = "kda"
+TEMPLATE = "chunked"
+BT = 64  # chunk length: the WY transform runs within a chunk, the state is carried from chunk to chunk
+BC = 16  # sub-chunk: pairs in different sub-chunks use tl.dot, pairs within one use exact per-pair decays
+BV = 32  # value columns per program of the state passes
+KC = 32  # key columns per tile of the intra-chunk kernels (capped at K rounded up to a power of two)
+NUM_WARPS = 4
+DOT = "ieee"  # float32 products: tf32 would carry ~1e-3 relative error into every product
+
+
+# Layouts. Inputs: q, k [B, T, H, K]; v, o [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]. Everything the kernels
+# exchange is float32, head-major and padded: TP = T rounded up to BT rows (rows past T are zero, or carry the
+# chunk's last value for the gate cumsum) and BK = K rounded up to a power of two, at least 16 (extra columns are
+# zero), so only the kernels that touch the inputs and outputs need masks.
+#   qs, ks [B*H, TP, BK] (qs = scale q);  gc, w [B*HV, TP, BK];  aa, aqk, mm [B*HV, TP, BT];  u, vn [B*HV, TP, V];
+#   hs [B*HV, NT, BK, V] (the state before each chunk).
+
+
+@triton.jit
+def kda_chunk_prep_kernel(q, k, g, qs, ks, gc, scale, T, H, HV, K, TP, BT: tl.constexpr, BK: tl.constexpr):
+    """Per (chunk, batch x value head): gc = g cumulated within the chunk (inclusive); the first value head of each
+    GVA group also copies its q/k head into qs = scale q and ks = k."""
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    ot = i_t * BT + tl.arange(0, BT)
+    ok = tl.arange(0, BK)
+    m_tk = (ot < T)[:, None] & (ok < K)[None, :]
+    o_tk = ot[:, None] * BK + ok[None, :]
+    b_g = tl.load(g + ((i_b * T + ot[:, None]) * HV + i_hv) * K + ok[None, :], mask=m_tk, other=0.0)
+    tl.store(gc + i_bh * TP * BK + o_tk, tl.associative_scan(b_g.to(tl.float32), 0, add))
+    if i_hv % (HV // H) == 0:
+        p_in = ((i_b * T + ot[:, None]) * H + i_h) * K + ok[None, :]
+        p_out = (i_b * H + i_h) * TP * BK + o_tk
+        tl.store(qs + p_out, tl.load(q + p_in, mask=m_tk, other=0.0).to(tl.float32) * scale)
+        tl.store(ks + p_out, tl.load(k + p_in, mask=m_tk, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def kda_chunk_intra_fwd_kernel(qs, ks, gc, aa, aqk, H, HV, TP, BT: tl.constexpr, BC: tl.constexpr,
+                               BK: tl.constexpr, KC: tl.constexpr):
+    """Per chunk, the gated key-key and query-key products, written below the diagonal (aa and aqk start zeroed):
+        aa[i, j]  = sum_d k_i k_j exp(G_i - G_j)          j < i
+        aqk[i, j] = sum_d q~_i k_j exp(G_i - G_j)         j <= i
+    summed over K in tiles of KC columns. Sub-chunk blocks I > J use tl.dot with the decay split at r, the first row
+    of I: exp(G_i - G_r) exp(G_r - G_j), both exponents <= 0. Diagonal blocks take exp(G_i - G_j) per pair, a
+    [BC, BC, KC] register tile."""
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    NC: tl.constexpr = BT // BC
+    NK: tl.constexpr = BK // KC
+    oc = tl.arange(0, BC)
+    ok = tl.arange(0, KC)
+    o_ck = oc[:, None] * BK + ok[None, :]
+    o_cc = oc[:, None] * BT + oc[None, :]
+    lower = oc[:, None, None] >= oc[None, :, None]
+    p_q = qs + ((i_b * H + i_h) * TP + i_t * BT) * BK
+    p_k = ks + ((i_b * H + i_h) * TP + i_t * BT) * BK
+    p_g = gc + (i_bh * TP + i_t * BT) * BK
+    p_a = (i_bh * TP + i_t * BT) * BT + o_cc
+    for i in range(NC):
+        for j in range(i):
+            b_aa = tl.full([BC, BC], 0.0, tl.float32)
+            b_aqk = tl.full([BC, BC], 0.0, tl.float32)
+            for kc in range(NK):
+                o_i = i * BC * BK + kc * KC + o_ck
+                b_gr = tl.load(p_g + i * BC * BK + kc * KC + ok)
+                b_eir = tl.exp(tl.load(p_g + o_i) - b_gr[None, :])
+                o_j = j * BC * BK + kc * KC + o_ck
+                b_kj = tl.trans(tl.load(p_k + o_j) * tl.exp(b_gr[None, :] - tl.load(p_g + o_j)))
+                b_aa += tl.dot(tl.load(p_k + o_i) * b_eir, b_kj, input_precision=DOT)
+                b_aqk += tl.dot(tl.load(p_q + o_i) * b_eir, b_kj, input_precision=DOT)
+            tl.store(aa + p_a + i * BC * BT + j * BC, b_aa)
+            tl.store(aqk + p_a + i * BC * BT + j * BC, b_aqk)
+        # the diagonal block: exact decay per pair, masked to j <= i before the exponential
+        b_aa = tl.full([BC, BC], 0.0, tl.float32)
+        b_aqk = tl.full([BC, BC], 0.0, tl.float32)
+        for kc in range(NK):
+            o_i = i * BC * BK + kc * KC + o_ck
+            b_ki = tl.load(p_k + o_i)
+            b_gi = tl.load(p_g + o_i)
+            b_e = tl.exp(tl.where(lower, b_gi[:, None, :] - b_gi[None, :, :], 0.0))
+            b_e = tl.where(lower, b_e, 0.0) * b_ki[None, :, :]
+            b_aa += tl.reduce(b_ki[:, None, :] * b_e, 2, add)
+            b_aqk += tl.reduce(tl.load(p_q + o_i)[:, None, :] * b_e, 2, add)
+        tl.store(aa + p_a + i * BC * (BT + 1), tl.where(oc[:, None] > oc[None, :], b_aa, 0.0))
+        tl.store(aqk + p_a + i * BC * (BT + 1), b_aqk)
+
+
+@triton.jit
+def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, BT: tl.constexpr,
+                           LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Per chunk: M = (I + L)^-1 with L = diag(beta) aa (strictly lower), then with Tm = M diag(beta):
+    w = Tm (exp(G) k) and u = Tm v; M is kept for the backward.
+    The inverse doubles its diagonal blocks: X starts as I (1 x 1 blocks); with blocks of s rows inverted, each pair
+    [[A, 0], [C, B]] of them becomes [[A^-1, 0], [-B^-1 C A^-1, B^-1]], i.e. X <- X - X P X with P the C blocks of L:
+    log2(BT) rounds of two tl.dot instead of BT - 1 sequential row updates."""
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    ot = i_t * BT + tl.arange(0, BT)
+    oc = tl.arange(0, BT)
+    ok = tl.arange(0, BK)
+    mt = ot < T
+    o_tt = (i_bh * TP + ot[:, None]) * BT + oc[None, :]
+    b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+    b_l = tl.load(aa + o_tt) * b_beta[:, None]
+    b_m = tl.where(oc[:, None] == oc[None, :], 1.0, 0.0)
+    for lvl in tl.static_range(LOG_BT):
+        pair = (oc // (2 << lvl))[:, None] == (oc // (2 << lvl))[None, :]
+        below = (oc // (1 << lvl))[:, None] > (oc // (1 << lvl))[None, :]
+        b_p = tl.where(pair & below, b_l, 0.0)
+        b_m -= tl.dot(b_m, tl.dot(b_p, b_m, input_precision=DOT), input_precision=DOT)
+    tl.store(mm + o_tt, b_m)
+    b_tm = b_m * b_beta[None, :]
+    o_tk = ot[:, None] * BK + ok[None, :]
+    b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
+    tl.store(w + i_bh * TP * BK + o_tk, tl.dot(b_tm, b_kh, input_precision=DOT))
+    for i_v in range(NV):
+        ov = i_v * BV + tl.arange(0, BV)
+        b_v = tl.load(v + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :], mask=mt[:, None] & (ov < V)[None, :],
+                      other=0.0).to(tl.float32)
+        tl.store(u + (i_bh * TP + ot[:, None]) * V + ov[None, :], tl.dot(b_tm, b_v, input_precision=DOT),
+                 mask=(ov < V)[None, :])
+
+
+@triton.jit
+def kda_chunk_state_fwd_kernel(qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, T, H, HV, K, V, TP, NT,
+                               HAS_H0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """One (V tile, batch x value head) per program, chunk after chunk, the state S [BK, BV] (float32) in registers:
+        U = u - w S;  o = (q~ exp(G)) S + aqk U;  S = exp(G_last) S + (exp(G_last - G) k)^T U
+    Keeps the state before each chunk (hs) and U (vn) for the backward."""
+    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    oc = tl.arange(0, BT)
+    mv = ov < V
+    o_ck = oc[:, None] * BK + ok[None, :]
+    o_cv = oc[:, None] * V + ov[None, :]
+    o_kv = ok[:, None] * V + ov[None, :]
+    m_kv = (ok < K)[:, None] & mv[None, :]
+    s = tl.full([BK, BV], 0.0, tl.float32)
+    if HAS_H0:
+        s += tl.load(h0 + i_bh * K * V + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(tl.float32)
+    for i_t in range(NT):
+        tl.store(hs + (i_bh * NT + i_t) * BK * V + o_kv, s, mask=mv[None, :])
+        r0 = i_t * BT
+        p_qk = (i_b * H + i_h) * TP * BK + r0 * BK + o_ck
+        p_hk = (i_bh * TP + r0) * BK + o_ck
+        p_hv = (i_bh * TP + r0) * V + o_cv
+        b_g = tl.load(gc + p_hk)
+        b_gl = tl.load(gc + (i_bh * TP + r0 + BT - 1) * BK + ok)
+        b_vn = tl.load(u + p_hv, mask=mv[None, :], other=0.0) - tl.dot(tl.load(w + p_hk), s, input_precision=DOT)
+        tl.store(vn + p_hv, b_vn, mask=mv[None, :])
+        b_o = tl.dot(tl.load(qs + p_qk) * tl.exp(b_g), s, input_precision=DOT)
+        b_o += tl.dot(tl.load(aqk + (i_bh * TP + r0 + oc[:, None]) * BT + oc[None, :]), b_vn, input_precision=DOT)
+        ot = r0 + oc
+        tl.store(o + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :], b_o.to(o.dtype.element_ty),
+                 mask=(ot < T)[:, None] & mv[None, :])
+        b_kb = tl.load(ks + p_qk) * tl.exp(b_gl[None, :] - b_g)
+        s = s * tl.exp(b_gl)[:, None] + tl.dot(tl.trans(b_kb), b_vn, input_precision=DOT)
+    tl.store(ht + i_bh * K * V + ok[:, None] * V + ov[None, :], s.to(ht.dtype.element_ty), mask=m_kv)
+
+
+@triton.jit
+def kda_chunk_state_bwd_kernel(qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, B, T, H, HV,
+                               K, V, TP, NT, STORE_DH0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                               BV: tl.constexpr):
+    """Chunks last to first, the state gradient dS [BK, BV] (float32) in registers. With S0 the chunk's initial state:
+        dU = aqk^T do + (exp(G_last - G) k) dS;  dS = exp(G_last) dS + (q~ exp(G))^T do - w^T dU
+    du [B*HV, TP, V] is exact per V tile; this tile's shares of dQh = do S0^T, dw = -dU S0^T, dKb = U dS^T
+    ([NV, B*HV, TP, BK]), dgl = exp(G_last) rowsum(dS * S0) ([NV, B*HV, NT, BK]) and daqk = do U^T ([NV, B*HV, TP, BT])
+    are summed over V tiles by the kernels that read them."""
+    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    oc = tl.arange(0, BT)
+    mv = ov < V
+    o_ck = oc[:, None] * BK + ok[None, :]
+    o_cv = oc[:, None] * V + ov[None, :]
+    o_cc = oc[:, None] * BT + oc[None, :]
+    o_kv = ok[:, None] * V + ov[None, :]
+    m_kv = (ok < K)[:, None] & mv[None, :]
+    part = i_v * B * HV + i_bh
+    d_s = tl.load(dht + i_bh * K * V + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(tl.float32)
+    for ic in range(NT):
+        i_t = NT - 1 - ic
+        r0 = i_t * BT
+        p_qk = (i_b * H + i_h) * TP * BK + r0 * BK + o_ck
+        p_hk = (i_bh * TP + r0) * BK + o_ck
+        p_hv = (i_bh * TP + r0) * V + o_cv
+        p_part = (part * TP + r0) * BK + o_ck
+        b_g = tl.load(gc + p_hk)
+        b_gl = tl.load(gc + (i_bh * TP + r0 + BT - 1) * BK + ok)
+        b_vn = tl.load(vn + p_hv, mask=mv[None, :], other=0.0)
+        b_s0 = tl.load(hs + (i_bh * NT + i_t) * BK * V + o_kv, mask=mv[None, :], other=0.0)
+        ot = r0 + oc
+        b_do = tl.load(do + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :],
+                       mask=(ot < T)[:, None] & mv[None, :], other=0.0).to(tl.float32)
+        b_kb = tl.load(ks + p_qk) * tl.exp(b_gl[None, :] - b_g)
+        b_du = tl.dot(tl.trans(tl.load(aqk + (i_bh * TP + r0) * BT + o_cc)), b_do, input_precision=DOT)
+        b_du += tl.dot(b_kb, d_s, input_precision=DOT)
+        tl.store(du + p_hv, b_du, mask=mv[None, :])
+        b_s0t = tl.trans(b_s0)
+        tl.store(dqh + p_part, tl.dot(b_do, b_s0t, input_precision=DOT))
+        tl.store(dw + p_part, -tl.dot(b_du, b_s0t, input_precision=DOT))
+        tl.store(dkb + p_part, tl.dot(b_vn, tl.trans(d_s), input_precision=DOT))
+        tl.store(dgl + (part * NT + i_t) * BK + ok, tl.reduce(d_s * b_s0, 1, add) * tl.exp(b_gl))
+        b_da = tl.dot(b_do, tl.trans(b_vn), input_precision=DOT)
+        tl.store(daqk + (part * TP + r0) * BT + o_cc, tl.where(oc[:, None] >= oc[None, :], b_da, 0.0))
+        d_s = d_s * tl.exp(b_gl)[:, None] + tl.dot(tl.trans(tl.load(qs + p_qk) * tl.exp(b_g)), b_do,
+                                                   input_precision=DOT)
+        d_s -= tl.dot(tl.trans(tl.load(w + p_hk)), b_du, input_precision=DOT)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + ok[:, None] * V + ov[None, :], d_s.to(dh0.dtype.element_ty), mask=m_kv)
+
+
+@triton.jit
+def kda_chunk_wy_bwd_kernel(v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, B, T, H, HV, V, TP, NV,
+                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Per chunk, back through u = Tm v, w = Tm (exp(G) k), Tm = M diag(beta), M = (I + diag(beta) aa)^-1:
+        dTm = dU v^T + dw (exp(G) k)^T;  dv = Tm^T dU;  dKh = Tm^T dw;  dM = dTm diag(beta)
+        dL = -(M^T dM M^T) below the diagonal;  dbeta_j = sum_i dTm[i, j] M[i, j] + sum_j' dL[j, j'] aa[j, j']
+        da = diag(beta) dL
+    dv [B, T, HV, V] and dbeta [B, T, HV] are final; dKh [B*HV, TP, BK] and da [B*HV, TP, BT] go on."""
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    ot = i_t * BT + tl.arange(0, BT)
+    oc = tl.arange(0, BT)
+    ok = tl.arange(0, BK)
+    mt = ot < T
+    o_tt = (i_bh * TP + ot[:, None]) * BT + oc[None, :]
+    o_tk = ot[:, None] * BK + ok[None, :]
+    b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+    b_m = tl.load(mm + o_tt)
+    b_tm = b_m * b_beta[None, :]
+    b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
+    p_dw = dw + i_bh * TP * BK + o_tk
+    b_dw = tl.load(p_dw)
+    for i_v in range(1, NV):
+        b_dw += tl.load(p_dw + i_v * B * HV * TP * BK)
+    b_dt = tl.dot(b_dw, tl.trans(b_kh), input_precision=DOT)
+    tl.store(dkh + i_bh * TP * BK + o_tk, tl.dot(tl.trans(b_tm), b_dw, input_precision=DOT))
+    for i_v in range(NV):
+        ov = i_v * BV + tl.arange(0, BV)
+        m_tv = mt[:, None] & (ov < V)[None, :]
+        p_v = ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :]
+        b_du = tl.load(du + (i_bh * TP + ot[:, None]) * V + ov[None, :], mask=(ov < V)[None, :], other=0.0)
+        b_dt += tl.dot(b_du, tl.trans(tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)), input_precision=DOT)
+        tl.store(dv + p_v, tl.dot(tl.trans(b_tm), b_du, input_precision=DOT).to(dv.dtype.element_ty), mask=m_tv)
+    b_dbeta = tl.reduce(b_dt * b_m, 0, add)
+    b_dl = -tl.dot(tl.trans(b_m), tl.dot(b_dt * b_beta[None, :], tl.trans(b_m), input_precision=DOT),
+                   input_precision=DOT)
+    b_dl = tl.where(oc[:, None] > oc[None, :], b_dl, 0.0)
+    b_dbeta += tl.reduce(b_dl * tl.load(aa + o_tt), 1, add)
+    tl.store(dbeta + (i_b * T + ot) * HV + i_hv, b_dbeta.to(dbeta.dtype.element_ty), mask=mt)
+    tl.store(da + o_tt, b_dl * b_beta[:, None])
+
+
+@triton.jit
+def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part, dk_part, dg, scale, B, T, H, HV,
+                               K, TP, NT, NV, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                               KC: tl.constexpr):
+    """Per (chunk, batch x value head, tile of KC key columns; every term is separate per key column), sub-chunk
+    blocks last to first: gradients of q, k and the gate cumsum G, then dg = the suffix sum of dG within the chunk.
+    With x = q~ (dA = daqk) or k (dA = da), y = k and A[i, j] = sum_d x_i y_j exp(G_i - G_j):
+        dx_i += sum_j dA[i, j] y_j e_ij;  dy_j += sum_i dA[i, j] x_i e_ij;  dG_i += x_i dx_i;  dG_j -= y_j dy_j
+    (split decays through tl.dot off the diagonal, per-pair decays on it), plus the elementwise terms of
+    Qh = q~ exp(G), Kh = k exp(G) and Kb = k exp(G_last - G), and dG_last += dgl + sum_i Kb_i dKb_i.
+    dq, dk are per value head (float32 [B, T, HV, K], summed over GVA groups afterwards); dg [B, T, HV, K] is final."""
+    i_t, i_bh, i_k = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    NC: tl.constexpr = BT // BC
+    oc = tl.arange(0, BC)
+    ok = i_k * KC + tl.arange(0, KC)
+    o_ck = oc[:, None] * BK + ok[None, :]
+    o_cc = oc[:, None] * BT + oc[None, :]
+    o_tk = tl.arange(0, BT)[:, None] * BK + ok[None, :]
+    lower = oc[:, None, None] >= oc[None, :, None]
+    s_part = B * HV * TP * BK                        # stride of one V tile in dqh, dkb
+    s_part_a = B * HV * TP * BT                      # ... in daqk
+    p_q = qs + ((i_b * H + i_h) * TP + i_t * BT) * BK
+    p_k = ks + ((i_b * H + i_h) * TP + i_t * BT) * BK
+    o_hk = (i_bh * TP + i_t * BT) * BK               # this chunk in gc, dkh, dqh, dkb
+    o_a = (i_bh * TP + i_t * BT) * BT + o_cc         # ... in da, daqk
+    b_gl = tl.load(gc + o_hk + (BT - 1) * BK + ok)
+    # dG_last (dgl + sum_i Kb_i dKb_i) reaches every row of the chunk through the suffix sum: it starts the carry
+    b_dkb = tl.load(dkb + o_hk + o_tk)
+    b_carry = tl.load(dgl + (i_bh * NT + i_t) * BK + ok)
+    for i_v in range(1, NV):
+        b_dkb += tl.load(dkb + i_v * s_part + o_hk + o_tk)
+        b_carry += tl.load(dgl + ((i_v * B * HV + i_bh) * NT + i_t) * BK + ok)
+    b_kb = tl.load(p_k + o_tk) * tl.exp(b_gl[None, :] - tl.load(gc + o_hk + o_tk))
+    b_carry += tl.reduce(b_dkb * b_kb, 0, add)
+    for ic in range(NC):
+        i = NC - 1 - ic
+        o_i = i * BC * BK + o_ck
+        b_qi = tl.load(p_q + o_i)
+        b_ki = tl.load(p_k + o_i)
+        b_gi = tl.load(gc + o_hk + o_i)
+        b_gr = tl.load(gc + o_hk + i * BC * BK + ok)
+        b_dqh = tl.load(dqh + o_hk + o_i)
+        b_dkb = tl.load(dkb + o_hk + o_i)
+        for i_v in range(1, NV):
+            b_dqh += tl.load(dqh + i_v * s_part + o_hk + o_i)
+            b_dkb += tl.load(dkb + i_v * s_part + o_hk + o_i)
+        b_dkh = tl.load(dkh + o_hk + o_i)
+        b_eg = tl.exp(b_gi)
+        b_egl = tl.exp(b_gl[None, :] - b_gi)
+        # elementwise terms of Qh, Kh, Kb
+        b_dq = b_dqh * b_eg
+        b_dk = b_dkh * b_eg + b_dkb * b_egl
+        b_dg = (b_dqh * b_qi + b_dkh * b_ki) * b_eg - b_dkb * b_ki * b_egl
+        # rows i as x against blocks j < i: tl.dot, decays split at r (first row of block i)
+        b_dqx = tl.full([BC, KC], 0.0, tl.float32)
+        b_dkx = tl.full([BC, KC], 0.0, tl.float32)
+        for j in range(i):
+            o_j = j * BC * BK + o_ck
+            b_kj = tl.load(p_k + o_j) * tl.exp(b_gr[None, :] - tl.load(gc + o_hk + o_j))
+            o_ij = o_a + i * BC * BT + j * BC
+            b_daqk = tl.load(daqk + o_ij)
+            for i_v in range(1, NV):
+                b_daqk += tl.load(daqk + i_v * s_part_a + o_ij)
+            b_dqx += tl.dot(b_daqk, b_kj, input_precision=DOT)
+            b_dkx += tl.dot(tl.load(da + o_ij), b_kj, input_precision=DOT)
+        b_eir = tl.exp(b_gi - b_gr[None, :])
+        b_dqx *= b_eir
+        b_dkx *= b_eir
+        # rows i as y against blocks j > i: tl.dot, decays split at r_j (first row of block j)
+        b_dky = tl.full([BC, KC], 0.0, tl.float32)
+        for j in range(i + 1, NC):
+            o_j = j * BC * BK + o_ck
+            b_grj = tl.load(gc + o_hk + j * BC * BK + ok)
+            b_ejr = tl.exp(tl.load(gc + o_hk + o_j) - b_grj[None, :])
+            o_ji = o_a + j * BC * BT + i * BC
+            b_daqk = tl.load(daqk + o_ji)
+            for i_v in range(1, NV):
+                b_daqk += tl.load(daqk + i_v * s_part_a + o_ji)
+            b_y = tl.dot(tl.trans(b_daqk), tl.load(p_q + o_j) * b_ejr, input_precision=DOT)
+            b_y += tl.dot(tl.trans(tl.load(da + o_ji)), tl.load(p_k + o_j) * b_ejr, input_precision=DOT)
+            b_dky += b_y * tl.exp(b_grj[None, :] - b_gi)
+        # the diagonal block, exact decay per pair ([BC, BC, KC] in registers)
+        o_ii = o_a + i * BC * (BT + 1)
+        b_daqk = tl.load(daqk + o_ii)
+        for i_v in range(1, NV):
+            b_daqk += tl.load(daqk + i_v * s_part_a + o_ii)
+        b_da = tl.load(da + o_ii)
+        b_e = tl.exp(tl.where(lower, b_gi[:, None, :] - b_gi[None, :, :], 0.0))
+        b_e = tl.where(lower, b_e, 0.0)
+        b_ye = b_ki[None, :, :] * b_e
+        b_dqx += tl.reduce(b_daqk[:, :, None] * b_ye, 1, add)
+        b_dkx += tl.reduce(b_da[:, :, None] * b_ye, 1, add)
+        b_dky += tl.reduce((b_daqk[:, :, None] * b_qi[:, None, :] + b_da[:, :, None] * b_ki[:, None, :]) * b_e, 0, add)
+        b_dq += b_dqx
+        b_dk += b_dkx + b_dky
+        b_dg += b_qi * b_dqx + b_ki * (b_dkx - b_dky)
+        # dg = suffix sum of dG within the chunk: within the block, plus everything after it (the carry)
+        b_dgs = tl.associative_scan(b_dg, 0, add, reverse=True) + b_carry[None, :]
+        b_carry += tl.reduce(b_dg, 0, add)
+        oi = i_t * BT + i * BC + oc
+        p_out = ((i_b * T + oi[:, None]) * HV + i_hv) * K + ok[None, :]
+        m_out = (oi < T)[:, None] & (ok < K)[None, :]
+        tl.store(dq_part + p_out, b_dq * scale, mask=m_out)
+        tl.store(dk_part + p_out, b_dk, mask=m_out)
+        tl.store(dg + p_out, b_dgs.to(dg.dtype.element_ty), mask=m_out)
+
+
+@triton.jit
+def kda_reduce_kernel(x, y, R, N, S, M, BN: tl.constexpr, BM: tl.constexpr):
+    """y[n, m] = sum over r < R and s < S of x[r, n, s, m]: x float32 [R, N, S, M] contiguous (shares of V tiles
+    and of the value heads of a GVA group), y [N, M] in the gradient's dtype. A fixed order: deterministic."""
+    i_n = tl.program_id(0).to(tl.int64)
+    on = i_n * BN + tl.arange(0, BN)
+    om = tl.arange(0, BM)
+    mask = (on < N)[:, None] & (om < M)[None, :]
+    acc = tl.full([BN, BM], 0.0, tl.float32)
+    for r in range(R):
+        for s in range(S):
+            base = (tl.cast(r, tl.int64) * N * S + tl.cast(s, tl.int64)) * M
+            acc += tl.load(x + base + on[:, None] * (S * M) + om[None, :], mask=mask, other=0.0)
+    tl.store(y + on[:, None] * M + om[None, :], acc.to(y.dtype.element_ty), mask=mask)
+
+
+def _reduce(parts: torch.Tensor, out: torch.Tensor, n: int, s: int, m: int) -> torch.Tensor:
+    """Sum parts [R, n, s, m] (float32) over R and s into out [n, m] (out's dtype) with kda_reduce_kernel."""
+    if n > 0 and m > 0:
+        kda_reduce_kernel[(triton.cdiv(n, 32),)](parts, out, parts.shape[0], n, s, m, BN=32,
+                                                 BM=max(16, triton.next_power_of_2(m)))
+    return out
+
+
+class KDAChunkFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state):
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        b, t_len, h, dk = q.shape
+        hv, dv = v.shape[2], v.shape[3]
+        has_h0 = initial_state is not None
+        h0 = initial_state.contiguous() if has_h0 else v
+        # the state's dtype: initial_state's, else float32 (float64 for float64 inputs)
+        state_dtype = initial_state.dtype if has_h0 else torch.float64 if v.dtype == torch.float64 else torch.float32
+        bk = max(16, triton.next_power_of_2(dk))
+        nt = triton.cdiv(t_len, BT)
+        tp = nt * BT
+        f32 = dict(dtype=torch.float32, device=v.device)
+        qs = torch.empty(b * h, tp, bk, **f32)
+        ks = torch.empty(b * h, tp, bk, **f32)
+        gc = torch.empty(b * hv, tp, bk, **f32)
+        aa = torch.zeros(b * hv, tp, BT, **f32)           # only the blocks on and below the diagonal are written
+        aqk = torch.zeros(b * hv, tp, BT, **f32)
+        mm = torch.empty(b * hv, tp, BT, **f32)
+        w = torch.empty(b * hv, tp, bk, **f32)
+        u = torch.empty(b * hv, tp, dv, **f32)
+        vn = torch.empty(b * hv, tp, dv, **f32)
+        hs = torch.empty(b * hv, nt, bk, dv, **f32)
+        o = torch.empty_like(v)
+        ht = torch.empty(b, hv, dk, dv, dtype=state_dtype, device=v.device)
+        if b * hv > 0:
+            grid = (nt, b * hv)
+            kda_chunk_prep_kernel[grid](q, k, g, qs, ks, gc, scale, t_len, h, hv, dk, tp, BT=BT, BK=bk,
+                                        num_warps=NUM_WARPS)
+            kda_chunk_intra_fwd_kernel[grid](qs, ks, gc, aa, aqk, h, hv, tp, BT=BT, BC=BC, BK=bk, KC=min(KC, bk),
+                                             num_warps=NUM_WARPS)
+            kda_chunk_solve_kernel[grid](v, beta, ks, gc, aa, mm, w, u, t_len, h, hv, dv, tp, triton.cdiv(dv, BV),
+                                         BT=BT, LOG_BT=BT.bit_length() - 1, BK=bk, BV=BV, num_warps=NUM_WARPS)
+            kda_chunk_state_fwd_kernel[(triton.cdiv(dv, BV), b * hv)](
+                qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, t_len, h, hv, dk, dv, tp, nt, HAS_H0=has_h0, BT=BT, BK=bk,
+                BV=BV, num_warps=NUM_WARPS)
+        ctx.save_for_backward(qs, ks, v, beta, gc, aa, aqk, mm, w, vn, hs)
+        ctx.scale, ctx.has_h0, ctx.state_dtype, ctx.dims = scale, has_h0, state_dtype, (b, t_len, h, dk, q.dtype)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        qs, ks, v, beta, gc, aa, aqk, mm, w, vn, hs = ctx.saved_tensors
+        do, dht = do.contiguous(), dht.contiguous()
+        b, t_len, h, dk, qk_dtype = ctx.dims
+        hv, dv_ = v.shape[2], v.shape[3]
+        nt, tp, bk = hs.shape[1], gc.shape[1], gc.shape[2]
+        nv = triton.cdiv(dv_, BV)
+        f32 = dict(dtype=torch.float32, device=v.device)
+        du = torch.empty(b * hv, tp, dv_, **f32)
+        dqh = torch.empty(nv, b * hv, tp, bk, **f32)       # shares of each V tile
+        dw = torch.empty(nv, b * hv, tp, bk, **f32)
+        dkb = torch.empty(nv, b * hv, tp, bk, **f32)
+        dgl = torch.empty(nv, b * hv, nt, bk, **f32)
+        daqk = torch.empty(nv, b * hv, tp, BT, **f32)
+        dkh = torch.empty(b * hv, tp, bk, **f32)
+        da = torch.empty(b * hv, tp, BT, **f32)
+        dq_part = torch.empty(1, b, t_len, hv, dk, **f32)  # per value head, summed over GVA groups below
+        dk_part = torch.empty(1, b, t_len, hv, dk, **f32)
+        dv = torch.empty_like(v)
+        dg = torch.empty(b, t_len, hv, dk, dtype=qk_dtype, device=v.device)
+        dbeta = torch.empty_like(beta)
+        dh0 = torch.empty(b, hv, dk, dv_, dtype=ctx.state_dtype, device=v.device) if ctx.has_h0 else dv
+        if b * hv > 0:
+            kda_chunk_state_bwd_kernel[(nv, b * hv)](
+                qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, b, t_len, h, hv, dk, dv_, tp,
+                nt, STORE_DH0=ctx.has_h0, BT=BT, BK=bk, BV=BV, num_warps=NUM_WARPS)
+            kda_chunk_wy_bwd_kernel[(nt, b * hv)](v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, b, t_len, h, hv,
+                                                  dv_, tp, nv, BT=BT, BK=bk, BV=BV, num_warps=NUM_WARPS)
+            kc = min(KC, bk)
+            kda_chunk_intra_bwd_kernel[(nt, b * hv, bk // kc)](qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part,
+                                                               dk_part, dg, ctx.scale, b, t_len, h, hv, dk, tp, nt, nv,
+                                                               BT=BT, BC=BC, BK=bk, KC=kc, num_warps=NUM_WARPS)
+        group = hv // h
+        dq = _reduce(dq_part, torch.empty(b, t_len, h, dk, dtype=qk_dtype, device=v.device), b * t_len * h, group, dk)
+        dk_ = _reduce(dk_part, torch.empty(b, t_len, h, dk, dtype=qk_dtype, device=v.device), b * t_len * h, group, dk)
+        return dq, dk_, dv, dg, dbeta, None, (dh0 if ctx.has_h0 else None)
+
+
+def run(q, k, v, g, beta, scale, initial_state):
+    """q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K] (log decay <= 0); beta [B, T, HV]; initial_state
+    [B, HV, K, V] float32 or None -> (o [B, T, HV, V] in v.dtype, final_state [B, HV, K, V] float32)."""
+    return KDAChunkFunction.apply(q, k, v, g, beta, scale, initial_state)

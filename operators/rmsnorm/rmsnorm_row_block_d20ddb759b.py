@@ -1,0 +1,89 @@
+"""rmsnorm candidate rendered from templates/rmsnorm/row_block.py.j2.
+
+one program per row, the whole row in one block of registers; one pass forward, one pass backward
+params: BLOCK_N=8192, ACC_DTYPE=float32, num_warps=4, BWD_PROGRAMS=128
+"""
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = "rmsnorm"
+TEMPLATE = "row_block"
+BLOCK_N = 8192
+BWD_PROGRAMS = 128
+
+
+@triton.jit
+def rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, BLOCK_N: tl.constexpr):
+    """One row per program: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) (kept for the backward pass)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row, rstd.to(tl.float32))
+
+
+@triton.jit
+def rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PART, stride_dy, stride_x, stride_dx, n_rows, N, rows_per_program,
+                       BLOCK_N: tl.constexpr):
+    """Each program takes a contiguous row range: dx = rstd * (w*dy - xhat * mean(xhat*w*dy)); its share of
+    dw = sum_rows(dy * xhat) goes to its own row of DW_PART (summed on the host, deterministic)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for row in range(row_start, row_end):
+        r = tl.cast(row, tl.int64)
+        x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + r).to(tl.float32)
+        xhat = x * rstd
+        wdy = w * dy
+        c = tl.sum(xhat * wdy, axis=0) / N
+        tl.store(DX + r * stride_dx + cols, ((wdy - xhat * c) * rstd).to(DX.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+    tl.store(DW_PART + pid.to(tl.int64) * N + cols, dw.to(tl.float32), mask=mask)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        rows, n = x2.shape
+        y = torch.empty_like(x2)
+        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        if rows > 0:
+            rmsnorm_fwd_kernel[(rows,)](x2, weight, y, rstd, x2.stride(0), y.stride(0), n, eps, BLOCK_N=BLOCK_N,
+                                        num_warps=4)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.shape = shape
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, rstd = ctx.saved_tensors
+        rows, n = x2.shape
+        dy2 = dy.reshape(-1, n).contiguous()
+        dx = torch.empty_like(x2)
+        programs = max(1, min(rows, BWD_PROGRAMS))
+        rows_per_program = triton.cdiv(rows, programs)
+        dw_part = torch.zeros(programs, n, dtype=torch.float32, device=x2.device)
+        if rows > 0:
+            rmsnorm_bwd_kernel[(programs,)](dy2, x2, weight, rstd, dx, dw_part, dy2.stride(0), x2.stride(0),
+                                            dx.stride(0), rows, n, rows_per_program, BLOCK_N=BLOCK_N,
+                                            num_warps=4)
+        return dx.view(ctx.shape), dw_part.sum(0).to(weight.dtype), None
+
+
+def run(x, weight, eps):
+    """x [..., N] float32/float16/bfloat16, weight [N] same dtype -> y [..., N] in x.dtype."""
+    return RMSNormFunction.apply(x, weight, eps)
