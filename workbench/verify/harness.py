@@ -203,7 +203,10 @@ def _verdict(checks: list[Check]) -> tuple[str, str]:
     failing = [c for c in checks if not c.passed]
     if not failing:
         return "pass", f"{len(checks)} checks passed"
-    cheats = {c.direction.removeprefix("integrity:"): c for c in failing if c.direction.startswith("integrity:")}
+    cheats: dict[str, Check] = {}
+    for c in failing:  # the first check of each integrity verdict speaks for it
+        if c.direction.startswith("integrity:"):
+            cheats.setdefault(c.direction.removeprefix("integrity:"), c)
     for name in INTEGRITY_VERDICTS:
         if name in cheats:
             return name, cheats[name].reason
