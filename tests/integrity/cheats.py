@@ -186,7 +186,7 @@ CHEATS = [
         "_stolen = importlib.util.module_from_spec(_spec)\n"
         "_spec.loader.exec_module(_stolen)\n"
         "reference = _stolen.reference\n")],
-        "forbidden_import", "workbench/blocks/", numbers_pass=True),  # its source, or the bytecode importlib tries first
+        "forbidden_import", "workbench/blocks/", numbers_pass=True),  # source or bytecode
     Cheat("silences the worker's audit watch, then imports the reference", "rmsnorm", [prelude(
         "import sys\n"
         "try:  # the worker runs as __main__: switch its audit watch off (its state lives in a closure now)\n"
