@@ -5,14 +5,13 @@ block through the agent on the Triton interpreter."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
+from template_checks import assert_templates_render_each_choice
 
 from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, default_tolerance, shape_label
-from workbench.templating import list_templates, load_template
 
 SPEC = get_block("attnres")
 ref = SPEC.reference
@@ -252,33 +251,8 @@ def test_suites():
 # --- templates ------------------------------------------------------------------------------------------------------
 
 
-def one_change_points(t) -> list[dict]:
-    """The template's first point and every valid point that changes one parameter of it: each choice renders once."""
-    points = list(t.points())
-    first = points[0]
-    return [first] + [p for p in points if sum(p[k] != first[k] for k in p) == 1]
-
-
 def test_templates_render_each_choice_to_a_candidate():
-    templates = list_templates("attnres")
-    assert len(templates) >= 2
-    for t in templates:
-        assert t.summary and t.tradeoffs, t.ref
-        for point in one_change_points(t):
-            source = t.render(point)
-            compile(source, f"{t.name}.py", "exec")
-            assert 'BLOCK = "attnres"' in source and "def run(" + ", ".join(SPEC.arg_names) + "):" in source
-            kernels = re.findall(r"@triton\.jit\ndef (\w+)\(", source)
-            assert kernels and all(re.fullmatch(r"attnres_\w+_kernel", k) for k in kernels), kernels
-            assert "{{" not in source and "{%" not in source
-
-def test_token_block_is_for_narrow_slabs_and_d_tiled_covers_the_model():
-    token_block, d_tiled = (load_template("attnres", n) for n in ("token_block", "d_tiled"))
-    model = {"L": 12, "N": 8192, "D": 7168, "norm": 1}
-    assert all(token_block.unmet(p, model) for p in token_block.points()), "a [16, 8192] register slab spills"
-    assert not d_tiled.unmet(next(d_tiled.points()), model)
-    first = next(p for p in token_block.points() if not any(token_block.unmet(p, s) for s in all_shapes()))
-    assert first["BLOCK_D"] == 1024  # the narrowest block covering the widest suite shape (D = 1000)
+    assert_templates_render_each_choice("attnres")
 
 
 # --- port on the interpreter ----------------------------------------------------------------------------------------

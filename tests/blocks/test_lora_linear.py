@@ -5,14 +5,13 @@ the block through the agent on the Triton interpreter."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
+from template_checks import assert_templates_render_each_choice
 
 from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, default_tolerance, shape_label
-from workbench.templating import list_templates
 
 SPEC = get_block("lora_linear")
 ref = SPEC.reference
@@ -198,25 +197,8 @@ def test_suites():
 # --- templates ------------------------------------------------------------------------------------------------------
 
 
-def one_change_points(t) -> list[dict]:
-    """The template's first point and every valid point that changes one parameter of it: each choice renders once."""
-    points = list(t.points())
-    first = points[0]
-    return [first] + [p for p in points if sum(p[k] != first[k] for k in p) == 1]
-
-
 def test_templates_render_each_choice_to_a_candidate():
-    templates = list_templates("lora_linear")
-    assert len(templates) >= 2
-    for t in templates:
-        assert t.summary and t.tradeoffs, t.ref
-        for point in one_change_points(t):
-            source = t.render(point)
-            compile(source, f"{t.name}.py", "exec")
-            assert 'BLOCK = "lora_linear"' in source and "def run(" + ", ".join(SPEC.arg_names) + "):" in source
-            kernels = re.findall(r"@triton\.jit\ndef (\w+)\(", source)
-            assert kernels and all(re.fullmatch(r"lora_linear_\w+_kernel", k) for k in kernels), kernels
-            assert "{{" not in source and "{%" not in source
+    assert_templates_render_each_choice("lora_linear")
 
 
 # --- port on the interpreter ----------------------------------------------------------------------------------------

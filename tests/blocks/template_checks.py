@@ -1,0 +1,32 @@
+"""Checks every block's templates share: each parameter choice renders to a readable, compilable candidate."""
+
+from __future__ import annotations
+
+import re
+
+from workbench.blocks import get_block
+from workbench.templating import list_templates
+
+
+def one_change_points(t) -> list[dict]:
+    """The template's first point and every valid point that changes one parameter of it: each choice renders once."""
+    points = list(t.points())
+    first = points[0]
+    return [first] + [p for p in points if sum(p[k] != first[k] for k in p) == 1]
+
+
+def assert_templates_render_each_choice(block: str) -> None:
+    """At least two templates with summary and trade-offs; every one-change point renders to Python that compiles,
+    names the block, has run(<the reference's parameters>), kernels named <block>_*_kernel, and no Jinja left."""
+    spec = get_block(block)
+    templates = list_templates(block)
+    assert len(templates) >= 2
+    for t in templates:
+        assert t.summary and t.tradeoffs, t.ref
+        for point in one_change_points(t):
+            source = t.render(point)
+            compile(source, f"{t.name}.py", "exec")
+            assert f'BLOCK = "{block}"' in source and "def run(" + ", ".join(spec.arg_names) + "):" in source
+            kernels = re.findall(r"@triton\.jit\ndef (\w+)\(", source)
+            assert kernels and all(re.fullmatch(rf"{block}_\w+_kernel", k) for k in kernels), kernels
+            assert "{{" not in source and "{%" not in source
