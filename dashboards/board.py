@@ -23,12 +23,13 @@ TIME = "YYYY-MM-DD HH:mm:ss"
 STATUS_COLORS = {
     "promoted": "#2e7d32", "numerics pass": "#0288d1", "in progress": "#f9a825", "blocked": "#c62828",
     "failed": "#8e24aa", "not started": "#90a4ae", "no spec": "#cfd8dc",
-    "running": "#f9a825", "interrupted": "#c62828",
+    "running": "#f9a825", "interrupted": "#c62828", "waiting_approval": "#0288d1", "rejected": "#6d4c41",
     "pass": "#2e7d32", "passed": "#2e7d32", "fail": "#c62828", "rendered": "#90a4ae", "compile_error": "#ef6c00",
-    "runtime_error": "#ef6c00", "timeout": "#8e24aa", "crashed": "#8e24aa", "oom": "#8e24aa",
+    "runtime_error": "#ef6c00", "timeout": "#8e24aa", "crashed": "#8e24aa", "oom": "#8e24aa", "llm_error": "#ef6c00",
 }
 BADGE = {"promoted": "green", "pass": "green", "passed": "green", "numerics pass": "blue", "in progress": "orange",
-         "running": "orange", "not started": "gray", "no spec": "gray", "rendered": "gray"}
+         "running": "orange", "not started": "gray", "no spec": "gray", "rendered": "gray",
+         "waiting_approval": "blue"}
 
 
 def settings() -> Settings:

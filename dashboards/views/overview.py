@@ -1,4 +1,5 @@
-"""Overview: the blocks a model card needs with their port status, the latest CI job and the running agent runs."""
+"""Overview: the blocks a model card needs with their port status, the latest CI job, the running agent runs and
+the runs waiting for approval."""
 
 from __future__ import annotations
 
@@ -76,3 +77,13 @@ else:
                  column_config={"started_at": board.when("started (UTC)"), "seconds": board.duration("running"),
                                 "last_step": st.column_config.TextColumn("last step", width="large")})
     st.page_link("views/runs.py", label="Follow runs live", icon=":material/arrow_forward:")
+
+waiting = board.read("runs_frame", 50, None, "waiting_approval")
+if not waiting.empty:
+    st.subheader("Waiting for approval")
+    st.dataframe(waiting, hide_index=True, key="waiting_table",
+                 column_order=["id", "block", "candidates", "proposer", "started_at", "reason"],
+                 column_config={"started_at": board.when("started (UTC)"),
+                                "reason": st.column_config.TextColumn("best passing candidate", width="large")})
+    st.caption("`workbench approve <run>` promotes the run's best passing candidate; "
+               "`workbench reject <run> --why \"...\"` ends the run without promoting.")

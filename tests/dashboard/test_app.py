@@ -242,6 +242,27 @@ def test_runs_page_shows_a_run_written_while_the_app_runs(seeded):
     assert "while the dashboard was open" in at.markdown[-1].value
 
 
+def test_runs_waiting_for_approval_show_on_the_overview_and_the_runs_page(seeded):
+    engine = get_engine(seeded.db_url)
+    waiting = records.start_run(engine, block="swiglu", proposer="llm", backend="interpreter", budget=3, config={})
+    reason = f"waiting for approval to promote #2 llm (model=coder, call=2): `workbench approve {waiting}`"
+    records.add_step(engine, waiting, "approve", reason)
+    records.set_run_status(engine, waiting, "waiting_approval", reason)
+
+    at = open_app()
+    assert "Waiting for approval" in [s.value for s in at.subheader]
+    table = at.dataframe[-1].value
+    assert list(table["id"]) == [waiting] and table["reason"].iloc[0] == reason
+    assert "`workbench approve <run>`" in text_of(at)
+
+    at = open_app("runs")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["waiting for approval"] == "1" and metrics["running"] == "1"
+    at.selectbox(key="live_run").set_value(waiting).run()
+    assert f"`workbench approve {waiting}`" in at.info[0].value
+    assert "**approve**" in at.markdown[-1].value and "waiting for approval to promote" in at.markdown[-1].value
+
+
 def test_runs_empty_state(empty_db):
     at = open_app("runs")
     assert "`workbench port rmsnorm`" in at.info[0].value

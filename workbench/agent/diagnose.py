@@ -4,7 +4,8 @@ Classes: compile_error, runtime_error, timeout, crashed, oom (the sandbox's verd
 (torch_fallback, aliasing, ...: workbench.verify.integrity); coverage (fails exactly on the shapes where a template
 requirement such as BLOCK_N >= N does not hold); precision / nonfinite (a low-precision *_DTYPE parameter and errors
 past the bound / NaN-Inf); tail (only shapes with non-power-of-two dims fail); gradient (only gradients fail);
-wrong (anything else).
+wrong (anything else). A candidate from no template (written by a model) is never read as coverage or as a
+low-precision parameter.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template: Template,
+def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template: Template | None,
              params: dict[str, Any]) -> dict[str, Any]:
     """{"class", "reason", "evidence"} for a candidate that did not pass. Unwritten outputs are read like wrong
     numbers (they are what a tile narrower than the data leaves behind); other verdicts are their own class."""
@@ -38,7 +39,7 @@ def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template:
     return found
 
 
-def _numeric_class(message: str, checks: list[dict[str, Any]], template: Template,
+def _numeric_class(message: str, checks: list[dict[str, Any]], template: Template | None,
                    params: dict[str, Any]) -> dict[str, Any]:
     checks = [c for c in checks if c["direction"] != "run" and not c["direction"].startswith("integrity:")]
     failing = [c for c in checks if not c["passed"]]
@@ -52,7 +53,7 @@ def _numeric_class(message: str, checks: list[dict[str, Any]], template: Templat
         "worst": max(failing, key=lambda c: (c.get("max_abs") or 0) / (c.get("bound") or 1)),
     }
 
-    unmet = {label: template.unmet(params, parse_shape(label)) for label in failing_shapes}
+    unmet = {label: template.unmet(params, parse_shape(label)) if template else [] for label in failing_shapes}
     if all(unmet.values()):
         requirement = next(iter(unmet.values()))[0]
         return {"class": "coverage", "evidence": {**evidence, "requirement": requirement},

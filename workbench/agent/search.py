@@ -79,6 +79,11 @@ class SearchProposer:
             return Proposal(template=nxt.name, params=nxt_params, reason=f"{why}: next untried point")
         return None
 
+    def propose(self, current: dict[str, Any], diagnosis: dict[str, Any], history: list[dict]) -> Proposal | None:
+        """The proposer interface of the graph: revise() of the current attempt, every attempt so far tried."""
+        tried = {point_key(h["template"], h["params"]) for h in history}
+        return self.revise(current["template"], current["params"], diagnosis, tried)
+
     def _nearest(self, template: Template, params: dict, tried: set[str], ok) -> dict | None:
         """The untried point of ``template`` satisfying ``ok`` that changes the fewest parameters."""
         best = None

@@ -1,0 +1,313 @@
+"""The llm proposer: candidates written by a chat model behind any OpenAI-compatible endpoint (a local vLLM, SGLang
+or Ollama server, or a hosted API), through langchain's chat-model interface; and the hybrid proposer, which
+searches the templates first and asks the model when search is exhausted or a failure has no repair rule.
+
+Configuration: --llm-base-url / --llm-model, else $WORKBENCH_LLM_BASE_URL / $WORKBENCH_LLM_MODEL (without a model,
+the endpoint's /models list is read and its first model taken). $WORKBENCH_LLM_TIMEOUT (seconds per request),
+$WORKBENCH_LLM_RETRIES (tries after the first), $WORKBENCH_LLM_RETRY_DELAY (seconds before the first retry, doubled
+each time), $WORKBENCH_LLM_PROMPT_CHARS (the prompt's budget), $WORKBENCH_LLM_TEMPERATURE and
+$WORKBENCH_LLM_MAX_TOKENS. The API key is read from $WORKBENCH_LLM_API_KEY when a request is made, and nowhere else:
+it is never stored with the run, never logged, never part of a prompt (local servers take any key).
+
+Endpoint failures (connection refused, timeout, rate limit, a 5xx, an empty reply or one without a module) are
+retried with exponential backoff a bounded number of times; then the proposal carries the error, and the iteration
+is recorded with the verdict ``llm_error``. A request the endpoint refuses outright (401, 404, ...) is not retried.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from workbench.agent.prompt import SYSTEM, build_prompt, extract_module
+from workbench.agent.search import SearchProposer
+from workbench.agent.state import Attempt, Proposal
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.errors import WorkbenchError, one_line
+
+API_KEY_ENV = "WORKBENCH_LLM_API_KEY"
+LOCAL_KEY = "not-needed"  # OpenAI clients want a key set; local servers accept any
+ENV = {"base_url": "WORKBENCH_LLM_BASE_URL", "model": "WORKBENCH_LLM_MODEL", "timeout_s": "WORKBENCH_LLM_TIMEOUT",
+       "retries": "WORKBENCH_LLM_RETRIES", "retry_delay_s": "WORKBENCH_LLM_RETRY_DELAY",
+       "prompt_chars": "WORKBENCH_LLM_PROMPT_CHARS", "temperature": "WORKBENCH_LLM_TEMPERATURE",
+       "max_tokens": "WORKBENCH_LLM_MAX_TOKENS"}
+LLM_TEMPLATE = "llm"     # the template name recorded for a model-written candidate
+LLM_ERROR = "llm_error"  # the verdict of an iteration whose model endpoint failed
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Where and how to ask. Holds no key (see API_KEY_ENV): ``asdict`` of it is what a run records."""
+
+    base_url: str
+    model: str = ""
+    timeout_s: float = 120.0
+    retries: int = 3
+    retry_delay_s: float = 2.0
+    prompt_chars: int = 24_000
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+    @classmethod
+    def load(cls, base_url: str | None = None, model: str | None = None,
+             stored: dict[str, Any] | None = None) -> LLMConfig:
+        """Flags first, then what a run recorded (when it is resumed), then $WORKBENCH_LLM_*, then defaults."""
+        values: dict[str, Any] = {}
+        given = {"base_url": base_url, "model": model}
+        for f in fields(cls):
+            found = (given.get(f.name), (stored or {}).get(f.name), os.environ.get(ENV[f.name]))
+            value = next((v for v in found if v is not None and v != ""), None)
+            if value is None:
+                continue
+            try:
+                kind = {"timeout_s": float, "retry_delay_s": float, "temperature": float, "retries": int,
+                        "prompt_chars": int, "max_tokens": int}.get(f.name, str)
+                values[f.name] = kind(value)
+            except ValueError:
+                raise WorkbenchError(f"${ENV[f.name]}: '{value}' is not a number") from None
+        if not values.get("base_url"):
+            raise WorkbenchError(f"the llm proposer needs an endpoint: --llm-base-url or ${ENV['base_url']} "
+                                 f"(e.g. http://127.0.0.1:8000/v1 for a local vLLM server)")
+        if values.get("retries", 0) < 0 or values.get("prompt_chars", 4000) < 4000:
+            raise WorkbenchError("retries must be at least 0 and the prompt budget at least 4000 characters")
+        return cls(**values)
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def api_key() -> str:
+    return os.environ.get(API_KEY_ENV) or LOCAL_KEY
+
+
+def require_client() -> None:
+    """A WorkbenchError naming the extra to install when langchain-openai is missing."""
+    try:
+        import langchain_openai  # noqa: F401
+    except ImportError:
+        raise WorkbenchError("the llm and hybrid proposers need langchain-openai: "
+                             "pip install 'workbench[llm]'") from None
+
+
+def chat_model(config: LLMConfig):
+    """A langchain ChatOpenAI on the endpoint; its own retries are off (the proposer retries with backoff)."""
+    require_client()
+    from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
+
+    kwargs: dict[str, Any] = {}
+    if config.temperature is not None:
+        kwargs["temperature"] = config.temperature
+    if config.max_tokens is not None:
+        kwargs["max_tokens"] = config.max_tokens
+    return ChatOpenAI(model=config.model, base_url=config.base_url, api_key=SecretStr(api_key()),
+                      timeout=config.timeout_s, max_retries=0, **kwargs)
+
+
+def resolve_model(config: LLMConfig) -> LLMConfig:
+    """The config with its model named: as given, else the first model the endpoint's /models lists."""
+    if config.model:
+        return config
+    require_client()
+    import openai
+
+    try:
+        client = openai.OpenAI(base_url=config.base_url, api_key=api_key(), timeout=min(config.timeout_s, 30.0),
+                               max_retries=0)
+        served = [m.id for m in client.models.list()]
+    except openai.OpenAIError as exc:
+        raise WorkbenchError(f"no model named (--llm-model or ${ENV['model']}) and the models of "
+                             f"{config.base_url} could not be listed: {one_line(exc)[:200]}") from None
+    if not served:
+        raise WorkbenchError(f"{config.base_url} lists no model: name one with --llm-model")
+    return LLMConfig(**{**config.public(), "model": served[0]})
+
+
+class ReplyError(Exception):
+    """A reply that came back but holds no candidate module (empty, or no code defining run)."""
+
+
+def classify(exc: BaseException) -> tuple[str, bool]:
+    """(what went wrong, whether trying again can help)."""
+    if isinstance(exc, ReplyError):
+        return str(exc), True
+    try:
+        import openai
+    except ImportError:
+        openai = None
+    if openai is not None:
+        if isinstance(exc, openai.APITimeoutError):
+            return "timeout", True
+        if isinstance(exc, openai.APIConnectionError):
+            return "connection error", True
+        if isinstance(exc, openai.RateLimitError):
+            return "rate limited (HTTP 429)", True
+        if isinstance(exc, openai.APIStatusError):
+            code = exc.status_code
+            return f"HTTP {code}", code >= 500 or code in (408, 409)
+        if isinstance(exc, openai.APIResponseValidationError):
+            return "malformed response", True
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return "connection error" if isinstance(exc, ConnectionError) else "timeout", True
+    # anything else came out of reading the response (a body the client could not parse): a malformed reply
+    return f"malformed response ({type(exc).__name__})", True
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The innermost cause (a connection error's "[Errno 111] Connection refused" under the client's wrappers)."""
+    for _ in range(10):
+        inner = exc.__cause__ or exc.__context__
+        if inner is None or not str(inner):
+            break
+        exc = inner
+    return exc
+
+
+def reply_text(content: Any) -> str:
+    """A chat message's content as text (a string, or a list of content parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content if p)
+    return "" if content is None else str(content)
+
+
+class LLMProposer:
+    """Asks a chat model for a complete candidate module. Proposals carry the module's source (template "llm",
+    params: the model and the call number) or, when the endpoint failed, the error; and a "trace" (the prompt,
+    tries, seconds) for the run's record, which is not kept in the graph's state."""
+
+    name = "llm"
+
+    def __init__(self, spec: BlockSpec, config: LLMConfig, *, suites: list[str], dtypes: list[str],
+                 shapes: dict[str, list[Shape]], start_source: str | None,
+                 checks_of: Callable[[int], list[dict]] = lambda _cid: [], chat=None,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.spec, self.config = spec, config
+        self.suites, self.dtypes, self.shapes = suites, dtypes, shapes
+        self.start_source = start_source
+        self.checks_of = checks_of
+        self.sleep = sleep
+        self._chat = chat
+
+    @property
+    def chat(self):
+        if self._chat is None:
+            self._chat = chat_model(self.config)
+        return self._chat
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model or getattr(self._chat, "model_name", "") or "model"
+
+    def first(self) -> Proposal:
+        prompt = build_prompt(self.spec, suites=self.suites, dtypes=self.dtypes, shapes=self.shapes,
+                              start_source=self.start_source, budget=self.config.prompt_chars,
+                              wanted="Write the candidate module. You may start from the starting candidate, "
+                                     "or write your own kernels.")
+        return self._ask(prompt, call=1, why="first candidate written by the model")
+
+    def propose(self, current: Attempt, diagnosis: dict[str, Any], history: list[Attempt]) -> Proposal:
+        """The next candidate, told the last candidate's source and verification result."""
+        calls = sum(h.get("template") == LLM_TEMPLATE for h in history) + 1
+        if current.get("path") or current.get("verdict") not in (None, LLM_ERROR):
+            last = current
+        else:  # the endpoint failed last time: show the last candidate there is
+            last = next((h for h in reversed(history) if h.get("path")), None)
+        last_source, checks, last_diagnosis = None, [], diagnosis
+        if last is not None:
+            if last is not current:
+                last_diagnosis = last.get("diagnosis")
+            try:
+                last_source = Path(last["path"]).read_text() if last.get("path") else None
+            except OSError:
+                last_source = None
+            if last.get("candidate_id") is not None:
+                checks = self.checks_of(last["candidate_id"])
+        earlier = [h for h in history if h.get("iteration") != (last or {}).get("iteration")]
+        if current.get("verdict") == "pass":
+            wanted = (f"The last candidate passed ({diagnosis.get('reason', '')}). Write a different candidate that "
+                      f"also passes, with a smaller error or fewer kernel launches.")
+            why = "exploring: another passing candidate wanted"
+        elif last is None:
+            wanted = "Write the candidate module."
+            why = f"{current.get('verdict')}: asking again"
+        else:
+            wanted = (f"Candidate #{last.get('iteration')} failed verification ({last.get('verdict')}). Find the "
+                      f"cause in the failing shapes and error figures and write the complete corrected module.")
+            why = f"the model revises #{last.get('iteration')} after {last.get('verdict')}"
+        prompt = build_prompt(self.spec, suites=self.suites, dtypes=self.dtypes, shapes=self.shapes,
+                              start_source=self.start_source, last=last, last_source=last_source,
+                              diagnosis=last_diagnosis, checks=checks, history=earlier, wanted=wanted,
+                              budget=self.config.prompt_chars)
+        return self._ask(prompt, call=calls, why=why)
+
+    def _ask(self, prompt: str, *, call: int, why: str) -> Proposal:
+        from langchain_core.messages import HumanMessage, SystemMessage
+
+        messages = [SystemMessage(SYSTEM), HumanMessage(prompt)]
+        chat = self.chat  # a missing client library is the user's to fix, not an endpoint failure
+        params = {"model": self.model_name, "call": call}
+        errors: list[str] = []
+        started = time.monotonic()
+        for attempt in range(self.config.retries + 1):
+            try:
+                text = reply_text(chat.invoke(messages).content)
+                if not text.strip():
+                    raise ReplyError("empty reply")
+                module = extract_module(text, self.spec.name)
+                if module is None:
+                    raise ReplyError(f"reply without a candidate module ({len(text)} characters, no code "
+                                     f"defining run)")
+            except Exception as exc:  # every endpoint failure ends as a verdict, never as a crash of the run
+                kind, retryable = classify(exc)
+                detail = one_line(_root(exc) if kind in ("connection error", "timeout") else exc)[:300]
+                errors.append(kind if detail.lower().rstrip(".") in kind.lower() else f"{kind}: {detail}")
+                if not retryable or attempt == self.config.retries:
+                    break
+                self.sleep(self.config.retry_delay_s * 2 ** attempt)
+                continue
+            trace = {"prompt": prompt, "prompt_chars": len(prompt), "reply_chars": len(text), "tries": attempt + 1,
+                     "errors": errors, "seconds": round(time.monotonic() - started, 2)}
+            retried = f" after {attempt} failed tries ({errors[-1]})" if errors else ""
+            return Proposal(template=LLM_TEMPLATE, params=params, source=module, trace=trace,
+                            reason=f"{why}: {self.model_name} call {call}{retried}")
+        tries = len(errors)
+        error = f"{tries} {'try' if tries == 1 else 'tries'} failed: {'; '.join(errors)}"
+        trace = {"prompt": prompt, "prompt_chars": len(prompt), "tries": tries, "errors": errors,
+                 "seconds": round(time.monotonic() - started, 2)}
+        return Proposal(template=LLM_TEMPLATE, params=params, reason=f"{why}: {self.model_name} call {call}",
+                        error=error, trace=trace)
+
+
+class HybridProposer:
+    """Search first; the model when search is exhausted, when a failure class has no repair rule, and for the
+    model's own candidates."""
+
+    name = "hybrid"
+
+    def __init__(self, search: SearchProposer, llm: LLMProposer):
+        self.search, self.llm = search, llm
+
+    def first(self) -> Proposal | None:
+        return self.search.first() or self.llm.first()
+
+    def propose(self, current: Attempt, diagnosis: dict[str, Any], history: list[Attempt]) -> Proposal | None:
+        cls = diagnosis["class"]
+        if current.get("template") in self.search.by_name and (cls == "explore" or cls in self.search.rules):
+            found = self.search.propose(current, diagnosis, history)
+            if found:
+                return found
+            why = "search is exhausted"
+        elif current.get("template") in self.search.by_name:
+            why = f"no repair rule for {cls}"
+        else:
+            why = ""
+        proposal = self.llm.propose(current, diagnosis, history)
+        if why:
+            proposal["reason"] = f"{why}; {proposal['reason']}"
+        return proposal
