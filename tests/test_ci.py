@@ -34,7 +34,7 @@ def _promote(settings, tmp_path, block: str, template: str, edit: tuple[str, str
 def baseline(settings, tmp_path):
     _promote(settings, tmp_path, "rmsnorm", "row_block")
     _promote(settings, tmp_path, "swiglu", "flat")
-    result = runner.invoke(app, ["ci", "--update-baseline", "--json"])
+    result = runner.invoke(app, ["ci", "--update-baseline", "--json", "--no-replays"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["status"] == "passed"
     return json.loads((settings.operators_dir / "ci_baseline.json").read_text())
@@ -42,7 +42,7 @@ def baseline(settings, tmp_path):
 
 def test_ci_passes_on_intact_operators_and_the_junit_lists_every_check(settings, tmp_path, baseline):
     junit = tmp_path / "junit.xml"
-    result = runner.invoke(app, ["ci", "--junit", str(junit)])
+    result = runner.invoke(app, ["ci", "--junit", str(junit), "--no-replays"])
     assert result.exit_code == 0, result.output
     suite = ET.parse(junit).getroot()
     names = {(c.get("classname"), c.get("name")) for c in suite.iter("testcase")}
@@ -56,7 +56,7 @@ def test_a_wrong_gradient_fails_exactly_that_operator(settings, tmp_path, baseli
     _promote(settings, tmp_path, "rmsnorm", "row_block",
              edit=("dw_part.sum(0).to(weight.dtype)", "(0.5 * dw_part.sum(0)).to(weight.dtype)"))
     junit = tmp_path / "junit.xml"
-    result = runner.invoke(app, ["ci", "--junit", str(junit)])
+    result = runner.invoke(app, ["ci", "--junit", str(junit), "--no-replays"])
     assert result.exit_code == 1
     lines = [line for line in result.stderr.splitlines() if line.startswith("regression:")]
     assert lines and all(line.startswith("regression: rmsnorm") for line in lines)
@@ -67,9 +67,20 @@ def test_a_wrong_gradient_fails_exactly_that_operator(settings, tmp_path, baseli
 
 def test_a_broken_tail_mask_fails_exactly_that_operator(settings, tmp_path, baseline):
     _promote(settings, tmp_path, "swiglu", "flat", edit=("mask = offs < numel", "mask = offs < numel - 1"))
-    result = runner.invoke(app, ["ci", "--changed-only", "--json"])
+    result = runner.invoke(app, ["ci", "--changed-only", "--json", "--no-replays"])
     assert result.exit_code == 1
     report = json.loads(result.stdout)
     assert [op["block"] for op in report["operators"]] == ["swiglu"]  # rmsnorm unchanged: not re-verified
     assert report["regressions"] and all(r.startswith("swiglu") for r in report["regressions"])
     assert any("unwritten" in r or "now fails" in r for r in report["regressions"])
+
+
+def test_ci_replays_the_loss_curves_with_every_promoted_operator(settings, tmp_path, baseline):
+    junit = tmp_path / "junit.xml"
+    result = runner.invoke(app, ["ci", "--changed-only", "--junit", str(junit), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [(r["mode"], r["status"]) for r in report["replays"]] == [("scratch", "pass"), ("lora", "pass")]
+    replays = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("classname") == "replays"]
+    assert [c.get("name") for c in replays] == ["scratch tiny 4 steps", "lora tiny 3 steps"]
+    assert all(c.find("failure") is None for c in replays)

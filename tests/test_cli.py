@@ -55,12 +55,25 @@ def test_models_and_plan(settings):
     (("port", "rmsnorm", "--budget", "0"), "must be at least 1"),
     (("verify", "missing.py"), "no such file"),
     (("show", "nosuch"), "no run 'nosuch'"),
+    (("port", "rmsnorm", "--proposer", "magic"), "unknown proposer 'magic'"),
+    (("port", "--resume", "nosuch"), "no run 'nosuch'"),
+    (("port", "rmsnorm", "swiglu", "--resume", "nosuch"), "--resume continues one run"),
+    (("approve", "nosuch"), "no run 'nosuch'"),
+    (("reject", "nosuch", "--why", "too slow"), "no run 'nosuch'"),
 ])
 def test_user_mistakes_are_one_line_and_exit_2(settings, args, message):
     result = runner.invoke(app, list(args))
     assert result.exit_code == 2, result.output
     assert message in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.output
+
+
+def test_llm_proposer_without_an_endpoint_is_one_line(settings, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_LLM_BASE_URL", raising=False)
+    for proposer in ("llm", "hybrid"):
+        result = runner.invoke(app, ["port", "rmsnorm", "--proposer", proposer])
+        assert result.exit_code == 2 and "needs an endpoint: --llm-base-url or $WORKBENCH_LLM_BASE_URL" in result.stderr
+        assert result.stderr.strip().count("\n") == 0
 
 
 def test_verify_a_file_that_is_not_a_candidate(settings, tmp_path):
@@ -80,7 +93,9 @@ def test_port_then_runs_show_and_verify_the_operator(settings):
     runs = json.loads(invoke("runs", "--json").stdout)
     assert runs[0]["id"] == outcome["run_id"] and runs[0]["status"] == "promoted"
     shown = json.loads(invoke("show", outcome["run_id"][:17], "--json").stdout)
-    assert [s["node"] for s in shown["steps"]] == ["plan", "render", "compile", "verify", "promote", "record"]
+    assert [s["node"] for s in shown["steps"]] == ["plan", "render", "compile", "verify", "replay", "promote",
+                                                   "record"]
+    assert shown["steps"][4]["message"] == "replay gate off"  # WORKBENCH_REPLAY_STEPS=0 in the tests
     assert shown["candidates"][0]["status"] == "pass"
     assert "Agent trace" in invoke("show", outcome["run_id"]).stdout
 

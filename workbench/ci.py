@@ -1,9 +1,11 @@
-"""CI verification jobs: re-verify every promoted operator and compare with the last recorded results.
+"""CI verification jobs: re-verify every promoted operator and compare with the last recorded results, then replay
+short loss curves of the small model with every promoted operator against the reference curves kept in the
+repository (replays/<model>/tiny/).
 
-A regression is a verdict that was "pass" and is not any more, or a check (quantity x dtype) that passed and now
-fails. The baseline is the newest of: the last passing CI job in the store, and operators/ci_baseline.json (kept in
-the repository so a fresh clone has one). Results go to the store (ci_job) and, on request, to JUnit XML with one
-testcase per operator x check.
+A regression is a verdict that was "pass" and is not any more, a check (quantity x dtype) that passed and now
+fails, or a replay that does not pass. The baseline is the newest of: the last passing CI job in the store, and
+operators/ci_baseline.json (kept in the repository so a fresh clone has one). Results go to the store (ci_job) and,
+on request, to JUnit XML with one testcase per operator x check and per replay.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from workbench.verify.result import VerificationResult
 BASELINE_FILE = "ci_baseline.json"
 SANDBOX_VERDICTS = ("timeout", "crashed", "oom", "compile_error")
 CI_SEED = 20261129  # fixed inputs in CI, so that figures compare across commits
+CI_REPLAY_MODEL = "kimi-k3.1-pro"
+CI_REPLAYS = (("scratch", 4), ("lora", 3))  # (mode, steps) on the tiny preset: a few steps each on the interpreter
+CI_REPLAY_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -92,6 +97,35 @@ def regressions(report: OperatorReport, baseline: dict | None) -> list[str]:
     return found
 
 
+@dataclass
+class ReplayReport:
+    mode: str
+    steps: int
+    status: str
+    reason: str
+    replay_id: int
+    seconds: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode} tiny {self.steps} steps"
+
+
+def run_replays(settings: Settings, replays: tuple[tuple[str, int], ...], timeout_s: float) -> list[ReplayReport]:
+    """Each (mode, steps) replayed with every promoted operator against the stored reference."""
+    import time
+
+    from workbench.replay.runner import run_replay
+
+    reports = []
+    for mode, steps in replays:
+        start = time.perf_counter()
+        outcome = run_replay(CI_REPLAY_MODEL, mode, settings, steps=steps, ops=["promoted"], timeout_s=timeout_s)
+        reports.append(ReplayReport(mode, steps, outcome.status, outcome.reason, outcome.replay_id,
+                                    round(time.perf_counter() - start, 1)))
+    return reports
+
+
 def current_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -101,9 +135,10 @@ def current_commit() -> str:
 
 
 def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, timeout_s: float = 300.0,
-           on_report=None) -> tuple[CIJob, list[OperatorReport]]:
-    """Verify the newest promoted operator of every block, record the job, return it with the per-operator
-    reports. The job's status is "passed" unless there is a regression."""
+           replays: tuple[tuple[str, int], ...] = (), on_report=None, on_replay=None
+           ) -> tuple[CIJob, list[OperatorReport], list[ReplayReport]]:
+    """Verify the newest promoted operator of every block, then run ``replays`` ((mode, steps), see CI_REPLAYS);
+    record the job, return it with the reports. The job's status is "passed" unless there is a regression."""
     engine = get_engine(settings.db_url)
     baseline = load_baseline(settings)
     with session_scope(engine) as s:
@@ -126,8 +161,15 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         reports.append(report)
         if on_report:
             on_report(report)
+    replay_reports = []
+    for report in run_replays(settings, replays, CI_REPLAY_TIMEOUT_S) if replays else []:
+        replay_reports.append(report)
+        if on_replay:
+            on_replay(report)
     failed = [r for rep in reports for r in rep.regressions]
+    failed += [f"replay {r.name}: {r.status}: {r.reason}" for r in replay_reports if r.status != "pass"]
     summary = {"operators": {r.block: r.baseline_entry() for r in reports},
+               "replays": [vars(r) for r in replay_reports],
                "regressions": failed, "seed": CI_SEED, "changed_only": changed_only}
     if changed_only:  # unchanged operators keep their last results in the baseline
         summary["operators"] = {**baseline, **summary["operators"]}
@@ -136,20 +178,26 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         job.status = "failed" if failed else "passed"
         job.summary = summary
         job.finished_at = utcnow()
-    return job, reports
+    return job, reports, replay_reports
 
 
-def write_junit(path: Path, job: CIJob, reports: list[OperatorReport]) -> None:
-    """One testsuite, one testcase per operator x check, failures with the reason."""
+def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: list[ReplayReport] = ()) -> None:
+    """One testsuite, one testcase per operator x check and per replay, failures with the reason."""
     cases = [(r, key, passed) for r in reports for key, passed in sorted(r.checks.items())]
-    suite = ET.Element("testsuite", name="workbench-ci", tests=str(len(cases)),
-                       failures=str(sum(not p for _, _, p in cases)), time=str(sum(r.seconds for r in reports)))
+    failures = sum(not p for _, _, p in cases) + sum(r.status != "pass" for r in replays)
+    seconds = sum(r.seconds for r in reports) + sum(r.seconds for r in replays)
+    suite = ET.Element("testsuite", name="workbench-ci", tests=str(len(cases) + len(replays)),
+                       failures=str(failures), time=str(seconds))
     for report, key, passed in cases:
         case = ET.SubElement(suite, "testcase", classname=f"operators.{report.block}", name=key,
                              file=report.operator)
         if not passed:
             failure = ET.SubElement(case, "failure", message=report.reasons.get(key, "failed")[:500])
             failure.text = report.message
+    for replay in replays:
+        case = ET.SubElement(suite, "testcase", classname="replays", name=replay.name, time=str(replay.seconds))
+        if replay.status != "pass":
+            ET.SubElement(case, "failure", message=f"{replay.status}: {replay.reason}"[:500])
     ET.SubElement(suite, "properties").append(ET.Element("property", name="commit", value=job.commit))
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -27,7 +29,8 @@ OpsOption = Annotated[Path | None, typer.Option("--operators", help="promoted op
 JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 VERDICT_STYLE = {"pass": "green", "passed": "green", "promoted": "green", "fail": "red", "failed": "red",
-                 "blocked": "red", "running": "yellow",
+                 "blocked": "red", "running": "yellow", "waiting_approval": "cyan", "rejected": "red",
+                 "interrupted": "red", "llm_error": "red",
                  "in progress": "yellow", "numerics pass": "cyan", "no spec": "dim", "not started": "dim"}
 
 
@@ -138,21 +141,48 @@ def port(
     budget: Annotated[int, typer.Option(help="most candidates to render and verify per block")] = 8,
     explore: Annotated[int, typer.Option(help="verify until this many pass, promote the best")] = 1,
     start: Annotated[str | None, typer.Option(help="start point, e.g. row_block:BLOCK_N=64")] = None,
-    proposer: Annotated[str, typer.Option(help="how candidates are proposed")] = "search",
+    proposer: Annotated[str, typer.Option(help="search (template points), llm (a chat model writes them) or "
+                                               "hybrid (search, then the model)")] = "search",
+    llm_base_url: Annotated[str | None, typer.Option(
+        "--llm-base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 "
+                               "(default $WORKBENCH_LLM_BASE_URL; the key only from $WORKBENCH_LLM_API_KEY)")] = None,
+    llm_model: Annotated[str | None, typer.Option(
+        "--llm-model", help="model name (default $WORKBENCH_LLM_MODEL, else the endpoint's first)")] = None,
+    resume: Annotated[str | None, typer.Option(
+        help="continue this interrupted or failed run from its last completed node, with its own settings")] = None,
+    approve: Annotated[bool, typer.Option(
+        "--approve", help="stop before promotion until `workbench approve` or `workbench reject`")] = False,
     suites: Annotated[str, typer.Option(help="shape suites to verify on")] = "smoke,edge",
     dtypes: Annotated[str | None, typer.Option(help="dtypes (default: all the backend runs)")] = None,
     seeds: Annotated[int, typer.Option(help="random inputs per shape and dtype")] = 2,
     timeout: Annotated[float, typer.Option(help="seconds one candidate's verification may take")] = 300.0,
     backend: Annotated[str | None, typer.Option(help="auto, interpreter or cuda")] = None,
+    replay_steps: Annotated[int, typer.Option(
+        envvar="WORKBENCH_REPLAY_STEPS",
+        help="steps of the loss-curve replay that gates promotion (0: no gate)")] = 6,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Port blocks with the agent: render, compile, verify, diagnose, revise, promote. Exit 1 if any ends blocked."""
-    from workbench.agent.run import port_block
+    from workbench.agent.llm import LLMConfig
+    from workbench.agent.run import port_block, resume_port
     from workbench.backends import get_backend
     from workbench.blocks import REGISTRY, get_block
     from workbench.models import get_model
 
     settings = Settings.load(db, operators)
+    if resume:
+        if model or len(block_names or []) > 1:
+            raise WorkbenchError("--resume continues one run: name no block other than its own")
+        from workbench.store.queries import find_run
+
+        run = find_run(_engine(settings), resume)
+        if run and block_names and block_names[0] != run.block:
+            raise WorkbenchError(f"run {run.id} ports {run.block}, not {block_names[0]}")
+        chosen = get_backend(backend) if backend else None
+        with _live(as_json) as show:
+            outcome = resume_port(resume, settings, on_event=show, llm_base_url=llm_base_url, llm_model=llm_model,
+                                  backend=chosen)
+        return _finish([outcome], as_json)
     names = list(block_names or [])
     if model:
         names += [b for b in get_model(model).blocks if b in REGISTRY and b not in names]
@@ -163,25 +193,77 @@ def port(
     if start and len(names) > 1:
         raise WorkbenchError("--start applies to one block")
     chosen = get_backend(backend)
-
-    def show(node: str, message: str, _data: dict) -> None:
-        if not as_json:
-            console.print(f"  [bold]{node:>8}[/] {escape(message)}")
+    llm = LLMConfig.load(llm_base_url, llm_model) if proposer in ("llm", "hybrid") else None
 
     outcomes = []
     for name in names:
         if not as_json:
-            console.rule(f"port {name} on {chosen.name}")
-        outcome = port_block(name, settings, budget=budget, explore=explore, start=start, proposer=proposer,
-                             suites=suites.split(","), dtypes=dtypes.split(",") if dtypes else None, seeds=seeds,
-                             backend=chosen, timeout_s=timeout, model=model, on_event=show)
+            console.rule(f"port {name} on {chosen.name}" + (f" with {proposer}" if proposer != "search" else ""))
+        with _live(as_json) as show:
+            outcome = port_block(name, settings, budget=budget, explore=explore, start=start, proposer=proposer,
+                                 suites=suites.split(","), dtypes=dtypes.split(",") if dtypes else None, seeds=seeds,
+                                 backend=chosen, timeout_s=timeout, model=model, on_event=show, llm=llm,
+                                 approve=approve, replay_steps=replay_steps)
         outcomes.append(outcome)
-        if not as_json:
-            console.print(f"{_style(outcome.status)} {name} after {outcome.attempts} candidates "
-                          f"(run {outcome.run_id}): {escape(outcome.reason)}")
+        _print_outcome(outcome, as_json)
+    _finish(outcomes, as_json, printed=True)
+
+
+@contextmanager
+def _live(as_json: bool) -> Iterator:
+    """A live view of a run (Rich): each node event printed as it streams in, under a spinner naming the last node
+    and what it did. With --json, nothing."""
+    if as_json:
+        yield lambda node, message, data: None
+        return
+    with console.status("starting", spinner="dots") as status:
+        def show(node: str, message: str, _data: dict) -> None:
+            console.print(f"  [bold]{node:>8}[/] {escape(message)}")
+            status.update(f"[bold]{node}[/] done: {escape(message[:90])}")
+
+        yield show
+
+
+def _print_outcome(outcome, as_json: bool) -> None:
+    if not as_json:
+        console.print(f"{_style(outcome.status)} {outcome.block} after {outcome.attempts} candidates "
+                      f"(run {outcome.run_id}): {escape(outcome.reason)}")
+
+
+def _finish(outcomes: list, as_json: bool, printed: bool = False, ok: tuple[str, ...] = ("promoted",
+                                                                                        "waiting_approval")) -> None:
+    """Print the outcomes (as JSON, or a line each) and exit: 0 when every run ended in ``ok``, else 1."""
     if as_json:
         _emit_json([asdict(o) for o in outcomes])
-    raise typer.Exit(0 if all(o.status == "promoted" for o in outcomes) else 1)
+    elif not printed:
+        for outcome in outcomes:
+            _print_outcome(outcome, as_json)
+    raise typer.Exit(0 if all(o.status in ok for o in outcomes) else 1)
+
+
+@command
+def approve(run_id: Annotated[str, typer.Argument(help="a run waiting for approval (`workbench port --approve`)")],
+            db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
+    """Promote the best passing candidate of a run waiting for approval. Exit 0 when promoted."""
+    from workbench.agent.run import decide
+
+    settings = Settings.load(db, operators)
+    with _live(as_json) as show:
+        outcome = decide(run_id, settings, approved=True, on_event=show)
+    _finish([outcome], as_json, ok=("promoted",))
+
+
+@command
+def reject(run_id: Annotated[str, typer.Argument(help="a run waiting for approval (`workbench port --approve`)")],
+           why: Annotated[str, typer.Option("--why", help="why the candidate is not promoted (kept with the run)")],
+           db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
+    """End a run waiting for approval without promoting anything; the reason is kept with the run."""
+    from workbench.agent.run import decide
+
+    settings = Settings.load(db, operators)
+    with _live(as_json) as show:
+        outcome = decide(run_id, settings, approved=False, why=why, on_event=show)
+    _finish([outcome], as_json, ok=("rejected",))
 
 
 @command
@@ -276,10 +358,13 @@ def ci(
     update_baseline: Annotated[bool, typer.Option("--update-baseline",
                                                   help="write operators/ci_baseline.json from this job")] = False,
     timeout: Annotated[float, typer.Option(help="seconds one operator's verification may take")] = 300.0,
+    replays: Annotated[bool, typer.Option("--replays/--no-replays",
+                                          help="short scratch and LoRA replays with every promoted operator")] = True,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Re-verify every promoted operator against the last recorded results: exit 1 on a regression."""
-    from workbench.ci import run_ci, write_baseline, write_junit
+    """Re-verify every promoted operator against the last recorded results and replay short loss curves with them:
+    exit 1 on a regression."""
+    from workbench.ci import CI_REPLAYS, run_ci, write_baseline, write_junit
 
     settings = Settings.load(db, operators)
 
@@ -288,20 +373,27 @@ def ci(
             console.print(f"{_style(report.verdict)} {report.block}: {escape(report.operator)} "
                           f"({report.seconds:.1f} s) {escape(report.message)}")
 
-    job, reports = run_ci(settings, changed_only=changed_only, timeout_s=timeout, on_report=show_report)
+    def show_replay(report) -> None:
+        if not as_json:
+            console.print(f"{_style(report.status)} replay {report.name} ({report.seconds:.1f} s) "
+                          f"{escape(report.reason)}")
+
+    job, reports, replay_reports = run_ci(settings, changed_only=changed_only, timeout_s=timeout,
+                                          replays=CI_REPLAYS if replays else (), on_report=show_report,
+                                          on_replay=show_replay)
     if junit:
-        write_junit(junit, job, reports)
+        write_junit(junit, job, reports, replay_reports)
     if update_baseline:
         write_baseline(settings, reports)
     regressions = job.summary["regressions"]
     if as_json:
         _emit_json({"job": job.id, "status": job.status, "commit": job.commit, "regressions": regressions,
-                    "operators": [vars(r) for r in reports]})
+                    "operators": [vars(r) for r in reports], "replays": [vars(r) for r in replay_reports]})
     else:
         for line in regressions:
             err_console.print(f"[red]regression:[/] {escape(line)}")
-        console.print(f"CI job {job.id}: {_style(job.status)}, {len(reports)} operators, {len(regressions)} "
-                      f"regressions")
+        console.print(f"CI job {job.id}: {_style(job.status)}, {len(reports)} operators, {len(replay_reports)} "
+                      f"replays, {len(regressions)} regressions")
     raise typer.Exit(1 if regressions else 0)
 
 
@@ -323,6 +415,9 @@ def show(run_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     console.print(f"run {run.id}: {run.block}, {_style(run.status)}, proposer {run.proposer}, "
                   f"backend {run.backend}, budget {run.budget}")
     console.print(f"  {escape(run.reason)}")
+    resumes = sum(s.node == "resume" for s in steps)
+    if resumes:
+        console.print(f"  resumed {resumes} time{'s' if resumes > 1 else ''}")
     if run.operator_path:
         console.print(f"  operator: {run.operator_path}")
     table = Table(title="Candidates")
@@ -340,6 +435,82 @@ def show(run_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     for s in steps:
         trace.add_row(str(s.seq), s.node, escape(s.message))
     console.print(trace)
+
+
+@command
+def replay(
+    model: Annotated[str, typer.Argument(help="model card, e.g. kimi-k3.1-pro")],
+    mode: Annotated[str, typer.Option(help="scratch (random init) or lora (frozen base checkpoint + adapters)")]
+    = "scratch",
+    preset: Annotated[str, typer.Option(help="tiny (CPU, CI), small or medium (GPU)")] = "tiny",
+    steps: Annotated[int | None, typer.Option(help="training steps (default: the preset's for the mode)")] = None,
+    ops: Annotated[list[str] | None, typer.Option(
+        "--ops", help="promoted | reference | <block>=<file|reference>; repeatable, later words win")] = None,
+    seed: Annotated[int, typer.Option(help="initialization and data seed")] = 0,
+    rerun_reference: Annotated[bool, typer.Option(
+        "--rerun-reference", help="run the reference again (twice, checked bit-identical) instead of the stored one")]
+    = False,
+    export_reference: Annotated[bool, typer.Option(
+        "--export-reference", help="write the reference run to replays/<model>/<preset>/ for CI")] = False,
+    plot: Annotated[Path | None, typer.Option(help="PNG path (default .workbench/replays/replay-<id>.png)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds per training process")] = 3600.0,
+    db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
+) -> None:
+    """Train the small model with operators and hold its loss curve against the reference run; exit 1 when the
+    curve leaves the band (or the final loss, trained parameters or eval top-k differ)."""
+    from rich.live import Live
+
+    from workbench.replay.runner import execute, plan_replay
+
+    settings = Settings.load(db, operators)
+    plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed)
+    table = Table(title=f"{model} · {mode} replay · preset {preset} · {plan.steps} steps on {plan.backend.name}")
+    for col in ("step", "reference", "operators", "deviation", "s"):
+        table.add_column(col, justify="right")
+
+    def show(kind: str, data: dict) -> None:
+        if as_json:
+            return
+        if kind == "base":
+            console.print(f"training the LoRA base checkpoint ({data['steps']} reference steps) -> {data['path']}")
+        elif kind == "reference":
+            console.print(f"running the reference ({data['steps']} steps, twice: it must be bit-identical)")
+        elif kind == "start":
+            custom = {k: v for k, v in data["ops"].items() if k != "band" and v != "reference"}
+            console.print(f"replay #{data['replay_id']}: reference from the {data['reference_source']}; operators: "
+                          + (", ".join(f"{k}={v}" for k, v in custom.items()) or "none (all reference)"))
+        elif kind == "step":
+            ref, loss = data["reference"], data["loss"]
+            dev = f"{(loss - ref) / abs(ref):+.2e}" if ref is not None else "-"
+            style = "red" if ref is not None and abs(loss - ref) > _band(preset, ref) else ""
+            row = (str(data["step"]), f"{ref:.5f}" if ref is not None else "-", f"{loss:.5f}",
+                   f"[{style}]{dev}[/]" if style else dev, f"{data['seconds']:.1f}")
+            if live:
+                table.add_row(*row)
+            else:  # a log, not a terminal: one line a step
+                console.print("step {} reference {} operators {} deviation {} ({} s)".format(*row))
+
+    live = console.is_terminal and not as_json
+    with Live(table, console=console, refresh_per_second=4) if live else _nullcontext():
+        outcome = execute(plan, settings, rerun_reference=rerun_reference, export=export_reference, plot=plot,
+                          timeout_s=timeout, on_event=show)
+    if as_json:
+        _emit_json(asdict(outcome))
+    else:
+        ref_s = outcome.reference_seconds_per_step
+        console.print(f"{_style(outcome.status)} replay #{outcome.replay_id}: {escape(outcome.reason)}")
+        console.print(f"{len(outcome.curve)} steps, {outcome.seconds_per_step:.2f} s/step with operators"
+                      + (f", {ref_s:.3f} s/step reference" if ref_s else "")
+                      + (f"; plot {outcome.plot}" if outcome.plot else ""))
+    if outcome.status != "pass":
+        raise typer.Exit(1)
+
+
+def _band(preset: str, reference: float) -> float:
+    from workbench.replay.compare import band_width
+    from workbench.replay.presets import get_preset
+
+    return band_width(reference, get_preset(preset))
 
 
 @command

@@ -20,10 +20,11 @@ if replays.empty:
 
 st.dataframe(replays, hide_index=True, key="replays_table",
              column_order=["id", "created_at", "model", "mode", "preset", "seed", "status", "steps", "final_loss",
-                           "reference_final_loss", "band", "reason"],
+                           "reference_final_loss", "band", "left_band_step", "reason"],
              column_config={"created_at": board.when("created (UTC)"), "final_loss": board.loss("final loss"),
                             "reference_final_loss": board.loss("reference final loss"),
                             "band": st.column_config.NumberColumn("band", format="percent"),
+                            "left_band_step": st.column_config.NumberColumn("left the band at step"),
                             "reason": st.column_config.TextColumn("reason", width="large")})
 
 info = replays.set_index("id").to_dict("index")

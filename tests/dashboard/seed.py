@@ -1,8 +1,8 @@
 """A small, realistic store for the dashboard tests: a promoted rmsnorm run (a failing then a passing candidate, with
 checks and an operator), a blocked swiglu run, a running rmsnorm run, a loss replay and two CI jobs.
 
-Runs, steps, candidates and checks go through workbench.store.records; loss replays and CI jobs have no writer in
-records yet, so they are added as rows."""
+Runs, steps, candidates and checks go through workbench.store.records; the loss replay and the CI jobs are added
+as rows, with the fixed timestamps the tests read back."""
 
 from __future__ import annotations
 

@@ -1,11 +1,21 @@
 r"""The porting workflow as a LangGraph StateGraph.
 
-    plan -> render -> compile -> verify --pass--> promote -> record -> END
-               |         |         |  \--pass, exploring--> revise
+    plan -> render -> compile -> verify --pass--> replay_gate --a candidate holds its curve--> promote -> record -> END
+               |         |         |  \--pass, exploring--> revise       \--none does--> record (blocked)
                +---------+---------+--fail--> diagnose -> revise --point left--> render
-                                                              \--budget or space spent--> promote | record (blocked)
+                                                              \--budget or space spent--> replay_gate | record
 
-Every node writes a RunStep as it runs; candidates and their checks are written when rendered and verified.
+Every node writes a RunStep as it runs and streams it (``get_stream_writer``) to whoever drives the graph;
+candidates and their checks are written when rendered and verified. Nodes are safe to run again after a crash (a
+resumed run re-runs the node it was in): an iteration's candidate row is written once, its checks replaced.
+
+A proposal carries a template point, or the module a model wrote (``source``), or the model's endpoint failure
+(``error``: the iteration's verdict is llm_error). With approval asked for, promote first interrupts the graph
+(LangGraph ``interrupt``) and goes on with the reviewer's answer: promoted, or rejected with the reason.
+
+The replay gate is the last check before promotion: a short loss-curve replay of the small model with the best
+passing candidate in this block's place (every other block on its reference), held against the reference curve
+(workbench.replay); a candidate that leaves the band is passed over for the next passing one.
 """
 
 from __future__ import annotations
@@ -14,14 +24,16 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 from sqlalchemy.engine import Engine
 
 from workbench import __version__
 from workbench.agent.diagnose import NUMERIC_VERDICTS, diagnose
-from workbench.agent.search import SearchProposer, point_key
+from workbench.agent.llm import LLM_ERROR, LLM_TEMPLATE
 from workbench.agent.state import Attempt, PortState, Proposal
 from workbench.backends import Backend
 from workbench.blocks.base import BlockSpec
@@ -36,13 +48,24 @@ from workbench.verify.harness import source_hash, verify_candidate
 NODES_PER_ITERATION = 5  # render, compile, verify, diagnose, revise
 
 
+class Proposer(Protocol):
+    """Chooses candidates: search (templates), llm (a chat model) or hybrid."""
+
+    name: str
+
+    def first(self) -> Proposal | None: ...
+
+    def propose(self, current: Attempt, diagnosis: dict[str, Any], history: list[Attempt]) -> Proposal | None: ...
+
+
 @dataclass
 class PortContext:
-    """What the nodes need besides the state: the block, its templates, the proposer, the store and the limits."""
+    """What the nodes need besides the state: the block, its templates, the proposer, the store and the limits.
+    approve: interrupt before promotion for a person's decision."""
 
     spec: BlockSpec
     templates: dict[str, Template]
-    proposer: SearchProposer
+    proposer: Proposer
     engine: Engine
     settings: Settings
     backend: Backend
@@ -52,11 +75,34 @@ class PortContext:
     timeout_s: float
     start: Proposal | None = None
     on_event: Callable[[str, str, dict], None] | None = None
+    approve: bool = False
+    replay_steps: int = 0          # steps of the replay gate (0: no gate)
+    replay_model: str = "kimi-k3.1-pro"
 
     def emit(self, run_id: str, node: str, message: str, data: dict | None = None) -> None:
+        """Write the step to the store, then stream it (custom stream mode); outside a graph run, hand it to
+        on_event directly."""
         records.add_step(self.engine, run_id, node, message, data)
-        if self.on_event:
-            self.on_event(node, message, data or {})
+        try:
+            writer = get_stream_writer()
+        except RuntimeError:
+            if self.on_event:
+                self.on_event(node, message, data or {})
+            return
+        writer({"run_id": run_id, "node": node, "message": message, "data": data or {}})
+
+
+def split_trace(proposal: Proposal | None) -> tuple[Proposal | None, dict]:
+    """(the proposal as the state keeps it, its trace for the record)."""
+    if proposal is None:
+        return None, {}
+    kept = {k: v for k, v in proposal.items() if k != "trace"}
+    return Proposal(**kept), dict(proposal.get("trace") or {})
+
+
+def describe(proposal: Proposal) -> str:
+    text = f"{proposal['template']} {format_point(proposal['params'])} - {proposal['reason']}"
+    return f"{text}; endpoint failed: {proposal['error']}" if "error" in proposal else text
 
 
 def check_contract(source: str, path: str, spec: BlockSpec) -> str | None:
@@ -74,17 +120,20 @@ def check_contract(source: str, path: str, spec: BlockSpec) -> str | None:
     return None
 
 
-def build_graph(ctx: PortContext):
-    """The compiled StateGraph for one block; invoke with {"run_id", "block", "budget", "explore"}."""
+def build_graph(ctx: PortContext, checkpointer=None):
+    """The compiled StateGraph for one block; invoke with {"run_id", "block", "budget", "explore"}. With a
+    checkpointer (thread_id = the run id) a run can be resumed and approval can interrupt it."""
 
     def plan(state: PortState) -> dict:
-        proposal = ctx.start or ctx.proposer.first()
+        proposal, trace = split_trace(ctx.start or ctx.proposer.first())
         names = ", ".join(f"{t.name} (rank {t.rank})" for t in ctx.templates.values())
+        first = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
         ctx.emit(state["run_id"], "plan",
-                 f"templates: {names}; verify {'+'.join(ctx.suites)} x {'/'.join(ctx.dtypes)} x {ctx.seeds} seeds "
-                 f"on {ctx.backend.name}; budget {state['budget']} candidates",
+                 f"proposer {ctx.proposer.name}; templates: {names or 'none'}; verify {'+'.join(ctx.suites)} x "
+                 f"{'/'.join(ctx.dtypes)} x {ctx.seeds} seeds on {ctx.backend.name}; budget {state['budget']} "
+                 f"candidates" + ("; promotion waits for approval" if ctx.approve else ""),
                  {"templates": list(ctx.templates), "suites": ctx.suites, "dtypes": ctx.dtypes,
-                  "first": proposal})
+                  "first": first, **({"llm": trace} if trace else {})})
         return {"proposal": proposal, "attempt": 0, "status": "running",
                 "reason": "" if proposal else "no template point meets the requirements of every shape"}
 
@@ -92,24 +141,37 @@ def build_graph(ctx: PortContext):
         p = state["proposal"]
         attempt = state["attempt"] + 1
         current: Attempt = {"iteration": attempt, "template": p["template"], "params": p["params"], "why": p["reason"]}
-        template = ctx.templates.get(p["template"])
-        try:
-            if template is None:
-                raise TemplateError(f"no template '{p['template']}' for block {ctx.spec.name}")
-            source = template.render(p["params"])
-        except TemplateError as exc:
-            current.update(verdict="template_error", message=str(exc))
-            ctx.emit(state["run_id"], "render", f"#{attempt} {p['template']}: {exc}", dict(current))
+        run_id = state["run_id"]
+        if "error" in p:  # the model's endpoint failed: the iteration's verdict, recorded like a candidate's
+            cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
+                ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=p["template"],
+                params=p["params"], source="", source_hash=source_hash(""), path="", status=LLM_ERROR,
+                message=p["error"])
+            current.update(verdict=LLM_ERROR, message=p["error"], candidate_id=cid)
+            ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {LLM_ERROR}: {p['error']}",
+                     {"candidate_id": cid})
             return {"attempt": attempt, "current": current}
-        folder = ctx.settings.work_dir / "candidates" / state["run_id"]
+        if "source" in p:
+            name, source = p["template"], p["source"]
+        else:
+            template = ctx.templates.get(p["template"])
+            try:
+                if template is None:
+                    raise TemplateError(f"no template '{p['template']}' for block {ctx.spec.name}")
+                name, source = template.name, template.render(p["params"])
+            except TemplateError as exc:
+                current.update(verdict="template_error", message=str(exc))
+                ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {exc}", dict(current))
+                return {"attempt": attempt, "current": current}
+        folder = ctx.settings.work_dir / "candidates" / run_id
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / candidate_filename(ctx.spec.name, template.name, source)
+        path = folder / candidate_filename(ctx.spec.name, name, source)
         path.write_text(source)
-        cid = records.add_candidate(ctx.engine, run_id=state["run_id"], block=ctx.spec.name, iteration=attempt,
-                                    template=template.name, params=p["params"], source=source,
-                                    source_hash=source_hash(source), path=str(path))
+        cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
+            ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=name, params=p["params"],
+            source=source, source_hash=source_hash(source), path=str(path))
         current.update(candidate_id=cid, path=str(path))
-        ctx.emit(state["run_id"], "render", f"#{attempt} {template.name}: {format_point(p['params'])} - {p['reason']}",
+        ctx.emit(run_id, "render", f"#{attempt} {name}: {format_point(p['params'])} - {p['reason']}",
                  {"candidate_id": cid, "path": str(path)})
         return {"attempt": attempt, "current": current}
 
@@ -140,7 +202,9 @@ def build_graph(ctx: PortContext):
     def diagnose_node(state: PortState) -> dict:
         current = state["current"]
         template = ctx.templates.get(current["template"])
-        if current["verdict"] == "template_error" or template is None:
+        if current["verdict"] == LLM_ERROR:
+            d = {"class": LLM_ERROR, "reason": current["message"], "evidence": {}}
+        elif current["verdict"] == "template_error" or (template is None and current["template"] != LLM_TEMPLATE):
             d = {"class": "template_error", "reason": current["message"], "evidence": {}}
         else:
             checks = state.get("last_checks", []) if current["verdict"] in NUMERIC_VERDICTS else []
@@ -154,17 +218,47 @@ def build_graph(ctx: PortContext):
         if state["attempt"] >= state["budget"]:
             ctx.emit(state["run_id"], "revise", f"budget of {state['budget']} candidates spent")
             return {"proposal": None, "reason": f"budget of {state['budget']} candidates spent"}
-        tried = {point_key(h["template"], h["params"]) for h in state["history"]}
         d = {"class": "explore", "reason": f"{len(state['passing'])} passing of {state['explore']} wanted",
              "evidence": {}} if passed else state["diagnosis"]
-        proposal = ctx.proposer.revise(current["template"], current["params"], d, tried)
-        message = f"next: {proposal['template']} {format_point(proposal['params'])} - {proposal['reason']}" \
-            if proposal else "every covering point of every template has been tried"
-        ctx.emit(state["run_id"], "revise", message, {"proposal": proposal})
+        proposal, trace = split_trace(ctx.proposer.propose(current, d, state["history"]))
+        message = f"next: {describe(proposal)}" if proposal else "every covering point of every template has been tried"
+        shown = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
+        ctx.emit(state["run_id"], "revise", message, {"proposal": shown, **({"llm": trace} if trace else {})})
         return {"proposal": proposal, "reason": "" if proposal else message}
 
+    def replay_gate(state: PortState) -> dict:
+        from workbench.replay.ops import LOSS_BLOCKS, MODEL_BLOCKS
+        from workbench.replay.runner import run_replay
+
+        ranked = sorted(state["passing"], key=lambda a: a["worst_ratio"])
+        if not ctx.replay_steps or ctx.spec.name not in (*MODEL_BLOCKS, *LOSS_BLOCKS):
+            why = "off" if not ctx.replay_steps else f"{ctx.spec.name} is not part of the replay model"
+            ctx.emit(state["run_id"], "replay", f"replay gate {why}")
+            return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
+        failures = []
+        for attempt in ranked:
+            outcome = run_replay(ctx.replay_model, "scratch", ctx.settings, steps=ctx.replay_steps,
+                                 ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
+            ctx.emit(state["run_id"], "replay",
+                     f"#{attempt['iteration']} {outcome.status}: {outcome.reason} (replay #{outcome.replay_id}, "
+                     f"{ctx.replay_steps} scratch steps)",
+                     {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
+                      "status": outcome.status, "left_band_step": outcome.left_band_step})
+            if outcome.status == "pass":
+                return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id}}
+            failures.append(f"#{attempt['iteration']} {outcome.reason}")
+        return {"gate": {"candidate_id": None}, "status": "blocked",
+                "reason": f"every passing candidate failed the replay gate: {'; '.join(failures)}"}
+
     def promote(state: PortState) -> dict:
-        best = min(state["passing"], key=lambda a: a["worst_ratio"])
+        decision = None
+        if ctx.approve:  # first thing in the node: on resume the node runs again from here with the answer
+            decision = interrupt({"run_id": state["run_id"], "question": "promote the best passing candidate?"})
+            if not decision.get("approved"):
+                reason = f"not promoted at review: {decision.get('why') or 'no reason given'}"
+                ctx.emit(state["run_id"], "promote", reason)
+                return {"status": "rejected", "reason": reason}
+        best = _gated(state)
         source = Path(best["path"]).read_text()
         manifest = {
             "block": ctx.spec.name, "template": best["template"], "params": best["params"],
@@ -174,6 +268,8 @@ def build_graph(ctx: PortContext):
                              "seeds": ctx.seeds, "verdict": best["verdict"], "message": best["message"],
                              "worst_ratio": round(best["worst_ratio"], 4)},
         }
+        if decision is not None:
+            manifest["approval"] = {k: v for k, v in decision.items() if k in ("approved", "why", "by")}
         dest = promote_file(best["path"], ctx.settings.operators_dir, ctx.spec.name, manifest)
         reason = f"promoted {best['template']} ({format_point(best['params'])}), worst error " \
                  f"{best['worst_ratio']:.2f} of the bound, {len(state['passing'])} passing"
@@ -183,8 +279,10 @@ def build_graph(ctx: PortContext):
     def record(state: PortState) -> dict:
         status, reason = state.get("status"), state.get("reason", "")
         best_id = None
-        if status == "promoted":
-            best_id = min(state["passing"], key=lambda a: a["worst_ratio"])["candidate_id"]
+        if status in ("promoted", "rejected"):
+            best_id = _gated(state)["candidate_id"]
+        elif state.get("gate", {}).get("candidate_id", 0) is None:  # passing candidates, none held its curve
+            status, best_id = "blocked", min(state["passing"], key=lambda a: a["worst_ratio"])["candidate_id"]
         else:
             status = "blocked"
             tried = [h for h in state.get("history", []) if h.get("candidate_id")]
@@ -202,7 +300,8 @@ def build_graph(ctx: PortContext):
 
     graph = StateGraph(PortState)
     for name, fn in [("plan", plan), ("render", render), ("compile", compile_node), ("verify", verify),
-                     ("diagnose", diagnose_node), ("revise", revise), ("promote", promote), ("record", record)]:
+                     ("diagnose", diagnose_node), ("revise", revise), ("replay_gate", replay_gate),
+                     ("promote", promote), ("record", record)]:
         graph.add_node(name, fn)
     graph.add_edge(START, "plan")
     graph.add_conditional_edges("plan", lambda s: "render" if s["proposal"] else "record", ["render", "record"])
@@ -212,16 +311,23 @@ def build_graph(ctx: PortContext):
                                 ["verify", "diagnose"])
     graph.add_conditional_edges(
         "verify",
-        lambda s: ("promote" if len(s["passing"]) >= s["explore"] else "revise")
+        lambda s: ("replay_gate" if len(s["passing"]) >= s["explore"] else "revise")
         if s["current"]["verdict"] == "pass" else "diagnose",
-        ["promote", "revise", "diagnose"])
+        ["replay_gate", "revise", "diagnose"])
     graph.add_edge("diagnose", "revise")
     graph.add_conditional_edges(
-        "revise", lambda s: "render" if s["proposal"] else ("promote" if s["passing"] else "record"),
-        ["render", "promote", "record"])
+        "revise", lambda s: "render" if s["proposal"] else ("replay_gate" if s["passing"] else "record"),
+        ["render", "replay_gate", "record"])
+    graph.add_conditional_edges("replay_gate", lambda s: "promote" if s["gate"]["candidate_id"] else "record",
+                                ["promote", "record"])
     graph.add_edge("promote", "record")
     graph.add_edge("record", END)
-    return graph.compile()
+    return graph.compile(checkpointer=checkpointer)
+
+
+def _gated(state: PortState) -> Attempt:
+    """The passing candidate the replay gate let through."""
+    return next(a for a in state["passing"] if a["candidate_id"] == state["gate"]["candidate_id"])
 
 
 def recursion_limit(budget: int) -> int:

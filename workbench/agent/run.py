@@ -1,24 +1,43 @@
 """Port one block: set up the context, record the run, drive the graph, and leave the record consistent whatever
-happens (a crash of the workbench itself marks the run failed, Ctrl-C marks it interrupted)."""
+happens (a crash of the workbench itself marks the run failed, Ctrl-C marks it interrupted).
+
+The graph is checkpointed after every node (LangGraph's SqliteSaver, in its own file beside the store, thread id =
+run id), so a run that was killed, interrupted or failed is taken up again from its last completed node
+(resume_port). With approval asked for, a run stops before promotion as waiting_approval; decide() answers it.
+Node events are streamed (stream_mode "custom") to ``on_event`` as they happen; the nodes write them to the store.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from workbench.agent.graph import PortContext, build_graph, recursion_limit
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+
+from workbench.agent.graph import PortContext, Proposer, build_graph, recursion_limit
+from workbench.agent.llm import HybridProposer, LLMConfig, LLMProposer, require_client, resolve_model
 from workbench.agent.search import SearchProposer
 from workbench.agent.state import Proposal
-from workbench.backends import Backend, get_backend
+from workbench.backends import BACKENDS, Backend, get_backend
 from workbench.blocks import get_block
-from workbench.blocks.base import SUITES
+from workbench.blocks.base import SUITES, BlockSpec
 from workbench.config import Settings
 from workbench.errors import TemplateError, WorkbenchError
 from workbench.store import get_engine, records
+from workbench.store.queries import candidate_checks, find_run
 from workbench.templating import format_point, list_templates, load_template, parse_point
 from workbench.verify.harness import DEFAULT_TIMEOUT_S, select_suites, suite_shapes
 
-PROPOSERS = ("search",)
+DEFAULT_REPLAY_MODEL = "kimi-k3.1-pro"
+PROPOSERS = ("search", "llm", "hybrid")
+ENDED = ("promoted", "blocked", "rejected")
+WAITING = "waiting_approval"
+
+EventHook = Callable[[str, str, dict], None]
 
 
 @dataclass
@@ -34,47 +53,180 @@ class PortOutcome:
 def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int = 1, start: str | None = None,
                proposer: str = "search", suites: list[str] | None = None, dtypes: list[str] | None = None,
                seeds: int = 2, backend: Backend | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-               model: str | None = None, on_event: Callable[[str, str, dict], None] | None = None) -> PortOutcome:
+               model: str | None = None, on_event: EventHook | None = None, llm: LLMConfig | None = None,
+               chat=None, approve: bool = False, replay_steps: int = 0) -> PortOutcome:
     """Run the agent on ``block``. start: "template:NAME=VALUE,..." to begin at a given point (missing params take
-    the template's first covering choice). Raises WorkbenchError for bad arguments before any run is recorded."""
+    the template's first covering choice); for the llm proposer, the starting candidate shown to the model.
+    llm: the endpoint of the llm and hybrid proposers (default: $WORKBENCH_LLM_*); chat: a langchain chat model to
+    use instead of one on that endpoint. approve: stop before promotion until decide() is called.
+    replay_steps: steps of the replay gate before promotion (0: none; the replay uses ``model``'s name, default
+    kimi-k3.1-pro). Raises WorkbenchError for bad arguments before any run is recorded."""
     spec = get_block(block)
     if proposer not in PROPOSERS:
         raise WorkbenchError(f"unknown proposer '{proposer}' (known: {', '.join(PROPOSERS)})")
     if min(budget, explore, seeds) < 1:
         raise WorkbenchError("--budget, --explore and --seeds must be at least 1")
+    if replay_steps < 0:
+        raise WorkbenchError("--replay-steps must be 0 (no replay gate) or more")
     backend = backend or get_backend()
     suites, dtypes = select_suites(backend, suites, dtypes)
+    if proposer != "search":
+        llm = llm or LLMConfig.load()
+        if chat is None:
+            require_client()
+            llm = resolve_model(llm)
+    config = {"suites": suites, "dtypes": dtypes, "seeds": seeds, "explore": explore, "start": start,
+              "timeout_s": timeout_s, "approve": approve, "replay_steps": replay_steps,
+              "replay_model": model or DEFAULT_REPLAY_MODEL,
+              "llm": llm.public() if llm and proposer != "search" else None}
+    engine = get_engine(settings.db_url)
+    ctx = _context(spec, settings, engine, backend, proposer, config, on_event=on_event, chat=chat)
+    records.mark_interrupted(engine)
+    run_id = records.start_run(engine, block=spec.name, proposer=proposer, backend=backend.name, budget=budget,
+                               config=config, model=model)
+    return _drive(ctx, run_id, budget, {"run_id": run_id, "block": spec.name, "budget": budget, "explore": explore,
+                                        "history": [], "passing": []})
+
+
+def resume_port(run_id: str, settings: Settings, *, on_event: EventHook | None = None, chat=None,
+                llm_base_url: str | None = None, llm_model: str | None = None,
+                backend: Backend | None = None) -> PortOutcome:
+    """Continue an interrupted or failed run from its last completed node; the store shows it resumed (a RunStep
+    of node "resume"), and nothing it recorded before is written twice."""
+    engine = get_engine(settings.db_url)
+    records.mark_interrupted(engine)
+    run = _find(engine, run_id)
+    if run.status == WAITING:
+        raise WorkbenchError(f"run {run.id} is waiting for approval: `workbench approve {run.id}` or "
+                             f"`workbench reject {run.id} --why ...`")
+    if run.status == "running":
+        raise WorkbenchError(f"run {run.id} is still running (pid {run.pid} on {run.host})")
+    if run.status in ENDED:
+        raise WorkbenchError(f"run {run.id} has ended ({run.status}): nothing to resume")
+    config = dict(run.config)
+    if run.proposer != "search":
+        if chat is None:
+            require_client()
+        if llm_base_url or llm_model:
+            config["llm"] = LLMConfig.load(llm_base_url, llm_model, stored=config.get("llm")).public()
+    backend = backend or get_backend(run.backend)
+    if backend.name != run.backend:
+        raise WorkbenchError(f"run {run.id} verifies on the {run.backend} backend, not {backend.name}")
+    ctx = _context(get_block(run.block), settings, engine, backend, run.proposer, config, on_event=on_event,
+                   chat=chat)
+    with _checkpointed(ctx) as graph:
+        snapshot = graph.get_state(_thread(run.id, run.budget))
+    # the nodes due at the last checkpoint; one that finished but whose step was not checkpointed is not in
+    # snapshot.next (its saved writes are applied on resume), but it is among the tasks
+    due = [task.name for task in snapshot.tasks]
+    if not due:
+        raise WorkbenchError(f"run {run.id} has no checkpoint to resume from in {settings.checkpoints_path}")
+    was = f"{run.status}: {run.reason}" if run.reason else run.status
+    records.resume_run(engine, run.id)
+    ctx.emit(run.id, "resume", f"resumed at {', '.join(due)} after {was}", {"due": due, "was": run.status})
+    return _drive(ctx, run.id, run.budget, None)
+
+
+def decide(run_id: str, settings: Settings, *, approved: bool, why: str = "",
+           on_event: EventHook | None = None) -> PortOutcome:
+    """Answer a run waiting for approval: promote its best passing candidate, or end it rejected with ``why``."""
+    engine = get_engine(settings.db_url)
+    run = _find(engine, run_id)
+    if run.status != WAITING:
+        raise WorkbenchError(f"run {run.id} is not waiting for approval (it is {run.status})")
+    if not approved and not why.strip():
+        raise WorkbenchError("say why the candidate is rejected: --why \"...\"")
+    backend = BACKENDS.get(run.backend) or get_backend()  # promotion verifies nothing: no device needed
+    ctx = _context(get_block(run.block), settings, engine, backend, run.proposer, dict(run.config),
+                   on_event=on_event)
+    records.resume_run(engine, run.id)
+    ctx.emit(run.id, "approve", "approved: promote" if approved else f"rejected: {why}",
+             {"approved": approved, "why": why})
+    return _drive(ctx, run.id, run.budget, Command(resume={"approved": approved, "why": why}))
+
+
+def _find(engine, run_id: str):
+    run = find_run(engine, run_id)
+    if run is None:
+        raise WorkbenchError(f"no run '{run_id}' (see `workbench runs`)")
+    return run
+
+
+def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, proposer: str, config: dict[str, Any],
+             *, on_event: EventHook | None, chat=None) -> PortContext:
+    """The nodes' context from a run's recorded config (the same for a new, a resumed and an approved run)."""
     templates = {t.name: t for t in list_templates(spec.name)}
-    if not templates:
+    if not templates and proposer != "llm":
         raise WorkbenchError(f"block {spec.name} has no templates (templates/{spec.name}/*.py.j2)")
     # A promoted operator meets every suite (the model card's sizes too, even where only a GPU verifies them) and
     # hidden shapes drawn between them: the proposer plans for all of them, not just the suites verified here.
     shapes = [shape for suite in SUITES for shape in suite_shapes(spec, suite)]
     search = SearchProposer(list(templates.values()), shapes)
-    start_proposal = _start_point(spec.name, start) if start else None
+    start = _start_point(spec.name, config["start"]) if config.get("start") else None
+    chosen: Proposer = search
+    if proposer != "search":
+        first = start or (search.first() if templates else None)
+        start_source = templates[first["template"]].render(first["params"]) if first else None
+        llm = LLMProposer(spec, LLMConfig.load(stored=config.get("llm")), suites=config["suites"],
+                          dtypes=config["dtypes"], shapes={s: suite_shapes(spec, s) for s in config["suites"]},
+                          start_source=start_source, chat=chat,
+                          checks_of=lambda cid: [c.model_dump() for c in candidate_checks(engine, cid)])
+        chosen = llm if proposer == "llm" else HybridProposer(search, llm)
+        if proposer == "llm":
+            start = None  # the start point is the model's starting candidate, not a candidate of its own
+    return PortContext(spec=spec, templates=templates, proposer=chosen, engine=engine, settings=settings,
+                       backend=backend, suites=config["suites"], dtypes=config["dtypes"], seeds=config["seeds"],
+                       timeout_s=config["timeout_s"], start=start, on_event=on_event,
+                       approve=bool(config.get("approve")), replay_steps=int(config.get("replay_steps") or 0),
+                       replay_model=config.get("replay_model") or DEFAULT_REPLAY_MODEL)
 
-    engine = get_engine(settings.db_url)
-    records.mark_interrupted(engine)
-    config = {"suites": suites, "dtypes": dtypes, "seeds": seeds, "explore": explore, "start": start,
-              "timeout_s": timeout_s}
-    run_id = records.start_run(engine, block=spec.name, proposer=proposer, backend=backend.name, budget=budget,
-                               config=config, model=model)
-    ctx = PortContext(spec=spec, templates=templates, proposer=search, engine=engine, settings=settings,
-                      backend=backend, suites=suites, dtypes=dtypes, seeds=seeds, timeout_s=timeout_s,
-                      start=start_proposal, on_event=on_event)
+
+def _thread(run_id: str, budget: int) -> dict:
+    return {"configurable": {"thread_id": run_id}, "recursion_limit": recursion_limit(budget)}
+
+
+@contextmanager
+def _checkpointed(ctx: PortContext) -> Iterator[Any]:
+    """The compiled graph with its checkpoints in their own SQLite file (SqliteSaver turns on WAL)."""
+    path = ctx.settings.checkpoints_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), check_same_thread=False)
     try:
-        final = build_graph(ctx).invoke(
-            {"run_id": run_id, "block": spec.name, "budget": budget, "explore": explore, "history": [],
-             "passing": []},
-            config={"recursion_limit": recursion_limit(budget)})
-    except KeyboardInterrupt:
-        records.finish_run(engine, run_id, "interrupted", "interrupted by the user")
-        raise
-    except Exception as exc:
-        records.finish_run(engine, run_id, "failed", f"workbench error: {type(exc).__name__}: {exc}")
-        raise
-    return PortOutcome(run_id=run_id, block=spec.name, status=final["status"], reason=final["reason"],
-                       operator_path=final.get("operator_path"), attempts=final.get("attempt", 0))
+        yield build_graph(ctx, checkpointer=SqliteSaver(conn))
+    finally:
+        conn.close()
+
+
+def _drive(ctx: PortContext, run_id: str, budget: int, given: dict | Command | None) -> PortOutcome:
+    """Stream the graph from ``given`` (the first input, None to resume, or a Command answering an interrupt) to
+    its end or its next interrupt; node events go to ctx.on_event as they are written."""
+    config = _thread(run_id, budget)
+    with _checkpointed(ctx) as graph:
+        try:
+            for mode, chunk in graph.stream(given, config, stream_mode=["updates", "custom"], durability="sync"):
+                if mode == "custom" and ctx.on_event:
+                    ctx.on_event(chunk["node"], chunk["message"], chunk["data"])
+        except KeyboardInterrupt:
+            records.finish_run(ctx.engine, run_id, "interrupted", "interrupted by the user")
+            raise
+        except Exception as exc:
+            records.finish_run(ctx.engine, run_id, "failed", f"workbench error: {type(exc).__name__}: {exc}")
+            raise
+        snapshot = graph.get_state(config)
+        values = snapshot.values
+        if snapshot.interrupts:  # promote is waiting for approval: the candidate it would promote
+            chosen = values.get("gate", {}).get("candidate_id")
+            best = min(values["passing"], key=lambda a: (a["candidate_id"] != chosen, a["worst_ratio"]))
+            reason = (f"waiting for approval to promote #{best['iteration']} {best['template']} "
+                      f"({format_point(best['params'])}), worst error {best['worst_ratio']:.2f} of the bound: "
+                      f"`workbench approve {run_id}` or `workbench reject {run_id} --why ...`")
+            records.set_run_status(ctx.engine, run_id, WAITING, reason)
+            ctx.emit(run_id, "approve", reason, {"candidate_id": best["candidate_id"]})
+            return PortOutcome(run_id=run_id, block=ctx.spec.name, status=WAITING, reason=reason, operator_path=None,
+                               attempts=values.get("attempt", 0))
+        graph.checkpointer.delete_thread(run_id)  # the run has ended: nothing is left to resume
+    return PortOutcome(run_id=run_id, block=ctx.spec.name, status=values["status"], reason=values["reason"],
+                       operator_path=values.get("operator_path"), attempts=values.get("attempt", 0))
 
 
 def _start_point(block: str, text: str) -> Proposal:

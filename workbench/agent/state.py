@@ -4,15 +4,20 @@ PortContext the nodes close over."""
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, NotRequired, TypedDict
 
 
 class Proposal(TypedDict):
-    """A point of a template's parameter space, and why it was chosen."""
+    """A point of a template's parameter space, and why it was chosen. A model-written candidate has template
+    "llm" and carries its module in ``source``, or the endpoint's failure in ``error``; ``trace`` (the prompt and
+    the tries) goes to the run's record, not into the state."""
 
     template: str
     params: dict[str, Any]
     reason: str
+    source: NotRequired[str]
+    error: NotRequired[str]
+    trace: NotRequired[dict[str, Any]]
 
 
 class Attempt(TypedDict, total=False):
@@ -42,6 +47,7 @@ class PortState(TypedDict, total=False):
     diagnosis: dict[str, Any]                      # {"class", "reason", "evidence"} of the last failure
     history: Annotated[list[Attempt], operator.add]
     passing: Annotated[list[Attempt], operator.add]
-    status: str                                    # running, promoted, blocked
+    gate: dict[str, Any]                           # {"candidate_id" (None: every candidate failed), "replay_id"}
+    status: str                                    # running, promoted, blocked, rejected
     reason: str
     operator_path: str

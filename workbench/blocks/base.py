@@ -78,6 +78,8 @@ class BlockSpec:
         that compare.
     hidden_shapes: draws extra shapes at verification time (never shown to the candidate's author) from an rng;
         default: random sizes within the ranges of the smoke and edge suites.
+    training_reference: an exact, faster form of ``reference`` with the same signature (tested against it), which
+        loss-curve replays train with where the clear form is too slow; default: ``reference``.
     """
 
     name: str
@@ -92,6 +94,7 @@ class BlockSpec:
     host_ops: tuple[str, ...] = ()
     comparators: Mapping[str, Callable[..., dict]] = field(default_factory=dict)
     hidden_shapes: Callable[[random.Random], list[Shape]] | None = None
+    training_reference: Callable[..., Any] | None = None
 
     @property
     def arg_names(self) -> tuple[str, ...]:

@@ -199,4 +199,5 @@ SPEC = BlockSpec(
     outputs=("o", "final_state"),
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
+    training_reference=chunked_reference,
 )

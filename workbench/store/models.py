@@ -32,7 +32,9 @@ class BlockRow(SQLModel, table=True):
 
 
 class PortRun(SQLModel, table=True):
-    """One agent run porting one block. status: running, promoted, blocked, interrupted, failed."""
+    """One agent run porting one block. status: running, promoted, blocked, interrupted, failed, waiting_approval
+    (paused before promotion until `workbench approve` or `reject`), rejected. A resumed run is running again;
+    its RunSteps of node "resume" say when and from where."""
 
     __tablename__ = "port_run"
     id: str = Field(primary_key=True)
@@ -125,7 +127,12 @@ class Benchmark(SQLModel, table=True):
 
 
 class LossReplay(SQLModel, table=True):
-    """A loss-curve replay: per-step losses of the operator run and of the reference run it is held against."""
+    """A loss-curve replay: per-step losses of the operator run and of the reference run it is held against.
+
+    kind "operators": a replay with operators; ops = {block: "reference" | operator file, "band": relative band};
+    status running, pass, fail, error, interrupted; left_band_step: the first step outside the band.
+    kind "reference": a recorded reference run (status "reference"); detail holds its key and full result.
+    detail: the checks and timings (operators) or {"key", "result"} (reference)."""
 
     __tablename__ = "loss_replay"
     id: int | None = Field(default=None, primary_key=True)
@@ -133,12 +140,18 @@ class LossReplay(SQLModel, table=True):
     mode: str
     preset: str
     seed: int
+    kind: str = "operators"
+    steps: int = 0
+    backend: str = ""
     ops: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     curve: list[float] = Field(default_factory=list, sa_column=Column(JSON))
     reference_curve: list[float] = Field(default_factory=list, sa_column=Column(JSON))
     status: str = "running"
     reason: str = ""
+    left_band_step: int | None = None
+    detail: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
 
 
 class CIJob(SQLModel, table=True):

@@ -68,7 +68,8 @@ def block_status(engine: Engine, operators_dir: Path, block: str) -> tuple[str, 
         return "not started", f"{len(list_templates(block))} templates"
     run = runs[0]
     # a promoted run whose operator file is gone still passed its numerics
-    renamed = {"running": "in progress", "interrupted": "blocked", "promoted": "numerics pass"}
+    renamed = {"running": "in progress", "interrupted": "blocked", "promoted": "numerics pass",
+               "waiting_approval": "numerics pass", "rejected": "blocked"}
     status = renamed.get(run.status, run.status)
     return status, f"run {run.id}: {run.reason or run.status}"
 
@@ -76,7 +77,7 @@ def block_status(engine: Engine, operators_dir: Path, block: str) -> tuple[str, 
 # --- dashboard reads: plain data and pandas DataFrames (pandas is imported lazily to keep the CLI quick) ------------
 
 RUN_COLUMNS = ["id", "block", "model", "status", "proposer", "backend", "budget", "steps", "candidates", "started_at",
-               "finished_at", "seconds", "reason", "last_step", "process"]
+               "finished_at", "seconds", "reason", "last_step", "process", "resumes"]
 STEP_COLUMNS = ["seq", "at", "node", "message", "data"]
 CANDIDATE_COLUMNS = ["id", "run_id", "iteration", "template", "params", "status", "worst_ratio", "verify_seconds",
                      "checks", "failed", "created_at", "message", "path"]
@@ -85,7 +86,7 @@ CHECK_COLUMNS = ["suite", "shape", "dtype", "seed", "direction", "passed", "reas
 CHECK_SUMMARY_COLUMNS = ["suite", "shape", "dtype", "direction", "verdict", "checks", "failed", "max_abs", "bound",
                          "err_ratio", "max_rel", "nonfinite", "reason"]
 REPLAY_COLUMNS = ["id", "model", "mode", "preset", "seed", "status", "steps", "final_loss", "reference_final_loss",
-                  "band", "reason", "ops", "created_at"]
+                  "band", "left_band_step", "reason", "ops", "created_at"]
 CI_COLUMNS = ["id", "commit", "status", "started_at", "finished_at", "seconds", "operators", "passing", "checks",
               "failed_checks", "regressions", "junit_path", "summary"]
 
@@ -147,7 +148,8 @@ def model_plan(engine: Engine, operators_dir: str | Path, model: str):
 
 
 def runs_frame(engine: Engine, limit: int = 100, block: str | None = None, status: str | None = None):
-    """Runs newest first with their step and candidate counts, last step and, for running ones, their process."""
+    """Runs newest first with their step and candidate counts, last step, how often each was resumed and, for
+    running ones, their process."""
     with Session(engine) as s:
         query = select(PortRun).order_by(PortRun.started_at.desc()).limit(limit)
         if block:
@@ -160,6 +162,9 @@ def runs_frame(engine: Engine, limit: int = 100, block: str | None = None, statu
                             .group_by(RunStep.run_id)).all())
         candidates = dict(s.exec(select(Candidate.run_id, func.count()).where(Candidate.run_id.in_(ids))
                                  .group_by(Candidate.run_id)).all())
+        resumes = dict(s.exec(select(RunStep.run_id, func.count())
+                              .where(RunStep.run_id.in_(ids), RunStep.node == "resume")
+                              .group_by(RunStep.run_id)).all())
         latest = (select(RunStep.run_id, func.max(RunStep.seq).label("seq")).where(RunStep.run_id.in_(ids))
                   .group_by(RunStep.run_id).subquery())
         last = {run_id: f"{node}: {message}" for run_id, node, message in s.exec(
@@ -171,7 +176,8 @@ def runs_frame(engine: Engine, limit: int = 100, block: str | None = None, statu
                  "candidates": candidates.get(r.id, 0), "started_at": r.started_at, "finished_at": r.finished_at,
                  "seconds": ((_aware(r.finished_at) or now) - _aware(r.started_at)).total_seconds(),
                  "reason": r.reason, "last_step": last.get(r.id, ""),
-                 "process": _process_state(r.status, r.host, r.pid)} for r in runs]
+                 "process": _process_state(r.status, r.host, r.pid), "resumes": resumes.get(r.id, 0)}
+                for r in runs]
     return _frame(rows, RUN_COLUMNS, times=("started_at", "finished_at"))
 
 
@@ -261,14 +267,17 @@ def _band(ops: dict | None) -> float | None:
 
 
 def loss_replays_frame(engine: Engine, model: str | None = None):
-    """Loss replays newest first, without their curves (see replay_curves); band: ops["band"] if recorded."""
+    """Loss replays with operators newest first (recorded reference runs left out), without their curves (see
+    replay_curves); band: ops["band"] if recorded."""
     with Session(engine) as s:
-        query = select(LossReplay).order_by(LossReplay.created_at.desc(), LossReplay.id.desc())
+        query = select(LossReplay).where(LossReplay.kind != "reference") \
+            .order_by(LossReplay.created_at.desc(), LossReplay.id.desc())
         if model:
             query = query.where(LossReplay.model == model)
         rows = [{"id": r.id, "model": r.model, "mode": r.mode, "preset": r.preset, "seed": r.seed, "status": r.status,
                  "steps": len(r.curve or []), "final_loss": (r.curve or [None])[-1],
-                 "reference_final_loss": (r.reference_curve or [None])[-1], "band": _band(r.ops), "reason": r.reason,
+                 "reference_final_loss": (r.reference_curve or [None])[-1], "band": _band(r.ops),
+                 "left_band_step": r.left_band_step, "reason": r.reason,
                  "ops": r.ops, "created_at": r.created_at} for r in s.exec(query)]
     return _frame(rows, REPLAY_COLUMNS, times=("created_at",))
 

@@ -9,12 +9,12 @@ import socket
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from workbench.store.db import session_scope
-from workbench.store.models import Candidate, PortRun, RunStep, VerificationCheck, utcnow
+from workbench.store.models import Candidate, LossReplay, PortRun, RunStep, VerificationCheck, utcnow
 from workbench.verify.result import VerificationResult
 
 
@@ -48,6 +48,14 @@ def add_candidate(engine: Engine, *, block: str, source: str, source_hash: str, 
         return row.id
 
 
+def iteration_candidate(engine: Engine, run_id: str, iteration: int) -> int | None:
+    """The id of the candidate a run recorded for this iteration, if any (a node run again after a crash finds
+    the row it wrote before instead of writing a second one)."""
+    with session_scope(engine) as s:
+        return s.exec(select(Candidate.id).where(Candidate.run_id == run_id, Candidate.iteration == iteration)
+                      .order_by(Candidate.id)).first()
+
+
 def set_candidate_status(engine: Engine, candidate_id: int, status: str, message: str) -> None:
     with session_scope(engine) as s:
         row = s.get(Candidate, candidate_id)
@@ -55,8 +63,10 @@ def set_candidate_status(engine: Engine, candidate_id: int, status: str, message
 
 
 def record_verification(engine: Engine, candidate_id: int, result: VerificationResult) -> None:
-    """The verdict on the candidate row and one VerificationCheck row per check, in one transaction."""
+    """The verdict on the candidate row and one VerificationCheck row per check, in one transaction; checks an
+    earlier verification of the same candidate recorded are replaced."""
     with session_scope(engine) as s:
+        s.exec(delete(VerificationCheck).where(VerificationCheck.candidate_id == candidate_id))
         row = s.get(Candidate, candidate_id)
         row.status, row.message = result.verdict, result.message
         ratio = result.worst_ratio()
@@ -73,6 +83,21 @@ def finish_run(engine: Engine, run_id: str, status: str, reason: str, *, operato
         run.status, run.reason, run.finished_at = status, reason, utcnow()
         run.operator_path = operator_path
         run.best_candidate_id = best_candidate_id
+
+
+def set_run_status(engine: Engine, run_id: str, status: str, reason: str) -> None:
+    """A run that stops without finishing (waiting_approval): its status and why, no finish time."""
+    with session_scope(engine) as s:
+        run = s.get(PortRun, run_id)
+        run.status, run.reason, run.finished_at = status, reason, None
+
+
+def resume_run(engine: Engine, run_id: str) -> None:
+    """A run taken up again (resumed, approved or rejected): running in this process, unfinished."""
+    with session_scope(engine) as s:
+        run = s.get(PortRun, run_id)
+        run.status, run.reason, run.finished_at = "running", "", None
+        run.host, run.pid = socket.gethostname(), os.getpid()
 
 
 def mark_interrupted(engine: Engine) -> list[str]:
@@ -96,3 +121,74 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# --- loss-curve replays ----------------------------------------------------------------------------------------
+
+def start_replay(engine: Engine, *, model: str, mode: str, preset: str, seed: int, steps: int, backend: str,
+                 ops: dict[str, Any], reference_curve: list[float]) -> int:
+    with session_scope(engine) as s:
+        row = LossReplay(model=model, mode=mode, preset=preset, seed=seed, steps=steps, backend=backend, ops=ops,
+                         reference_curve=reference_curve, detail={"host": socket.gethostname(), "pid": os.getpid()})
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def extend_replay_curve(engine: Engine, replay_id: int, curve: list[float]) -> None:
+    """The operator curve so far (written after every step, so the dashboard follows a replay live)."""
+    with session_scope(engine) as s:
+        s.get(LossReplay, replay_id).curve = list(curve)
+
+
+def finish_replay(engine: Engine, replay_id: int, status: str, reason: str, *, curve: list[float] | None = None,
+                  left_band_step: int | None = None, detail: dict[str, Any] | None = None) -> None:
+    with session_scope(engine) as s:
+        row = s.get(LossReplay, replay_id)
+        row.status, row.reason, row.finished_at = status, reason, utcnow()
+        row.left_band_step = left_band_step
+        if curve is not None:
+            row.curve = list(curve)
+        row.detail = detail or {}
+
+
+def save_reference_replay(engine: Engine, *, model: str, mode: str, preset: str, seed: int, backend: str, key: str,
+                          result: dict[str, Any]) -> int:
+    """A reference run, found again by its key (replaces an earlier row with the same key)."""
+    with session_scope(engine) as s:
+        for old in s.exec(select(LossReplay).where(LossReplay.kind == "reference", LossReplay.model == model)):
+            if (old.detail or {}).get("key") == key:
+                s.delete(old)
+        row = LossReplay(model=model, mode=mode, preset=preset, seed=seed, kind="reference", status="reference",
+                         steps=len(result["curve"]), backend=backend, ops={"all": "reference"}, curve=result["curve"],
+                         reference_curve=result["curve"], detail={"key": key, "result": result},
+                         finished_at=utcnow())
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def find_reference_replay(engine: Engine, model: str, key: str) -> dict[str, Any] | None:
+    """The result of the reference run recorded under ``key``, or None."""
+    with session_scope(engine) as s:
+        rows = s.exec(select(LossReplay).where(LossReplay.kind == "reference", LossReplay.model == model)
+                      .order_by(LossReplay.id.desc()))
+        for row in rows:
+            if (row.detail or {}).get("key") == key:
+                return row.detail.get("result")
+    return None
+
+
+def mark_replays_interrupted(engine: Engine) -> list[int]:
+    """Replays still marked running whose process on this host is gone: marked interrupted. Returns their ids."""
+    host = socket.gethostname()
+    marked = []
+    with session_scope(engine) as s:
+        for row in s.exec(select(LossReplay).where(LossReplay.status == "running")):
+            detail = row.detail or {}
+            pid = detail.get("pid")
+            if detail.get("host") == host and not (isinstance(pid, int) and pid > 0 and _alive(pid)):
+                row.status, row.finished_at = "interrupted", utcnow()
+                row.reason = "the replay process ended before the replay finished"
+                marked.append(row.id)
+    return marked

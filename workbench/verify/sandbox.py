@@ -33,7 +33,7 @@ class SandboxOutcome:
     output_tail: str
 
 
-def _limits(memory_bytes: int | None, timeout_s: float):
+def child_limits(memory_bytes: int | None, timeout_s: float):
     """Runs in the child before the worker starts: address space, core dumps, file size, CPU time, and death with
     the parent (a killed agent must not leave a candidate running)."""
     def apply() -> None:
@@ -68,7 +68,7 @@ def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: fl
             proc = subprocess.Popen(
                 [sys.executable, "-I", str(WORKER), str(job_dir), str(write_fd)], pass_fds=(write_fd,),
                 cwd=job_dir, env=child_env(backend_env), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_limits(memory_bytes, timeout_s))
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_limits(memory_bytes, timeout_s))
         finally:
             os.close(write_fd)
         reader.start()

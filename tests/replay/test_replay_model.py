@@ -1,0 +1,126 @@
+"""The replay model and its training loop, on reference blocks (in process, fast): structure, LoRA, determinism,
+learning, and the judgement of a curve against its reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from workbench.replay.compare import judge
+from workbench.replay.model import GatedDSA, KDAAttention, Projection, ReplayModel
+from workbench.replay.ops import MODEL_BLOCKS, load_ops
+from workbench.replay.presets import PRESETS, get_preset
+from workbench.replay.train import make_base, train
+
+TINY = get_preset("tiny")
+REFERENCE_OPS = load_ops({b: "reference" for b in MODEL_BLOCKS})
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    torch.set_num_threads(1)
+    return train(TINY, "scratch", TINY.steps, 0, REFERENCE_OPS)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base") / "base.pt"
+    make_base(dataclasses.replace(TINY, base_steps=60), 0, REFERENCE_OPS, path)
+    return path
+
+
+def test_every_preset_keeps_the_target_structure():
+    for preset in PRESETS.values():
+        kda = preset.layers.count("K") / len(preset.layers)
+        assert "D" in preset.layers and "K" in preset.layers
+        assert preset.vocab >= 8 * preset.hidden  # a vocabulary much larger than the hidden size
+        assert 0.5 <= kda <= 0.75
+    model = ReplayModel(TINY)
+    kinds = [type(m) for m in model.attention]
+    assert kinds == [KDAAttention, GatedDSA]
+    assert len(model.mix) == 2 * len(TINY.layers) + 1  # AttnRes before every sub-layer and before the head
+
+
+def _recording(name: str, fn, called: set):
+    def run(*args):
+        called.add(name)
+        return fn(*args)
+    return run
+
+
+def test_every_catalog_block_of_the_model_is_called():
+    called = set()
+    ops = {name: _recording(name, fn, called) for name, fn in REFERENCE_OPS.items()}
+    model = ReplayModel(TINY)
+    tokens = torch.randint(0, TINY.vocab, (TINY.batch, TINY.seq_len))
+    loss = model.loss(tokens, tokens, ops)
+    loss.backward()
+    assert called == set(MODEL_BLOCKS) - {"lora_linear"}
+    model.add_lora(TINY.lora_rank, TINY.lora_alpha, seed=0)
+    called.clear()
+    model.loss(tokens, tokens, ops)
+    assert "lora_linear" in called
+
+
+def test_lora_freezes_the_base_and_starts_from_its_outputs():
+    torch.manual_seed(0)
+    model = ReplayModel(TINY)
+    tokens = torch.randint(0, TINY.vocab, (TINY.batch, TINY.seq_len))
+    with torch.no_grad():
+        before = model.loss(tokens, tokens, REFERENCE_OPS)
+    adapters = model.add_lora(TINY.lora_rank, TINY.lora_alpha, seed=0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert {id(p) for p in trainable} == {id(p) for p in adapters}
+    projections = [m for m in model.modules() if isinstance(m, Projection)]
+    assert len(adapters) == 2 * len(projections) and all(m.lora_b.abs().sum() == 0 for m in projections)
+    with torch.no_grad():
+        after = model.loss(tokens, tokens, REFERENCE_OPS)
+    assert torch.allclose(before, after, rtol=1e-6, atol=1e-6)  # B = 0: the adapted model is the base model
+
+
+def test_a_scratch_run_learns_from_about_ln_vocab(scratch):
+    assert len(scratch.curve) == TINY.steps and scratch.nonfinite_step is None
+    assert abs(scratch.curve[0] - math.log(TINY.vocab)) < 1.0
+    assert scratch.curve[-1] < scratch.curve[0] - 2.0
+    assert scratch.eval_loss is not None and scratch.eval_loss < scratch.curve[0] - 1.5
+    assert len(scratch.topk_ids) == TINY.tokens_per_step and len(scratch.topk_ids[0]) == TINY.eval_topk
+
+
+def test_the_reference_run_repeated_is_bit_identical(scratch):
+    again = train(TINY, "scratch", TINY.steps, 0, REFERENCE_OPS)
+    assert again.curve == scratch.curve
+    assert again.fingerprints == scratch.fingerprints and again.topk_values == scratch.topk_values
+    other_seed = train(TINY, "scratch", 3, 1, REFERENCE_OPS)
+    assert other_seed.curve != scratch.curve[:3]
+
+
+def test_a_lora_run_starts_from_the_base_and_trains_only_adapters(base):
+    run = train(TINY, "lora", 8, 0, REFERENCE_OPS, base=base)
+    assert all(name.endswith(("lora_a", "lora_b")) for name in run.fingerprints)
+    assert run.curve[-1] < run.curve[0]
+    again = train(TINY, "lora", 8, 0, REFERENCE_OPS, base=base)
+    assert again.curve == run.curve
+
+
+def test_judge_passes_the_same_run_and_names_where_a_curve_leaves_the_band(scratch):
+    assert judge(scratch, scratch, TINY).passed
+    shifted = dataclasses.replace(scratch, curve=[c * (1 + (0.01 if i >= 7 else 0)) for i, c in
+                                                  enumerate(scratch.curve)])
+    verdict = judge(shifted, scratch, TINY)
+    assert not verdict.passed and verdict.left_band_step == 7
+    assert "left the band at step 7" in verdict.reason
+
+
+def test_judge_fails_nan_short_curves_and_drifted_parameters_or_topk(scratch):
+    nan = dataclasses.replace(scratch, curve=scratch.curve[:5], nonfinite_step=5)
+    assert "non-finite loss at step 5" in judge(nan, scratch, TINY).reason
+    name = next(iter(scratch.fingerprints))
+    norm, dot = scratch.fingerprints[name]
+    drifted = dataclasses.replace(scratch, fingerprints={**scratch.fingerprints, name: [norm, dot + 0.01 * norm]})
+    verdict = judge(drifted, scratch, TINY)
+    assert not verdict.passed and verdict.checks["parameters"]["worst"] == name
+    moved = dataclasses.replace(scratch, topk_values=[[v + 0.05 for v in row] for row in scratch.topk_values])
+    assert not judge(moved, scratch, TINY).checks["eval_topk"]["passed"]

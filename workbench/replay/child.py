@@ -1,0 +1,57 @@
+"""The process a replay trains in: ``python -m workbench.replay.child`` with a job (JSON) on stdin.
+
+Its environment selects the Triton backend before anything imports triton (the interpreter on CPU). Events go to
+stdout as lines ``@@replay <json>``: {"event": "step", "step", "loss", "seconds"} after each step, then
+{"event": "done", "result": RunResult} or {"event": "error", "message"}; anything else an operator prints is passed
+through untouched.
+
+job: {"task": "train" | "base", "preset", "mode", "steps", "seed", "ops": {block: "reference" | file},
+      "device", "base": checkpoint path (LoRA, and where "base" saves)}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+MARK = "@@replay "
+
+
+def _send(event: dict) -> None:
+    sys.stdout.write(MARK + json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    import torch
+
+    from workbench.replay.ops import load_ops
+    from workbench.replay.presets import get_preset
+    from workbench.replay.train import make_base, train
+
+    torch.set_num_threads(1)
+    job = json.loads(sys.stdin.read())
+    try:
+        preset = get_preset(job["preset"])
+        ops = load_ops(job["ops"])
+        base = Path(job["base"]) if job.get("base") else None
+
+        def on_step(step: int, loss: float, seconds: float) -> None:
+            _send({"event": "step", "step": step, "loss": loss, "seconds": seconds})
+
+        if job["task"] == "base":
+            result = make_base(preset, job["seed"], ops, base, job["device"], on_step)
+        else:
+            result = train(preset, job["mode"], job["steps"], job["seed"], ops, job["device"], base, on_step)
+        _send({"event": "done", "result": asdict(result)})
+    except Exception as exc:  # reported to the parent as one line; the traceback goes to stderr
+        traceback.print_exc()
+        _send({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Replay presets: the sizes of the small model, its training schedule and the band its curve is held to.
+
+``tiny`` runs on a CPU with interpreter kernels in a few minutes (CI); ``small`` and ``medium`` are for a GPU.
+Every preset keeps the target's structure: KDA in about 3 of 4 layers and gated DSA in the rest, AttnRes before every
+sub-layer, a routed MoE with one shared expert, and a vocabulary much larger than the hidden size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from workbench.errors import WorkbenchError
+
+MODES = ("scratch", "lora")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    vocab: int                 # tokenizer vocabulary (reserved ids fill what the corpus does not use)
+    hidden: int                # D
+    layers: str                # one letter per layer: K = KDA attention, D = gated DSA attention
+    heads: int                 # attention heads (KDA q/k and value heads; DSA query heads, one shared kv head)
+    head_dim: int              # K = V for KDA, D for DSA
+    index_heads: int           # DSA lightning-indexer heads
+    index_dim: int
+    dsa_topk: int              # keys each query attends to in a DSA layer
+    experts: int               # routed experts
+    active: int                # experts per token
+    expert_ffn: int            # F of each routed expert (and of the shared expert)
+    route_scale: float
+    seq_len: int               # tokens per sequence
+    batch: int                 # sequences per step
+    steps: int                 # default steps of a scratch replay
+    lora_steps: int            # default steps of a LoRA replay
+    base_steps: int            # steps of the scratch run that makes the LoRA base checkpoint
+    lr: float
+    lora_lr: float
+    weight_decay: float
+    lora_rank: int
+    lora_alpha: float
+    dtype: str                 # parameter and activation dtype
+    band_rtol: float           # per-step band: |loss - reference| <= band_atol + band_rtol * |reference|
+    band_atol: float
+    final_rtol: float          # final loss within final_rtol of the reference's
+    param_rtol: float          # final parameter fingerprints within param_rtol (relative to the tensor's norm)
+    topk_atol: float           # eval top-k log-probs within topk_atol
+    eval_topk: int = 5
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.batch
+
+    @property
+    def initial_loss(self) -> float:
+        """ln(vocab): the loss of a uniform prediction, where a scratch run starts."""
+        return math.log(self.vocab)
+
+    def default_steps(self, mode: str) -> int:
+        return self.steps if mode == "scratch" else self.lora_steps
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS = {p.name: p for p in (
+    Preset(name="tiny", vocab=512, hidden=32, layers="KD", heads=2, head_dim=16, index_heads=2, index_dim=16,
+           dsa_topk=4, experts=8, active=2, expert_ffn=32, route_scale=1.0, seq_len=16, batch=2, steps=20,
+           lora_steps=12, base_steps=300, lr=1e-2, lora_lr=1e-2, weight_decay=0.01, lora_rank=4, lora_alpha=8.0,
+           dtype="float32", band_rtol=2e-3, band_atol=1e-4, final_rtol=2e-3, param_rtol=1e-3, topk_atol=5e-3),
+    Preset(name="small", vocab=32768, hidden=256, layers="KKKDKKKD", heads=4, head_dim=64, index_heads=4,
+           index_dim=64, dsa_topk=128, experts=32, active=4, expert_ffn=256, route_scale=2.827, seq_len=512, batch=4,
+           steps=300, lora_steps=200, base_steps=600, lr=3e-3, lora_lr=2e-3, weight_decay=0.01, lora_rank=16,
+           lora_alpha=32.0, dtype="bfloat16", band_rtol=2e-2, band_atol=1e-3, final_rtol=2e-2, param_rtol=5e-2,
+           topk_atol=0.1),
+    Preset(name="medium", vocab=65536, hidden=1024, layers="KKKDKKKDKKKD", heads=8, head_dim=128, index_heads=8,
+           index_dim=128, dsa_topk=512, experts=64, active=8, expert_ffn=512, route_scale=2.827, seq_len=2048,
+           batch=4, steps=400, lora_steps=300, base_steps=800, lr=1.5e-3, lora_lr=1e-3, weight_decay=0.01,
+           lora_rank=32, lora_alpha=64.0, dtype="bfloat16", band_rtol=2e-2, band_atol=1e-3, final_rtol=2e-2,
+           param_rtol=5e-2, topk_atol=0.1),
+)}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise WorkbenchError(f"unknown replay preset '{name}' (known: {', '.join(PRESETS)})")
+    return PRESETS[name]
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise WorkbenchError(f"unknown replay mode '{mode}' (known: {', '.join(MODES)})")
+    return mode

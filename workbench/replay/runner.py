@@ -1,0 +1,320 @@
+"""Run a replay: find or record the reference run, train with the chosen ops in a child process, hold the curve
+against the reference, record everything in the store and draw the plot.
+
+Reference runs are keyed by everything that determines them (preset, mode, steps, seed, the source of the replay
+model and of the blocks' references, the torch version and, for LoRA, the base checkpoint's bytes). A reference is
+taken from the store, else from the repository file ``replays/<model>/<preset>/<mode>-s<steps>-seed<seed>.json``,
+else run now: twice, and the two runs must be bit-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from workbench.backends import Backend, get_backend
+from workbench.blocks import get_block
+from workbench.config import Settings
+from workbench.errors import WorkbenchError
+from workbench.models import get_model
+from workbench.replay import data as data_module
+from workbench.replay import model as model_module
+from workbench.replay import train as train_module
+from workbench.replay.child import MARK
+from workbench.replay.compare import Judgement, judge
+from workbench.replay.ops import REFERENCE, describe, resolve_ops
+from workbench.replay.presets import Preset, check_mode, get_preset
+from workbench.replay.train import RunResult
+from workbench.store import get_engine, records
+from workbench.verify.sandbox import child_env, child_limits
+
+DEFAULT_TIMEOUT_S = 3600.0
+BASE_SEED = 0
+
+
+class ReplayError(WorkbenchError):
+    """A training process that failed, crashed or timed out (its one-line reason)."""
+
+
+@dataclass
+class ReplayOutcome:
+    replay_id: int
+    status: str                     # pass, fail, error
+    reason: str
+    curve: list[float]
+    reference_curve: list[float]
+    left_band_step: int | None
+    seconds_per_step: float
+    reference_seconds_per_step: float | None
+    reference_source: str           # store, file, run
+    plot: str | None
+    checks: dict = field(default_factory=dict)
+
+
+Event = Callable[[str, dict], None]
+
+
+def replay_folder(settings: Settings, model: str, preset: Preset) -> Path:
+    return settings.replays_dir / model / preset.name
+
+
+def reference_file(settings: Settings, model: str, preset: Preset, mode: str, steps: int, seed: int) -> Path:
+    return replay_folder(settings, model, preset) / f"{mode}-s{steps}-seed{seed}.json"
+
+
+def base_path(settings: Settings, model: str, preset: Preset) -> Path:
+    return replay_folder(settings, model, preset) / f"base-seed{BASE_SEED}.pt"
+
+
+def _code_digest() -> str:
+    from workbench.replay.ops import LOSS_BLOCKS, MODEL_BLOCKS
+
+    h = hashlib.sha256()
+    for module in (data_module, model_module, train_module):
+        h.update(inspect.getsource(module).encode())
+    for block in sorted(set(MODEL_BLOCKS) | set(LOSS_BLOCKS)):
+        h.update(get_block(block).reference_source().encode())
+    h.update(torch.__version__.encode())
+    return h.hexdigest()
+
+
+def reference_key(preset: Preset, mode: str, steps: int, seed: int, base: Path | None) -> str:
+    h = hashlib.sha256(json.dumps([preset.to_dict(), mode, steps, seed], sort_keys=True).encode())
+    h.update(_code_digest().encode())
+    if base is not None:
+        h.update(base.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int, float, float], None] | None = None
+           ) -> RunResult:
+    """Train in a child process (the backend's environment, e.g. the Triton interpreter); raises ReplayError."""
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "workbench.replay.child"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, env=child_env(backend.env), text=True,
+                                start_new_session=True, preexec_fn=child_limits(None, timeout_s))
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout_s, expire)
+        timer.start()
+        done, error, last_step = None, None, -1
+        try:
+            proc.stdin.write(json.dumps(job))
+            proc.stdin.close()
+            for line in proc.stdout:
+                if not line.startswith(MARK):
+                    continue
+                event = json.loads(line[len(MARK):])
+                if event["event"] == "step":
+                    last_step = event["step"]
+                    if on_step:
+                        on_step(event["step"], event["loss"], event["seconds"])
+                elif event["event"] == "done":
+                    done = event["result"]
+                elif event["event"] == "error":
+                    error = event["message"]
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if done is not None and code == 0:
+            return RunResult(**done)
+        if error:
+            raise ReplayError(f"training failed at step {last_step + 1}: {error}")
+        if timed_out.is_set():
+            raise ReplayError(f"training timed out after {timeout_s:.0f} s (at step {last_step + 1})")
+        stderr.seek(0)
+        tail = stderr.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise ReplayError(f"the training process died (exit {code}) at step {last_step + 1}: {tail[0][:300]}")
+
+
+def ensure_base(settings: Settings, model: str, preset: Preset, backend: Backend, timeout_s: float,
+                on_event: Event | None = None) -> Path:
+    """The LoRA base checkpoint: trained once with reference blocks (preset.base_steps scratch steps) and kept beside
+    the reference curves, so a replay needs no download."""
+    path = base_path(settings, model, preset)
+    meta = path.with_suffix(".json")
+    key = reference_key(preset, "base", preset.base_steps, BASE_SEED, None)
+    if path.is_file() and meta.is_file() and json.loads(meta.read_text()).get("key") == key:
+        return path
+    if on_event:
+        on_event("base", {"path": str(path), "steps": preset.base_steps})
+    job = {"task": "base", "preset": preset.name, "mode": "scratch", "steps": preset.base_steps, "seed": BASE_SEED,
+           "ops": _reference_ops(), "device": backend.device, "base": str(path)}
+    result = launch(job, backend, timeout_s)
+    meta.write_text(json.dumps({"key": key, "steps": preset.base_steps, "final_loss": result.curve[-1],
+                                "curve": result.curve}, indent=1) + "\n")
+    return path
+
+
+def _reference_ops() -> dict[str, str]:
+    return resolve_ops([REFERENCE], Path("."))
+
+
+def reference_run(settings: Settings, model: str, preset: Preset, mode: str, steps: int, seed: int,
+                  backend: Backend, timeout_s: float, *, rerun: bool = False, on_event: Event | None = None
+                  ) -> tuple[RunResult, str, dict]:
+    """(result, where it came from: store | file | run, facts: key and, for a run, the repeat check)."""
+    base = ensure_base(settings, model, preset, backend, timeout_s, on_event) if mode == "lora" else None
+    key = reference_key(preset, mode, steps, seed, base)
+    engine = get_engine(settings.db_url)
+    if not rerun:
+        stored = records.find_reference_replay(engine, model, key)
+        if stored is not None:
+            return RunResult(**stored), "store", {"key": key}
+        path = reference_file(settings, model, preset, mode, steps, seed)
+        if path.is_file():
+            shipped = json.loads(path.read_text())
+            if shipped.get("key") == key:
+                records.save_reference_replay(engine, model=model, mode=mode, preset=preset.name, seed=seed,
+                                              backend=backend.name, key=key, result=shipped["result"])
+                return RunResult(**shipped["result"]), "file", {"key": key}
+    if on_event:
+        on_event("reference", {"steps": steps})
+    job = {"task": "train", "preset": preset.name, "mode": mode, "steps": steps, "seed": seed,
+           "ops": _reference_ops(), "device": backend.device, "base": str(base) if base else None}
+    first = launch(job, backend, timeout_s)
+    second = launch(job, backend, timeout_s)
+    identical = _same(first, second)
+    if not identical:
+        raise ReplayError("the reference run is not reproducible: two runs from the same seed differ "
+                          f"(first difference at step {_first_difference(first, second)})")
+    records.save_reference_replay(engine, model=model, mode=mode, preset=preset.name, seed=seed,
+                                  backend=backend.name, key=key, result=asdict(first))
+    return first, "run", {"key": key, "repeat_identical": identical}
+
+
+def _same(a: RunResult, b: RunResult) -> bool:
+    return (a.curve, a.fingerprints, a.topk_values, a.topk_ids) == (b.curve, b.fingerprints, b.topk_values, b.topk_ids)
+
+
+def _first_difference(a: RunResult, b: RunResult) -> int:
+    for i, (x, y) in enumerate(zip(a.curve, b.curve, strict=False)):
+        if x != y:
+            return i
+    return min(len(a.curve), len(b.curve))
+
+
+def export_reference(settings: Settings, model: str, preset: Preset, mode: str, steps: int, seed: int, key: str,
+                     result: RunResult) -> Path:
+    """Write the reference run to the repository file CI compares against."""
+    path = reference_file(settings, model, preset, mode, steps, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"key": key, "model": model, "preset": preset.name, "mode": mode, "steps": steps, "seed": seed,
+               "torch": torch.__version__, "result": asdict(result)}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+@dataclass
+class ReplayPlan:
+    """A validated replay request: nothing is run or recorded until ``execute``."""
+
+    model: str
+    mode: str
+    preset: Preset
+    steps: int
+    seed: int
+    chosen: dict[str, str]
+    backend: Backend
+
+
+def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
+                ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None) -> ReplayPlan:
+    """Check every argument (WorkbenchError, one line, for the first bad one); ops: see workbench.replay.ops."""
+    get_model(model)
+    check_mode(mode)
+    p = get_preset(preset)
+    steps = steps or p.default_steps(mode)
+    if steps < 1:
+        raise WorkbenchError("--steps must be at least 1")
+    chosen = resolve_ops(ops, settings.operators_dir)
+    return ReplayPlan(model, mode, p, steps, seed, chosen, backend or get_backend())
+
+
+def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
+               ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S, rerun_reference: bool = False, export: bool = False,
+               plot: Path | None = None, on_event: Event | None = None) -> ReplayOutcome:
+    """Plan and execute a replay (see plan_replay and execute)."""
+    plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, backend=backend)
+    return execute(plan, settings, timeout_s=timeout_s, rerun_reference=rerun_reference, export=export, plot=plot,
+                   on_event=on_event)
+
+
+def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+            rerun_reference: bool = False, export: bool = False, plot: Path | None = None,
+            on_event: Event | None = None) -> ReplayOutcome:
+    """Replay ``plan`` against the reference. on_event(kind, data): "base" (the LoRA base is trained), "reference"
+    (a reference run starts), "start" (replay_id, ops, reference_source), "step" (step, loss, reference, seconds)."""
+    model, mode, p, steps, seed, backend = plan.model, plan.mode, plan.preset, plan.steps, plan.seed, plan.backend
+    engine = get_engine(settings.db_url)
+    records.mark_replays_interrupted(engine)
+    reference, source, facts = reference_run(settings, model, p, mode, steps, seed, backend, timeout_s,
+                                             rerun=rerun_reference, on_event=on_event)
+    if export:
+        facts["exported"] = str(export_reference(settings, model, p, mode, steps, seed, facts["key"], reference))
+    shown = {**describe(plan.chosen), "band": p.band_rtol}
+    replay_id = records.start_replay(engine, model=model, mode=mode, preset=p.name, seed=seed, steps=steps,
+                                     backend=backend.name, ops=shown, reference_curve=reference.curve)
+    if on_event:
+        on_event("start", {"replay_id": replay_id, "ops": shown, "reference_source": source})
+    curve: list[float] = []
+
+    def on_step(step: int, loss: float, seconds: float) -> None:
+        curve.append(loss)
+        records.extend_replay_curve(engine, replay_id, curve)
+        if on_event:
+            ref = reference.curve[step] if step < len(reference.curve) else None
+            on_event("step", {"step": step, "loss": loss, "reference": ref, "seconds": seconds})
+
+    base = base_path(settings, model, p) if mode == "lora" else None
+    job = {"task": "train", "preset": p.name, "mode": mode, "steps": steps, "seed": seed, "ops": plan.chosen,
+           "device": backend.device, "base": str(base) if base else None}
+    detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step}
+    try:
+        result = launch(job, backend, timeout_s, on_step)
+    except ReplayError as exc:
+        records.finish_replay(engine, replay_id, "error", str(exc), curve=curve, detail=detail)
+        return ReplayOutcome(replay_id, "error", str(exc), curve, reference.curve, None, 0.0,
+                             reference.seconds_per_step, source, None)
+    except BaseException:
+        records.finish_replay(engine, replay_id, "interrupted", "interrupted by the user", curve=curve, detail=detail)
+        raise
+    verdict: Judgement = judge(result, reference, p)
+    detail.update(checks=verdict.checks, seconds_per_step=result.seconds_per_step, eval_loss=result.eval_loss,
+                  reference_eval_loss=reference.eval_loss, max_relative_deviation=verdict.max_deviation)
+    plot_path = _plot(result.curve, reference.curve, p, verdict, plot or settings.work_dir / "replays" /
+                      f"replay-{replay_id}.png", f"{model} · {mode} · {p.name} · seed {seed} · replay #{replay_id}")
+    detail["plot"] = str(plot_path)
+    records.finish_replay(engine, replay_id, verdict.status, verdict.reason, curve=result.curve,
+                          left_band_step=verdict.left_band_step, detail=detail)
+    return ReplayOutcome(replay_id, verdict.status, verdict.reason, result.curve, reference.curve,
+                         verdict.left_band_step, result.seconds_per_step, reference.seconds_per_step, source,
+                         str(plot_path), verdict.checks)
+
+
+def _plot(curve: list[float], reference: list[float], preset: Preset, verdict: Judgement, path: Path,
+          title: str) -> Path:
+    from workbench.replay.plot import draw
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draw(curve, reference, preset, verdict.left_band_step, path, title)
+    return path
+

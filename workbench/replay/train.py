@@ -1,0 +1,155 @@
+"""One training run of the replay model: scratch (random init) or LoRA (frozen base checkpoint + adapters), AdamW,
+a fixed data order, the loss of every step, and at the end what the comparison needs besides the curve: fingerprints
+of the trained parameters and the top-k log-probs of a held-out batch (as Liger's convergence tests compare).
+
+Runs in the process that holds the ops (a child process whose environment selects the Triton backend).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from workbench.blocks.moe_router import update_bias
+from workbench.replay.data import batches
+from workbench.replay.model import ReplayModel
+from workbench.replay.presets import Preset
+
+WARMUP_STEPS = 10
+BETAS = (0.9, 0.95)
+CLIP_NORM = 1.0
+BIAS_UPDATE = 1e-3  # aux-loss-free balancing step (DeepSeek-V3's gamma)
+EVAL_SEED_OFFSET = 10_000
+
+
+@dataclass
+class RunResult:
+    """curve: loss per step (a non-finite loss ends the run: the curve stops there, nonfinite_step says where);
+    fingerprints: {parameter: [norm, <param, fixed random signs>]} of the trained parameters; topk: the eval batch's
+    top-k next-token log-probs and ids; seconds: wall time of the steps."""
+
+    curve: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    nonfinite_step: int | None = None
+    fingerprints: dict[str, list[float]] = field(default_factory=dict)
+    topk_values: list[list[float]] = field(default_factory=list)
+    topk_ids: list[list[int]] = field(default_factory=list)
+    eval_loss: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds / max(len(self.curve), 1)
+
+
+def _cast_parameters(model: ReplayModel, dtype: torch.dtype) -> None:
+    """Parameters to the preset's dtype; buffers (the float32 router bias) stay as they are."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+
+
+def build_model(preset: Preset, seed: int, device: str, base: Path | None = None) -> ReplayModel:
+    """The model initialized from ``seed`` (scratch) or loaded from the base checkpoint ``base``."""
+    torch.manual_seed(seed)
+    model = ReplayModel(preset)
+    if base is not None:
+        model.load_state_dict(torch.load(base, map_location="cpu", weights_only=True))
+    _cast_parameters(model, getattr(torch, preset.dtype))
+    return model.to(device)
+
+
+def fingerprint(name: str, param: torch.Tensor) -> list[float]:
+    """[norm, <param, s>] with s a fixed pseudo-random sign vector per parameter name: two numbers that move with any
+    element of the tensor, so trained weights can be compared without shipping them."""
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    signs = torch.randint(0, 2, (param.numel(),), generator=g).to(torch.float64) * 2 - 1
+    flat = param.detach().reshape(-1).double().cpu()
+    return [float(flat.norm()), float(flat @ signs)]
+
+
+def train(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callable], device: str = "cpu",
+          base: Path | None = None, on_step: Callable[[int, float, float], None] | None = None) -> RunResult:
+    """Train ``steps`` steps; on_step(step, loss, seconds) after each. mode "lora" needs ``base``."""
+    return _fit(preset, mode, steps, seed, ops, device, base, on_step)[1]
+
+
+def _fit(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callable], device: str,
+         base: Path | None, on_step: Callable[[int, float, float], None] | None) -> tuple[ReplayModel, RunResult]:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    model = build_model(preset, seed, device, base if mode == "lora" else None)
+    if mode == "lora":
+        trainable = dict(zip(_adapter_names(model), model.add_lora(preset.lora_rank, preset.lora_alpha, seed),
+                             strict=True))
+        lr, corpus = preset.lora_lr, "finetune"
+    else:
+        trainable = {n: p for n, p in model.named_parameters()}
+        lr, corpus = preset.lr, "pretrain"
+    optimizer = torch.optim.AdamW(trainable.values(), lr=lr, betas=BETAS, weight_decay=preset.weight_decay,
+                                  foreach=False)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
+    data = batches(preset.vocab, corpus, preset.seq_len, preset.batch, steps, seed)
+    result = RunResult()
+    start = time.perf_counter()
+    for step, (tokens, targets) in enumerate(data):
+        tokens, targets = tokens.to(device), targets.to(device)
+        loss = model.loss(tokens, targets, ops)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            result.nonfinite_step = step
+            break
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(trainable.values()), CLIP_NORM))
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if mode == "scratch":
+            with torch.no_grad():
+                for moe, counts in zip(model.moe, model.route_counts(), strict=True):
+                    moe.bias.copy_(update_bias(moe.bias, counts, BIAS_UPDATE))
+        result.curve.append(value)
+        result.grad_norms.append(grad_norm)
+        if on_step:
+            on_step(step, value, time.perf_counter() - start)
+    result.seconds = time.perf_counter() - start
+    result.fingerprints = {n: fingerprint(n, p) for n, p in trainable.items()}
+    _evaluate(model, preset, corpus, seed, ops, device, result)
+    return model, result
+
+
+def _adapter_names(model: ReplayModel) -> list[str]:
+    from workbench.replay.model import Projection
+
+    names = []
+    for name, module in model.named_modules():
+        if isinstance(module, Projection):
+            names += [f"{name}.lora_a", f"{name}.lora_b"]
+    return names
+
+
+@torch.no_grad()
+def _evaluate(model: ReplayModel, preset: Preset, corpus: str, seed: int, ops: dict[str, Callable], device: str,
+              result: RunResult) -> None:
+    """Held-out batch (the same corpus, another seed): its loss and the top-k next-token log-probs of every token."""
+    if result.nonfinite_step is not None:
+        return
+    tokens, targets = batches(preset.vocab, corpus, preset.seq_len, preset.batch, 1, seed + EVAL_SEED_OFFSET)[0]
+    logprobs = model.logprobs(tokens.to(device), ops)
+    result.eval_loss = float(-logprobs.gather(1, targets.to(device).reshape(-1, 1)).mean())
+    values, ids = logprobs.topk(preset.eval_topk, dim=-1)
+    result.topk_values, result.topk_ids = values.cpu().tolist(), ids.cpu().tolist()
+
+
+def make_base(preset: Preset, seed: int, ops: dict[str, Callable], path: Path, device: str = "cpu",
+              on_step: Callable[[int, float, float], None] | None = None) -> RunResult:
+    """Train the scratch run that LoRA replays start from (``preset.base_steps`` steps) and save its state dict."""
+    model, result = _fit(preset, "scratch", preset.base_steps, seed, ops, device, None, on_step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in model.state_dict().items()}
+    torch.save(state, path)
+    return result
