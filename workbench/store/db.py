@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
-from sqlalchemy import event
+from sqlalchemy import event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, create_engine
@@ -38,7 +38,37 @@ def get_engine(url: str) -> Engine:
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     SQLModel.metadata.create_all(engine)
+    add_missing_columns(engine)
     return engine
+
+
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Columns a newer workbench added to a table that an older one created: added in place (nullable, or with
+    their scalar default), so an existing database keeps working. Returns "table.column" for each one added."""
+    added = []
+    existing = inspect(engine)
+    for table in SQLModel.metadata.sorted_tables:
+        if not existing.has_table(table.name):
+            continue
+        present = {c["name"] for c in existing.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            kind = column.type.compile(dialect=engine.dialect)
+            default = column.default.arg if column.default is not None and column.default.is_scalar else None
+            clause = f" DEFAULT {_literal(default)}" if default is not None else ""
+            with engine.begin() as conn:
+                conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{clause}'))
+            added.append(f"{table.name}.{column.name}")
+    return added
+
+
+def _literal(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 @contextmanager
