@@ -124,3 +124,21 @@ def test_judge_fails_nan_short_curves_and_drifted_parameters_or_topk(scratch):
     assert not verdict.passed and verdict.checks["parameters"]["worst"] == name
     moved = dataclasses.replace(scratch, topk_values=[[v + 0.05 for v in row] for row in scratch.topk_values])
     assert not judge(moved, scratch, TINY).checks["eval_topk"]["passed"]
+
+
+def test_ops_words_choose_each_blocks_implementation(tmp_path):
+    from workbench.operators import promote_file
+    from workbench.replay.ops import REFERENCE, replay_mode_for, resolve_ops
+
+    source = tmp_path / "rmsnorm_candidate.py"
+    source.write_text("BLOCK = 'rmsnorm'\n")
+    promoted = promote_file(source, tmp_path / "operators", "rmsnorm", {"block": "rmsnorm", "promoted_at": "1"})
+    chosen = resolve_ops(None, tmp_path / "operators")  # default: promoted where there is one
+    assert chosen["rmsnorm"] == str(promoted) and chosen["kda"] == REFERENCE
+    assert set(resolve_ops(["reference"], tmp_path / "operators").values()) == {REFERENCE}
+    loss = tmp_path / "loss.py"
+    loss.write_text("")
+    chosen = resolve_ops(["promoted", f"seq_chunked_ce={loss}", "rmsnorm=reference"], tmp_path / "operators")
+    assert chosen["seq_chunked_ce"] == str(loss) and "vocab_blockwise_ce" not in chosen  # one loss head
+    assert chosen["rmsnorm"] == REFERENCE  # later words win
+    assert [replay_mode_for(b) for b in ("lora_linear", "kda", "seq_chunked_ce")] == ["lora", "scratch", "scratch"]

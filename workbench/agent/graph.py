@@ -227,21 +227,22 @@ def build_graph(ctx: PortContext, checkpointer=None):
         return {"proposal": proposal, "reason": "" if proposal else message}
 
     def replay_gate(state: PortState) -> dict:
-        from workbench.replay.ops import LOSS_BLOCKS, MODEL_BLOCKS
+        from workbench.replay.ops import replay_mode_for
         from workbench.replay.runner import run_replay
 
         ranked = sorted(state["passing"], key=lambda a: a["worst_ratio"])
-        if not ctx.replay_steps or ctx.spec.name not in (*MODEL_BLOCKS, *LOSS_BLOCKS):
+        mode = replay_mode_for(ctx.spec.name)
+        if not ctx.replay_steps or mode is None:
             why = "off" if not ctx.replay_steps else f"{ctx.spec.name} is not part of the replay model"
             ctx.emit(state["run_id"], "replay", f"replay gate {why}")
             return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
         failures = []
         for attempt in ranked:
-            outcome = run_replay(ctx.replay_model, "scratch", ctx.settings, steps=ctx.replay_steps,
+            outcome = run_replay(ctx.replay_model, mode, ctx.settings, steps=ctx.replay_steps,
                                  ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
             ctx.emit(state["run_id"], "replay",
                      f"#{attempt['iteration']} {outcome.status}: {outcome.reason} (replay #{outcome.replay_id}, "
-                     f"{ctx.replay_steps} scratch steps)",
+                     f"{ctx.replay_steps} {mode} steps)",
                      {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
                       "status": outcome.status, "left_band_step": outcome.left_band_step})
             if outcome.status == "pass":

@@ -25,6 +25,13 @@ MODEL_BLOCKS = ("attnres", "rmsnorm", "kda", "dsa_indexer", "dsa_sparse_attentio
 LOSS_BLOCKS = ("vocab_blockwise_ce", "seq_chunked_ce")
 
 
+def replay_mode_for(block: str) -> str | None:
+    """The replay mode that exercises ``block`` (lora_linear runs only in LoRA replays); None if none does."""
+    if block == "lora_linear":
+        return "lora"
+    return "scratch" if block in MODEL_BLOCKS or block in LOSS_BLOCKS else None
+
+
 def resolve_ops(words: list[str] | None, operators_dir: Path) -> dict[str, str]:
     """{block: "reference" | path of the operator file} for every block of the model."""
     chosen = {b: REFERENCE for b in MODEL_BLOCKS}
