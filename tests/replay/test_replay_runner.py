@@ -8,11 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from faulty_ops import CRASHING, HANGING, write_op
+from faulty_ops import CRASHING, HANGING
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
 from workbench.cli import app
+from workbench.replay.faults import write_op
 from workbench.replay.presets import get_preset
 from workbench.replay.runner import base_path, reference_file, run_replay
 from workbench.store import LossReplay, get_engine

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from faulty_ops import FLOAT64, GRAD_SCALED, ROUNDED_UP, write_op
 
 from workbench.blocks import get_block
 from workbench.config import Settings
+from workbench.replay.faults import FLOAT64, GRAD_SCALED, ROUNDED_UP, write_op
 from workbench.replay.runner import run_replay
 
 LOOSE_RTOL = 3e-2
