@@ -54,7 +54,7 @@ def main() -> None:
     print(f"preset {preset.name} ({preset.layers}, D {preset.hidden}, V {preset.vocab}, {preset.tokens_per_step} "
           f"tokens a step), mode {args.mode}, {args.steps} steps a row, backend {backend.name}, "
           f"{platform.processor() or platform.machine()}")
-    print(f"{'ops':64s} {'s/step':>8s} {'x ref':>8s} {'final loss':>11s}")
+    print(f"{'ops':72s} {'s/step':>8s} {'x ref':>8s} {'final loss':>11s}")
     ref_seconds = None
     for label, ops in rows:
         job = {"task": "train", "preset": preset.name, "mode": args.mode, "steps": args.steps, "seed": 0,
@@ -62,7 +62,7 @@ def main() -> None:
                if base else None}
         result = launch(job, backend, 3600.0)
         ref_seconds = ref_seconds or result.seconds_per_step
-        print(f"{label:64s} {result.seconds_per_step:8.3f} {result.seconds_per_step / ref_seconds:8.1f} "
+        print(f"{label:72s} {result.seconds_per_step:8.3f} {result.seconds_per_step / ref_seconds:8.1f} "
               f"{result.curve[-1]:11.5f}", flush=True)
 
 
