@@ -35,15 +35,15 @@ def main() -> None:
 
     from workbench.backends import get_backend
     from workbench.config import Settings
-    from workbench.replay.ops import REFERENCE, resolve_ops
+    from workbench.replay.ops import REFERENCE, REFERENCE_OPS, resolve_ops
     from workbench.replay.presets import get_preset
-    from workbench.replay.runner import base_path, ensure_base, launch
+    from workbench.replay.runner import ensure_base, launch, training_job
 
     settings = Settings(db_url="sqlite://", operators_dir=Path(args.operators), work_dir=ROOT / ".workbench",
                         replays_dir=ROOT / "replays")
     preset, backend = get_preset(args.preset), get_backend()
     base = ensure_base(settings, args.model, preset, backend, 3600.0) if args.mode == "lora" else None
-    reference = resolve_ops([REFERENCE], settings.operators_dir)
+    reference = REFERENCE_OPS
     promoted = resolve_ops(["promoted"], settings.operators_dir)
     rows = [("every block on its reference", reference)]
     rows += [(f"{block}: {Path(path).name}", {**reference, block: path})
@@ -57,10 +57,7 @@ def main() -> None:
     print(f"{'ops':72s} {'s/step':>8s} {'x ref':>8s} {'final loss':>11s}")
     ref_seconds = None
     for label, ops in rows:
-        job = {"task": "train", "preset": preset.name, "mode": args.mode, "steps": args.steps, "seed": 0,
-               "ops": ops, "device": backend.device, "base": str(base_path(settings, args.model, preset))
-               if base else None}
-        result = launch(job, backend, 3600.0)
+        result = launch(training_job("train", preset, args.mode, args.steps, 0, ops, backend, base), backend, 3600.0)
         ref_seconds = ref_seconds or result.seconds_per_step
         print(f"{label:72s} {result.seconds_per_step:8.3f} {result.seconds_per_step / ref_seconds:8.1f} "
               f"{result.curve[-1]:11.5f}", flush=True)

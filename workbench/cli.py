@@ -460,6 +460,7 @@ def replay(
     curve leaves the band (or the final loss, trained parameters or eval top-k differ)."""
     from rich.live import Live
 
+    from workbench.replay.compare import band_width
     from workbench.replay.runner import execute, plan_replay
 
     settings = Settings.load(db, operators)
@@ -482,7 +483,7 @@ def replay(
         elif kind == "step":
             ref, loss = data["reference"], data["loss"]
             dev = f"{(loss - ref) / abs(ref):+.2e}" if ref is not None else "-"
-            style = "red" if ref is not None and abs(loss - ref) > _band(preset, ref) else ""
+            style = "red" if ref is not None and abs(loss - ref) > band_width(ref, plan.preset) else ""
             row = (str(data["step"]), f"{ref:.5f}" if ref is not None else "-", f"{loss:.5f}",
                    f"[{style}]{dev}[/]" if style else dev, f"{data['seconds']:.1f}")
             if live:
@@ -504,13 +505,6 @@ def replay(
                       + (f"; plot {outcome.plot}" if outcome.plot else ""))
     if outcome.status != "pass":
         raise typer.Exit(1)
-
-
-def _band(preset: str, reference: float) -> float:
-    from workbench.replay.compare import band_width
-    from workbench.replay.presets import get_preset
-
-    return band_width(reference, get_preset(preset))
 
 
 @command

@@ -73,7 +73,7 @@ def test_lora_freezes_the_base_and_starts_from_its_outputs():
         before = model.loss(tokens, tokens, REFERENCE_OPS)
     adapters = model.add_lora(TINY.lora_rank, TINY.lora_alpha, seed=0)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    assert {id(p) for p in trainable} == {id(p) for p in adapters}
+    assert {id(p) for p in trainable} == {id(p) for p in adapters.values()}
     projections = [m for m in model.modules() if isinstance(m, Projection)]
     assert len(adapters) == 2 * len(projections) and all(m.lora_b.abs().sum() == 0 for m in projections)
     with torch.no_grad():

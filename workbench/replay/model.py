@@ -193,16 +193,17 @@ class ReplayModel(nn.Module):
         """Log-probabilities [B*T, V] (float32) of the next token, for evaluation."""
         return torch.log_softmax((self.hidden(tokens, ops) @ self.lm_head.T).float(), dim=-1)
 
-    def add_lora(self, rank: int, alpha: float, seed: int) -> list[nn.Parameter]:
-        """Freeze every parameter, attach adapters to the attention and shared-expert projections; returns them."""
+    def add_lora(self, rank: int, alpha: float, seed: int) -> dict[str, nn.Parameter]:
+        """Freeze every parameter, attach adapters to the attention and shared-expert projections; returns them
+        by name ("<projection>.lora_a" / ".lora_b")."""
         for param in self.parameters():
             param.requires_grad_(False)
         g = torch.Generator().manual_seed(seed)
-        adapters = []
-        for module in self.modules():
+        adapters = {}
+        for name, module in self.named_modules():
             if isinstance(module, Projection):
                 module.add_lora(rank, alpha, g)
-                adapters += [module.lora_a, module.lora_b]
+                adapters.update({f"{name}.lora_a": module.lora_a, f"{name}.lora_b": module.lora_b})
         return adapters
 
     def route_counts(self) -> list[torch.Tensor]:

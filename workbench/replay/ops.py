@@ -32,12 +32,15 @@ def replay_mode_for(block: str) -> str | None:
     return "scratch" if block in MODEL_BLOCKS or block in LOSS_BLOCKS else None
 
 
+REFERENCE_OPS = {b: REFERENCE for b in MODEL_BLOCKS}  # every block of the model on its reference
+
+
 def resolve_ops(words: list[str] | None, operators_dir: Path) -> dict[str, str]:
     """{block: "reference" | path of the operator file} for every block of the model."""
-    chosen = {b: REFERENCE for b in MODEL_BLOCKS}
+    chosen = dict(REFERENCE_OPS)
     for word in words or ["promoted"]:
         if word == REFERENCE:
-            chosen = {b: REFERENCE for b in MODEL_BLOCKS}
+            chosen = dict(REFERENCE_OPS)
         elif word == "promoted":
             for block in chosen:
                 found = list_promoted(operators_dir, block)

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from workbench.replay import model as model_module
 from workbench.replay import train as train_module
 from workbench.replay.child import MARK
 from workbench.replay.compare import Judgement, judge
-from workbench.replay.ops import REFERENCE, describe, resolve_ops
+from workbench.replay.ops import REFERENCE_OPS, describe, resolve_ops
 from workbench.replay.presets import Preset, check_mode, get_preset
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
@@ -76,7 +77,9 @@ def base_path(settings: Settings, model: str, preset: Preset) -> Path:
     return replay_folder(settings, model, preset) / f"base-seed{BASE_SEED}.pt"
 
 
+@cache
 def _code_digest() -> str:
+    """The replay code and the blocks' references, as sources: computed once per process."""
     from workbench.replay.ops import LOSS_BLOCKS, MODEL_BLOCKS
 
     h = hashlib.sha256()
@@ -94,6 +97,13 @@ def reference_key(preset: Preset, mode: str, steps: int, seed: int, base: Path |
     if base is not None:
         h.update(base.read_bytes())
     return h.hexdigest()[:32]
+
+
+def training_job(task: str, preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, str],
+                 backend: Backend, base: Path | None) -> dict:
+    """The job a training process reads (see workbench.replay.child)."""
+    return {"task": task, "preset": preset.name, "mode": mode, "steps": steps, "seed": seed, "ops": ops,
+            "device": backend.device, "base": str(base) if base else None}
 
 
 def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int, float, float], None] | None = None
@@ -155,16 +165,11 @@ def ensure_base(settings: Settings, model: str, preset: Preset, backend: Backend
         return path
     if on_event:
         on_event("base", {"path": str(path), "steps": preset.base_steps})
-    job = {"task": "base", "preset": preset.name, "mode": "scratch", "steps": preset.base_steps, "seed": BASE_SEED,
-           "ops": _reference_ops(), "device": backend.device, "base": str(path)}
+    job = training_job("base", preset, "scratch", preset.base_steps, BASE_SEED, REFERENCE_OPS, backend, path)
     result = launch(job, backend, timeout_s)
     meta.write_text(json.dumps({"key": key, "steps": preset.base_steps, "final_loss": result.curve[-1],
                                 "curve": result.curve}, indent=1) + "\n")
     return path
-
-
-def _reference_ops() -> dict[str, str]:
-    return resolve_ops([REFERENCE], Path("."))
 
 
 def reference_run(settings: Settings, model: str, preset: Preset, mode: str, steps: int, seed: int,
@@ -187,8 +192,7 @@ def reference_run(settings: Settings, model: str, preset: Preset, mode: str, ste
                 return RunResult(**shipped["result"]), "file", {"key": key}
     if on_event:
         on_event("reference", {"steps": steps})
-    job = {"task": "train", "preset": preset.name, "mode": mode, "steps": steps, "seed": seed,
-           "ops": _reference_ops(), "device": backend.device, "base": str(base) if base else None}
+    job = training_job("train", preset, mode, steps, seed, REFERENCE_OPS, backend, base)
     first = launch(job, backend, timeout_s)
     second = launch(job, backend, timeout_s)
     identical = _same(first, second)
@@ -285,8 +289,7 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
             on_event("step", {"step": step, "loss": loss, "reference": ref, "seconds": seconds})
 
     base = base_path(settings, model, p) if mode == "lora" else None
-    job = {"task": "train", "preset": p.name, "mode": mode, "steps": steps, "seed": seed, "ops": plan.chosen,
-           "device": backend.device, "base": str(base) if base else None}
+    job = training_job("train", p, mode, steps, seed, plan.chosen, backend, base)
     detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step}
     try:
         result = launch(job, backend, timeout_s, on_step)

@@ -84,8 +84,7 @@ def _fit(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callab
     torch.use_deterministic_algorithms(True, warn_only=True)
     model = build_model(preset, seed, device, base if mode == "lora" else None)
     if mode == "lora":
-        trainable = dict(zip(_adapter_names(model), model.add_lora(preset.lora_rank, preset.lora_alpha, seed),
-                             strict=True))
+        trainable = model.add_lora(preset.lora_rank, preset.lora_alpha, seed)
         lr, corpus = preset.lora_lr, "finetune"
     else:
         trainable = {n: p for n, p in model.named_parameters()}
@@ -120,16 +119,6 @@ def _fit(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callab
     result.fingerprints = {n: fingerprint(n, p) for n, p in trainable.items()}
     _evaluate(model, preset, corpus, seed, ops, device, result)
     return model, result
-
-
-def _adapter_names(model: ReplayModel) -> list[str]:
-    from workbench.replay.model import Projection
-
-    names = []
-    for name, module in model.named_modules():
-        if isinstance(module, Projection):
-            names += [f"{name}.lora_a", f"{name}.lora_b"]
-    return names
 
 
 @torch.no_grad()
