@@ -259,7 +259,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
                 reason = f"not promoted at review: {decision.get('why') or 'no reason given'}"
                 ctx.emit(state["run_id"], "promote", reason)
                 return {"status": "rejected", "reason": reason}
-        best = _gated(state)
+        best = gated_candidate(state)
         source = Path(best["path"]).read_text()
         manifest = {
             "block": ctx.spec.name, "template": best["template"], "params": best["params"],
@@ -281,7 +281,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
         status, reason = state.get("status"), state.get("reason", "")
         best_id = None
         if status in ("promoted", "rejected"):
-            best_id = _gated(state)["candidate_id"]
+            best_id = gated_candidate(state)["candidate_id"]
         elif state.get("gate", {}).get("candidate_id", 0) is None:  # passing candidates, none held its curve
             status, best_id = "blocked", min(state["passing"], key=lambda a: a["worst_ratio"])["candidate_id"]
         else:
@@ -326,7 +326,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
     return graph.compile(checkpointer=checkpointer)
 
 
-def _gated(state: PortState) -> Attempt:
+def gated_candidate(state: PortState) -> Attempt:
     """The passing candidate the replay gate let through."""
     return next(a for a in state["passing"] if a["candidate_id"] == state["gate"]["candidate_id"])
 

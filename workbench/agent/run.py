@@ -18,7 +18,7 @@ from typing import Any
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
-from workbench.agent.graph import PortContext, Proposer, build_graph, recursion_limit
+from workbench.agent.graph import PortContext, Proposer, build_graph, gated_candidate, recursion_limit
 from workbench.agent.llm import HybridProposer, LLMConfig, LLMProposer, require_client, resolve_model
 from workbench.agent.search import SearchProposer
 from workbench.agent.state import Proposal
@@ -215,8 +215,7 @@ def _drive(ctx: PortContext, run_id: str, budget: int, given: dict | Command | N
         snapshot = graph.get_state(config)
         values = snapshot.values
         if snapshot.interrupts:  # promote is waiting for approval: the candidate it would promote
-            chosen = values.get("gate", {}).get("candidate_id")
-            best = min(values["passing"], key=lambda a: (a["candidate_id"] != chosen, a["worst_ratio"]))
+            best = gated_candidate(values)
             reason = (f"waiting for approval to promote #{best['iteration']} {best['template']} "
                       f"({format_point(best['params'])}), worst error {best['worst_ratio']:.2f} of the bound: "
                       f"`workbench approve {run_id}` or `workbench reject {run_id} --why ...`")
