@@ -2,7 +2,7 @@
 VENV := .venv
 MODEL ?= kimi-k3.1-pro
 
-.PHONY: setup port test lint
+.PHONY: setup port test test-fast lint
 
 setup:
 	./scripts/setup.sh
@@ -11,11 +11,16 @@ setup:
 port: setup
 	$(VENV)/bin/workbench port --model $(MODEL)
 
-# The whole suite (CI runs this through .ci/run).
+# The whole suite (CI runs this through .ci/run), in a random order: the seed is in the header
+# ("Using --randomly-seed=N"); `make test PYTEST_ARGS=--randomly-seed=N` reruns that order.
 test: setup
 	./scripts/setup-browser.sh
 	$(VENV)/bin/ruff check workbench tests dashboards bench
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=15 --junitxml=junit.xml
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=15 --junitxml=junit.xml $(PYTEST_ARGS)
+
+# The edit-test loop: everything but the interpreter, end-to-end and slow tests.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -n 2 -m "not interpreter and not e2e and not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check workbench tests dashboards bench

@@ -1,96 +1,26 @@
 """The four MoE blocks composed into one routed-expert layer: router -> permute -> grouped GEMM -> combine, each
 from a candidate rendered from its templates and run on the Triton interpreter, equals a plain per-expert loop in
-float64, forward and backward (x, the router weight and every expert weight)."""
+float64, forward and backward (x, the router weight and every expert weight). The layer runs in a child process
+(tests/blocks/moe_layer_child.py holds it and its assertions): interpreted kernels never enter the test process."""
 
 from __future__ import annotations
 
-import importlib.util
-import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-import torch
-
-from workbench.blocks.moe_router import make_inputs as router_inputs
-from workbench.templating import list_templates
 
 pytestmark = pytest.mark.interpreter
 
-N, D, F, E, K = 12, 32, 32, 6, 2
-SCALE = 2.827
-
-
-def load_candidates(tmp_path, monkeypatch, which: int) -> dict:
-    """Render the `which`-th template (by rank) of each block at its first point and import it under the
-    interpreter (TRITON_INTERPRET is read when @triton.jit decorates, i.e. at import)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    modules = {}
-    for block in ("moe_router", "moe_permute", "moe_grouped_gemm", "moe_combine"):
-        templates = list_templates(block)
-        template = templates[which % len(templates)]
-        path = tmp_path / f"{block}_{template.name}.py"
-        path.write_text(template.render(next(template.points())))
-        spec = importlib.util.spec_from_file_location(f"layer_{block}_{template.name}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        modules[block] = module
-    return modules
-
-
-def loop_reference(x, wr, bias, w1, w3, w2):
-    """The layer as a trainer would first write it, in float64: sigmoid routing with the selection bias and
-    renormalized, scaled weights, then for each expert its tokens' SwiGLU MLP, weighted and added back."""
-    x, wr, w1, w3, w2 = (t.double() for t in (x, wr, w1, w3, w2))
-    s = torch.sigmoid(x @ wr.T)
-    ids = torch.topk(s.detach() + bias.double(), K, dim=-1).indices
-    w = s.gather(-1, ids)
-    w = w / (w.sum(-1, keepdim=True) + 1e-20) * SCALE
-    out = torch.zeros_like(x)
-    for e in range(E):
-        tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        if tok.numel():
-            xe = x[tok]
-            h = torch.nn.functional.silu(xe @ w1[e].T) * (xe @ w3[e].T)
-            out = out.index_add(0, tok, w[tok, slot][:, None] * (h @ w2[e].T))
-    return out, ids
-
-
-def candidate_layer(mods, x, wr, bias, w1, w3, w2):
-    weights, ids, counts = mods["moe_router"].run(x, wr, bias, K, "sigmoid", None, True, SCALE)
-    x_perm, _token_of_row, row_of_slot, counts2, offsets = mods["moe_permute"].run(x, ids, E)
-    y = mods["moe_grouped_gemm"].run(x_perm, offsets, w1, w3, w2)
-    out = mods["moe_combine"].run(y, weights, row_of_slot)
-    return out, ids, counts, counts2
+CHILD = Path(__file__).with_name("moe_layer_child.py")
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["rank1-templates", "rank2-templates"])
-def test_composed_layer_equals_per_expert_loop(tmp_path, monkeypatch, which):
-    mods = load_candidates(tmp_path, monkeypatch, which)
-    inputs = router_inputs({"N": N, "D": D, "E": E, "k": K, "mode": 0}, torch.float32, seed=11)
-    g = torch.Generator().manual_seed(12)
-    leaves = {
-        "x": inputs["x"],
-        "wr": inputs["weight"],
-        "w1": torch.randn(E, F, D, generator=g) / math.sqrt(D),
-        "w3": torch.randn(E, F, D, generator=g) / math.sqrt(D),
-        "w2": torch.randn(E, D, F, generator=g) / math.sqrt(F),
-    }
-    leaves = {k: v.clone().requires_grad_(True) for k, v in leaves.items()}
-    bias = inputs["bias"]
-    dout = torch.randn(N, D, generator=g)
-
-    out, ids, counts, counts2 = candidate_layer(mods, leaves["x"], leaves["wr"], bias, leaves["w1"], leaves["w3"],
-                                                leaves["w2"])
-    ref_leaves = {k: v.detach().double().requires_grad_(True) for k, v in leaves.items()}
-    ref_out, ref_ids = loop_reference(ref_leaves["x"], ref_leaves["wr"], bias, ref_leaves["w1"], ref_leaves["w3"],
-                                      ref_leaves["w2"])
-
-    assert torch.equal(ids, ref_ids)
-    assert torch.equal(counts, counts2) and torch.equal(counts, torch.bincount(ref_ids.flatten(), minlength=E))
-    assert out.dtype == torch.float32 and ref_out.abs().max() > 0.1
-    torch.testing.assert_close(out.double(), ref_out, rtol=1e-4, atol=1e-5)
-
-    got = torch.autograd.grad(out, list(leaves.values()), dout)
-    want = torch.autograd.grad(ref_out, list(ref_leaves.values()), dout.double())
-    for name, a, b in zip(leaves, got, want, strict=True):
-        assert b.abs().max() > 0, name  # every parameter really gets a gradient through the layer
-        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"grad {n}: {m}")
+def test_composed_layer_equals_per_expert_loop(tmp_path, which):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(CHILD), str(tmp_path), str(which)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "layer ok" in done.stdout

@@ -142,3 +142,14 @@ def test_ops_words_choose_each_blocks_implementation(tmp_path):
     assert chosen["seq_chunked_ce"] == str(loss) and "vocab_blockwise_ce" not in chosen  # one loss head
     assert chosen["rmsnorm"] == REFERENCE  # later words win
     assert [replay_mode_for(b) for b in ("lora_linear", "kda", "seq_chunked_ce")] == ["lora", "scratch", "scratch"]
+
+
+def test_training_in_process_leaves_torch_global_state_as_it_was():
+    """A replay trained in the test process (or any in-process caller) must not leave deterministic-algorithms mode
+    on or the global RNG reseeded for whatever runs after it."""
+    torch.use_deterministic_algorithms(False)
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    train(TINY, "scratch", 2, 0, REFERENCE_OPS)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.equal(torch.get_rng_state(), before)

@@ -7,10 +7,11 @@ Runs in the process that holds the ops (a child process whose environment select
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,9 +80,33 @@ def train(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Calla
     return _fit(preset, mode, steps, seed, ops, device, base, on_step)[1]
 
 
+@contextlib.contextmanager
+def _deterministic_and_seeded() -> Iterator[None]:
+    """Deterministic algorithms on for the run; on the way out torch's global state is as it was (the
+    deterministic-algorithms flag and the CPU and CUDA RNG states), so a run in-process changes nothing after it."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
 def _fit(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callable], device: str,
          base: Path | None, on_step: Callable[[int, float, float], None] | None) -> tuple[ReplayModel, RunResult]:
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    with _deterministic_and_seeded():
+        return _fit_steps(preset, mode, steps, seed, ops, device, base, on_step)
+
+
+def _fit_steps(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callable], device: str,
+               base: Path | None, on_step: Callable[[int, float, float], None] | None
+               ) -> tuple[ReplayModel, RunResult]:
     model = build_model(preset, seed, device, base if mode == "lora" else None)
     if mode == "lora":
         trainable = model.add_lora(preset.lora_rank, preset.lora_alpha, seed)
