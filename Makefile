@@ -6,6 +6,7 @@ MODEL ?= kimi-k3.1-pro
 
 setup:
 	./scripts/setup.sh
+	./scripts/setup-debian.sh bwrap bubblewrap "candidates run with the weaker isolation (an audit hook, no namespaces)"
 
 # The main job: port every block of the model card that has a spec, on the Triton interpreter when no GPU is seen.
 port: setup
@@ -14,7 +15,7 @@ port: setup
 # The whole suite (CI runs this through .ci/run), in a random order: the seed is in the header
 # ("Using --randomly-seed=N"); `make test PYTEST_ARGS=--randomly-seed=N` reruns that order.
 test: setup
-	./scripts/setup-browser.sh
+	./scripts/setup-debian.sh chromium chromium "the browser tests will be skipped"
 	$(VENV)/bin/ruff check workbench tests dashboards bench
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=15 --junitxml=junit.xml $(PYTEST_ARGS)
 

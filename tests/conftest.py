@@ -1,10 +1,25 @@
-"""Shared fixtures: every test gets its own database file, operators folder and scratch folder."""
+"""Shared fixtures: every test gets its own database file, operators folder and scratch folder.
+
+Candidates verified in the suite compile for one GPU target (sm_90a, the H200) instead of the five defaults, and
+share one compile cache per test process (results are keyed by source, specialization and target, so sharing
+changes no verdict); tests/verify/test_targets.py names its targets itself, and `workbench ci` in .ci/run compiles
+every promoted operator for all five."""
 
 from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
 
 import pytest
 
 from workbench.config import Settings
+
+os.environ.setdefault("WORKBENCH_TARGETS", "sm_90a")
+if "WORKBENCH_COMPILE_CACHE" not in os.environ:
+    os.environ["WORKBENCH_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="workbench-compile-cache-")
+    atexit.register(shutil.rmtree, os.environ["WORKBENCH_COMPILE_CACHE"], True)
 
 
 @pytest.fixture

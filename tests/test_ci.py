@@ -84,3 +84,28 @@ def test_ci_replays_the_loss_curves_with_every_promoted_operator(settings, tmp_p
     replays = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("classname") == "replays"]
     assert [c.get("name") for c in replays] == ["scratch tiny 4 steps", "lora tiny 3 steps"]
     assert all(c.find("failure") is None for c in replays)
+
+
+def _result(compiles: list[str], spill_free: list[str]):
+    from workbench.verify.result import VerificationResult
+
+    targets = ["sm_90a", "gfx942"]
+    builds = [{"kernel": "k", "target": t, "suite": "model", "ok": t in compiles,
+               "spilled_bytes": 0 if t in spill_free else 256} for t in targets]
+    findings = [f"spills: {t} k 256 B/thread at the model suite" for t in compiles if t not in spill_free]
+    return VerificationResult(block="rmsnorm", candidate="/x/op.py", source_hash="h", backend="interpreter",
+                              verdict="pass", message="ok", targets=targets, builds=builds, findings=findings)
+
+
+def test_ci_regresses_on_a_target_that_compiled_before_and_on_new_spills():
+    from workbench.ci import regressions, summarize
+
+    before = summarize("rmsnorm", _result(["sm_90a", "gfx942"], ["gfx942"])).baseline_entry()
+    assert before["checks"]["compiles:sm_90a"] and not before["checks"]["spill_free:sm_90a"]
+    same = summarize("rmsnorm", _result(["sm_90a", "gfx942"], ["gfx942"]))
+    assert regressions(same, before) == []
+    lost_target = summarize("rmsnorm", _result(["gfx942"], ["gfx942"]))
+    assert any("compiles:sm_90a: passed before, now fails" in r for r in regressions(lost_target, before))
+    new_spills = summarize("rmsnorm", _result(["sm_90a", "gfx942"], []))
+    found = regressions(new_spills, before)
+    assert any("spill_free:gfx942: passed before, now fails" in r and "spills: gfx942 k 256" in r for r in found)

@@ -1,8 +1,12 @@
-"""Where a candidate runs: Triton on a CUDA GPU, or the Triton interpreter on CPU.
+"""Where a candidate runs now (a backend) and where it must run (a target).
 
 A backend names the device tensors live on, the environment the sandbox sets before ``triton`` is imported, and the
-dtypes and shape suites it can verify. New targets (triton-ascend, MUSA) are new entries here; blocks, templates and
-the agent never look at the hardware.
+dtypes and shape suites it can verify: Triton on a CUDA GPU, or the Triton interpreter on CPU.
+
+A target is a GPU architecture that every candidate is compiled for ahead of time, from any machine (Triton's
+``GPUTarget``: no GPU and no driver needed), with the per-SM limits that turn what the compiler reports (registers,
+shared memory, warps) into an occupancy. New accelerators (triton-ascend, MUSA) are new entries here; blocks,
+templates and the agent never look at the hardware.
 """
 
 from __future__ import annotations
@@ -40,6 +44,71 @@ CUDA = Backend(
 )
 
 BACKENDS = {b.name: b for b in (INTERPRETER, CUDA)}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU architecture Triton compiles for. backend/arch/warp_size: Triton's ``GPUTarget``. Per SM (per CU on
+    AMD): registers (32-bit, the whole register file), shared memory (bytes, LDS on AMD), the most resident CTAs
+    and warps (waves). tensor_core_ops: instruction names whose presence in the PTX / AMDGCN means a ``tl.dot``
+    reached the tensor cores (matrix cores). Limits from the vendors' public tuning guides and data sheets."""
+
+    name: str
+    device: str
+    backend: str
+    arch: int | str
+    warp_size: int
+    registers_per_sm: int
+    shared_per_sm: int
+    max_ctas_per_sm: int
+    max_warps_per_sm: int
+    tensor_core_ops: tuple[str, ...]
+    source: str
+
+    def occupancy(self, registers: int | None, shared_bytes: int, num_warps: int) -> int:
+        """Resident CTAs per SM for a kernel using ``registers`` per thread, ``shared_bytes`` of shared memory and
+        ``num_warps`` warps (the CUDA occupancy calculator's rule; on AMD VGPRs per lane in granules of 8, 512 per
+        SIMD lane, four SIMDs per CU). 0: the kernel cannot be resident at all."""
+        limits = [self.max_ctas_per_sm, self.max_warps_per_sm // num_warps]
+        if registers:
+            if self.backend == "cuda":  # registers are allocated per warp in units of 256
+                per_warp = -(-registers * self.warp_size // 256) * 256
+                limits.append(self.registers_per_sm // (per_warp * num_warps))
+            else:  # waves per SIMD from the VGPRs one lane needs; a CTA's waves spread over the 4 SIMDs
+                per_lane = -(-registers // 8) * 8
+                waves_per_simd = min(self.max_warps_per_sm // 4, 512 // per_lane)
+                limits.append(4 * waves_per_simd // num_warps)
+        if shared_bytes:
+            reserved = 1024 if self.backend == "cuda" else 0  # the CUDA runtime keeps 1 KB per CTA
+            limits.append(self.shared_per_sm // (shared_bytes + reserved))
+        return max(0, min(limits))
+
+
+_NV_MMA = ("mma.sync", "wgmma", "tcgen05.mma")
+_AMD_MMA = ("v_mfma", "v_wmma")
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("sm_80", "A100", "cuda", 80, 32, 65536, 167936, 32, 64, _NV_MMA,
+           "NVIDIA A100 Tensor Core GPU Architecture whitepaper; CUDA C++ Programming Guide, compute capability 8.0"),
+    Target("sm_90a", "H100/H200", "cuda", 90, 32, 65536, 233472, 32, 64, _NV_MMA,
+           "NVIDIA H100 Tensor Core GPU Architecture whitepaper; Hopper Tuning Guide (228 KB shared per SM)"),
+    Target("sm_100a", "B200", "cuda", 100, 32, 65536, 233472, 32, 64, _NV_MMA,
+           "CUDA C++ Programming Guide, compute capability 10.0; Blackwell Tuning Guide"),
+    Target("gfx942", "MI300X", "hip", "gfx942", 64, 4 * 512 * 64, 65536, 32, 32, _AMD_MMA,
+           "AMD CDNA 3 ISA reference; AMD Instinct MI300X data sheet (64 KB LDS per CU)"),
+    Target("gfx950", "MI355X", "hip", "gfx950", 64, 4 * 512 * 64, 163840, 32, 32, _AMD_MMA,
+           "AMD CDNA 4 ISA reference; AMD Instinct MI355X data sheet (160 KB LDS per CU)"),
+)}
+DEFAULT_TARGETS = ("sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950")
+
+
+def get_targets(names: list[str] | tuple[str, ...] | None = None) -> list[Target]:
+    """The targets named (default: DEFAULT_TARGETS); an empty list compiles for none. Unknown names are a
+    WorkbenchError listing the known ones."""
+    names = DEFAULT_TARGETS if names is None else [n for n in names if n]
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        raise WorkbenchError(f"unknown target '{unknown[0]}' (known: {', '.join(TARGETS)})")
+    return [TARGETS[n] for n in dict.fromkeys(names)]
 
 
 def cuda_available() -> bool:

@@ -56,6 +56,8 @@ def _check_key(direction: str, dtype: str) -> str:
     """Checks grouped per quantity and dtype; every integrity check is one group, every run error another."""
     if direction.startswith("integrity:"):
         return "integrity"
+    if direction.startswith("target:"):
+        return f"compiles:{direction.removeprefix('target:')}"
     return "runs" if direction == "run" else f"{direction} {dtype}"
 
 
@@ -68,6 +70,13 @@ def summarize(block: str, result: VerificationResult) -> OperatorReport:
         checks[key] = checks.get(key, True) and c.passed
         if not c.passed and key not in reasons:
             reasons[key] = c.line()
+    evidence = result.evidence()
+    for target in result.targets:  # a target that compiled before and does not now, or new spills, regress
+        checks[f"compiles:{target}"] = checks.get(f"compiles:{target}", True) and target in evidence["compiles_on"]
+        checks[f"spill_free:{target}"] = target in evidence["spill_free_on"]
+        if not checks[f"spill_free:{target}"] and checks[f"compiles:{target}"]:
+            spills = [f for f in result.findings if f.startswith(f"spills: {target} ")]
+            reasons[f"spill_free:{target}"] = "; ".join(spills)
     ratio = result.worst_ratio()
     return OperatorReport(block=block, operator=Path(result.candidate).name, source_hash=result.source_hash,
                           verdict=result.verdict, message=result.message,
@@ -135,8 +144,8 @@ def current_commit() -> str:
 
 
 def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, timeout_s: float = 300.0,
-           replays: tuple[tuple[str, int], ...] = (), on_report=None, on_replay=None
-           ) -> tuple[CIJob, list[OperatorReport], list[ReplayReport]]:
+           replays: tuple[tuple[str, int], ...] = (), on_report=None, on_replay=None,
+           targets: list[str] | None = None) -> tuple[CIJob, list[OperatorReport], list[ReplayReport]]:
     """Verify the newest promoted operator of every block, then run ``replays`` ((mode, steps), see CI_REPLAYS);
     record the job, return it with the reports. The job's status is "passed" unless there is a regression."""
     engine = get_engine(settings.db_url)
@@ -155,7 +164,7 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         if changed_only and known and known.get("source_hash") == manifest.get("source_hash"):
             continue
         result = verify_candidate(manifest["path"], block=block, seeds=seeds, base_seed=CI_SEED,
-                                  timeout_s=timeout_s)
+                                  timeout_s=timeout_s, targets=targets)
         report = summarize(block, result)
         report.regressions = regressions(report, known)
         reports.append(report)

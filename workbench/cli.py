@@ -27,6 +27,16 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 DbOption = Annotated[str | None, typer.Option("--db", help="database URL (default $WORKBENCH_DB or sqlite:///workbench.db)")]
 OpsOption = Annotated[Path | None, typer.Option("--operators", help="promoted operators folder (default ./operators)")]
 JsonOption = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+TargetsOption = Annotated[str | None, typer.Option(
+    "--targets", help="GPU targets every kernel must compile for, comma-separated, or none (default "
+                      "$WORKBENCH_TARGETS, a model card's targets, else sm_80,sm_90a,sm_100a,gfx942,gfx950)")]
+
+
+def _targets(value: str | None) -> list[str] | None:
+    """--targets as a list: None for the default, [] for "none"."""
+    if value is None:
+        return None
+    return [] if value.strip().lower() == "none" else [t.strip() for t in value.split(",") if t.strip()]
 
 VERDICT_STYLE = {"pass": "green", "passed": "green", "promoted": "green", "fail": "red", "failed": "red",
                  "blocked": "red", "running": "yellow", "waiting_approval": "cyan", "rejected": "red",
@@ -160,6 +170,7 @@ def port(
     replay_steps: Annotated[int, typer.Option(
         envvar="WORKBENCH_REPLAY_STEPS",
         help="steps of the loss-curve replay that gates promotion (0: no gate)")] = 6,
+    targets: TargetsOption = None,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Port blocks with the agent: render, compile, verify, diagnose, revise, promote. Exit 1 if any ends blocked."""
@@ -184,8 +195,11 @@ def port(
                                   backend=chosen)
         return _finish([outcome], as_json)
     names = list(block_names or [])
+    card_targets = None
     if model:
-        names += [b for b in get_model(model).blocks if b in REGISTRY and b not in names]
+        card = get_model(model)
+        names += [b for b in card.blocks if b in REGISTRY and b not in names]
+        card_targets = card.targets
     if not names:
         raise WorkbenchError("name a block to port, or --model to port every block of a model card")
     for name in names:
@@ -203,7 +217,8 @@ def port(
             outcome = port_block(name, settings, budget=budget, explore=explore, start=start, proposer=proposer,
                                  suites=suites.split(","), dtypes=dtypes.split(",") if dtypes else None, seeds=seeds,
                                  backend=chosen, timeout_s=timeout, model=model, on_event=show, llm=llm,
-                                 approve=approve, replay_steps=replay_steps)
+                                 approve=approve, replay_steps=replay_steps,
+                                 targets=_targets(targets) if targets is not None else card_targets)
         outcomes.append(outcome)
         _print_outcome(outcome, as_json)
     _finish(outcomes, as_json, printed=True)
@@ -276,6 +291,10 @@ def verify(
     seed: Annotated[int | None, typer.Option(help="base seed (default: drawn at random, printed)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds the candidate may take")] = 300.0,
     backend: Annotated[str | None, typer.Option(help="auto, interpreter or cuda")] = None,
+    targets: TargetsOption = None,
+    forward_only: Annotated[bool, typer.Option(
+        "--forward-only", help="verify the outputs only (inference kernels without a backward); recorded as such")]
+    = False,
     db: DbOption = None, as_json: JsonOption = False,
 ) -> None:
     """Full verification of any candidate file: exit 0 pass, 1 fail, 2 usage error."""
@@ -288,7 +307,8 @@ def verify(
     with console.status(f"verifying {candidate} on {chosen.name}...") if not as_json else _nullcontext():
         result = verify_candidate(candidate, block=block, suites=suites.split(","),
                                   dtypes=dtypes.split(",") if dtypes else None, seeds=seeds, base_seed=seed,
-                                  backend=chosen, timeout_s=timeout)
+                                  backend=chosen, timeout_s=timeout, targets=_targets(targets),
+                                  forward_only=forward_only)
     engine = _engine(settings)
     _, source = read_candidate(candidate)
     cid = records.add_candidate(engine, block=result.block, source=source, source_hash=result.source_hash,
@@ -322,7 +342,91 @@ def _print_checks(result) -> None:
                       _style("pass") if all(c.passed for c in cs) else _style("fail") + " " + escape(worst.reason))
     if result.checks:
         console.print(table)
-    console.print(f"{_style(result.verdict)} {escape(result.message)} ({result.seconds:.1f} s)")
+    if result.builds:
+        console.print(_builds_table(f"{result.block}: what the GPU compilers say", result.builds))
+    for finding in result.findings:
+        console.print(f"[yellow]finding[/] {escape(finding)}")
+    backward = "; forward only: the backward was not verified" if result.forward_only else ""
+    console.print(f"{_style(result.verdict)} {escape(result.message)} ({result.seconds:.1f} s, of which compile "
+                  f"{result.compile_seconds:.1f} s){backward}")
+
+
+def _builds_table(title: str, builds: list[dict]) -> Table:
+    """Kernel x target: "ok" with registers / spilled bytes / shared KB / CTAs per SM / tensor cores, or the
+    compiler's error. Model-suite builds, and any build that failed."""
+    shown = [b for b in builds if b["suite"] == "model" or not b["ok"]] or builds
+    targets = list(dict.fromkeys(b["target"] for b in builds))
+    rows: dict[tuple[str, str], dict[str, dict]] = {}
+    for b in shown:
+        cell = rows.setdefault((b.get("operator", ""), b["kernel"]), {})
+        worst = cell.get(b["target"])  # the worst build of this kernel on this target speaks for it
+        spills_more = (b["spilled_bytes"] or 0) > (worst["spilled_bytes"] or 0) if worst else False
+        if worst is None or (worst["ok"] and (not b["ok"] or spills_more)):
+            cell[b["target"]] = b
+    table = Table(title=title)
+    table.add_column("kernel")
+    for t in targets:
+        table.add_column(t)
+    for (operator, kernel), cells in rows.items():
+        table.add_row(f"{operator} {kernel}".strip(), *(_build_cell(cells.get(t)) for t in targets))
+    table.caption = "regs / spilled B per thread / shared KB / CTAs per SM; TC: tensor-core instructions on a dot"
+    return table
+
+
+def _build_cell(b: dict | None) -> str:
+    if b is None:
+        return "-"
+    if not b["ok"]:
+        return f"[red]error[/] {escape(b['error'][:80])}"
+    spill = f"[red]{b['spilled_bytes']}[/]" if b["spilled_bytes"] else "0"
+    tc = "" if b["uses_dot"] is None or not b["uses_dot"] else (" TC" if b["tensor_cores"] else " [red]no TC[/]")
+    return f"{b['registers']} / {spill} / {(b['shared_bytes'] or 0) / 1024:.0f} / {b['ctas_per_sm']}{tc}"
+
+
+@command
+def targets(
+    paths: Annotated[list[Path] | None, typer.Argument(help="candidate files (default: every promoted operator)")]
+    = None,
+    targets: TargetsOption = None,
+    operators: OpsOption = None, as_json: JsonOption = False,
+) -> None:
+    """The target matrix: each kernel's launches at the model card's sizes, compiled for every GPU target (no GPU
+    needed): registers, spilled bytes, shared memory, occupancy, tensor cores, or the compiler's error. Exit 1 when
+    a kernel fails to compile for a target."""
+    from workbench.operators import list_promoted
+    from workbench.verify.harness import target_report
+
+    settings = Settings.load(None, operators)
+    files = [(None, p) for p in paths] if paths else \
+        [(m["block"], Path(m["path"])) for m in _newest_promoted(list_promoted(settings.operators_dir))]
+    if not files:
+        raise WorkbenchError(f"no candidates: name files, or promote operators into {settings.operators_dir}")
+    results = []
+    for block, path in files:
+        with console.status(f"capturing and compiling {path.name}...") if not as_json else _nullcontext():
+            results.append(target_report(path, block=block, targets=_targets(targets)))
+    builds = [{**b, "operator": r.block} for r in results for b in r.builds]
+    if as_json:
+        _emit_json([{"block": r.block, "candidate": r.candidate, "verdict": r.verdict, "message": r.message,
+                     "findings": r.findings, "builds": r.builds, **r.evidence()} for r in results])
+    else:
+        console.print(_builds_table("target matrix at the model suite (compiled ahead of time, no GPU)", builds))
+        for r in results:
+            for finding in r.findings:
+                console.print(f"[yellow]finding[/] {r.block}: {escape(finding)}")
+            if not r.passed:
+                console.print(f"{_style(r.verdict)} {r.block}: {escape(r.message)}")
+        ok = sum(b["ok"] for b in builds)
+        console.print(f"{ok} of {len(builds)} kernel x target builds compiled; "
+                      f"{sum(1 for b in builds if b['ok'] and b['spilled_bytes'])} spill")
+    raise typer.Exit(0 if all(r.passed for r in results) else 1)
+
+
+def _newest_promoted(manifests: list[dict]) -> list[dict]:
+    newest: dict[str, dict] = {}
+    for manifest in manifests:
+        newest.setdefault(manifest["block"], manifest)
+    return [newest[b] for b in sorted(newest)]
 
 
 @command
@@ -360,6 +464,7 @@ def ci(
     timeout: Annotated[float, typer.Option(help="seconds one operator's verification may take")] = 300.0,
     replays: Annotated[bool, typer.Option("--replays/--no-replays",
                                           help="short scratch and LoRA replays with every promoted operator")] = True,
+    targets: TargetsOption = None,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Re-verify every promoted operator against the last recorded results and replay short loss curves with them:
@@ -380,7 +485,7 @@ def ci(
 
     job, reports, replay_reports = run_ci(settings, changed_only=changed_only, timeout_s=timeout,
                                           replays=CI_REPLAYS if replays else (), on_report=show_report,
-                                          on_replay=show_replay)
+                                          on_replay=show_replay, targets=_targets(targets))
     if junit:
         write_junit(junit, job, reports, replay_reports)
     if update_baseline:

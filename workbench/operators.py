@@ -31,3 +31,41 @@ def list_promoted(operators_dir: Path, block: str | None = None) -> list[dict[st
         if isinstance(data, dict) and source.is_file():
             found.append({**data, "path": str(source)})
     return sorted(found, key=lambda m: m.get("promoted_at", ""), reverse=True)
+
+
+EVIDENCE = ("interpreter only", "compiles on every target", "spill-free on every target", "verified on a GPU")
+"""What a promoted operator has shown, weakest first: verified on the interpreter only (or compiled for some
+targets); its kernels compiled for every required target; and without spills at the model suite; verified on a
+GPU backend in bfloat16 at the model suite."""
+
+
+def evidence(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Where a promoted operator has been shown to work, from its manifest: the verification backend, dtypes and
+    suites; the targets it compiles on and is spill-free on (at the model suite); whether a GPU verified it; the
+    strongest level of EVIDENCE it reaches."""
+    verification = manifest.get("verification", {})
+    found = manifest.get("evidence", {})
+    targets = found.get("targets", [])
+    gpu = verification.get("backend") == "cuda" and "bfloat16" in verification.get("dtypes", []) \
+        and "model" in verification.get("suites", [])
+    level = EVIDENCE[0]
+    if targets and set(targets) <= set(found.get("compiles_on", [])):
+        level = EVIDENCE[2] if set(targets) <= set(found.get("spill_free_on", [])) else EVIDENCE[1]
+    if gpu:
+        level = EVIDENCE[3]
+    return {"backend": verification.get("backend", ""), "dtypes": verification.get("dtypes", []),
+            "suites": verification.get("suites", []), "targets": targets,
+            "compiles_on": found.get("compiles_on", []), "spill_free_on": found.get("spill_free_on", []),
+            "gpu_verified": gpu, "findings": found.get("findings", []), "strongest": level}
+
+
+def evidence_line(manifest: dict[str, Any]) -> str:
+    """One line of evidence: "interpreter float32/float16 smoke+edge; compiles 5/5 (...); spill-free 2/5 (...);
+    GPU bf16 model: not yet"."""
+    e = evidence(manifest)
+    n = len(e["targets"])
+    compiled = f"compiles {len(e['compiles_on'])}/{n}" + (f" ({', '.join(e['compiles_on'])})" if e["compiles_on"]
+                                                          else "") if n else "not compiled for any target"
+    spill_free = f"; spill-free {len(e['spill_free_on'])}/{n}" if n else ""
+    return (f"{e['backend']} {'/'.join(e['dtypes'])} {'+'.join(e['suites'])}; {compiled}{spill_free}; GPU bf16 model: "
+            f"{'verified' if e['gpu_verified'] else 'not yet'}")

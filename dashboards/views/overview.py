@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench.models import list_models
+from workbench.operators import EVIDENCE
 from workbench.store.queries import STATUSES
 
 settings = board.settings()
@@ -22,9 +23,13 @@ model = st.selectbox("Model card", list(cards), format_func=lambda n: f"{n} · {
 plan: pd.DataFrame = board.read("model_plan", str(settings.operators_dir), model)
 
 counts = plan["status"].value_counts()
-done, total = int(counts.get("promoted", 0)), len(plan)
-st.progress(done / total if total else 0.0,
-            text=f"{done} of {total} blocks promoted · {int(counts.get('numerics pass', 0))} numerics pass · "
+levels = plan["evidence"].value_counts()
+total = len(plan)
+on_targets = sum(int(levels.get(level, 0)) for level in EVIDENCE[1:])  # counted by their strongest evidence
+st.progress(on_targets / total if total else 0.0,
+            text=f"{on_targets} of {total} blocks compile on every target · "
+                 + " · ".join(f"{int(levels.get(level, 0))} {level}" for level in reversed(EVIDENCE)) + " · "
+                 f"{int(counts.get('numerics pass', 0))} numerics pass · "
                  f"{int(counts.get('in progress', 0))} in progress · "
                  f"{int(counts.get('blocked', 0) + counts.get('failed', 0))} blocked or failed · "
                  f"{int(counts.get('no spec', 0))} without a spec")

@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from workbench.agent.prompt import build_prompt, extract_module
+from workbench.agent.prompt import build_prompt, extract_module, verification_text
 from workbench.blocks import get_block
 
 MODULE = '''import torch
@@ -108,3 +108,14 @@ def test_the_budget_trims_the_least_needed_sections_first():
     # the task, the verdict and the failing shapes survive; the worst check is listed
     assert "Reply with the complete module" in prompt
     assert "verdict: fail" in prompt and "failing shapes:" in prompt and "[rows=40,N=4097]" in prompt
+
+
+def test_a_target_compile_error_reaches_the_next_prompt_with_the_compilers_message():
+    """The llm proposer's next prompt carries the compiler's first line, the target and the kernel."""
+    message = ("sm_90a: swiglu_fwd_kernel: CompilationError: NameError(\"Cannot access global variable ONE from "
+               "within @jit'ed function.")
+    checks = [{"suite": "target", "shape": "sm_90a", "dtype": "model", "seed": 0, "direction": "target:sm_90a",
+               "passed": False, "reason": message.split(": ", 1)[1], "max_abs": None, "bound": None}]
+    text = verification_text({"verdict": "target_compile_error", "message": message}, None, checks)
+    assert "verdict: target_compile_error" in text and "Cannot access global variable ONE" in text
+    assert "sm_90a" in text and "swiglu_fwd_kernel" in text

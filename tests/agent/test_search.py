@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from workbench.agent.diagnose import diagnose, parse_shape
 from workbench.agent.search import SearchProposer, point_key
 from workbench.blocks import get_block
@@ -87,3 +89,12 @@ def test_structural_failures_try_other_templates_first_and_exhaustion_returns_no
     assert nxt["template"] == "col_tiled" and "other templates first" in nxt["reason"]
     everything = {point_key(t.name, p) for t in search.templates for p in t.points()}
     assert search.revise("row_block", GOOD, compile_error, everything) is None
+
+
+@pytest.mark.parametrize("verdict", ["target_compile_error", "interpreter_unsupported"])
+def test_a_kernel_a_gpu_compiler_or_the_interpreter_rejects_is_the_templates_code_defect(verdict):
+    """No parameter of the same template fixes a kernel that a target's compiler rejects: the next template."""
+    search = proposer()
+    nxt = search.revise("row_block", GOOD, {"class": verdict, "reason": "", "evidence": {}},
+                        {point_key("row_block", GOOD)})
+    assert nxt["template"] == "col_tiled" and "other templates first" in nxt["reason"]

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from workbench.cli import app as cli_app
 from workbench.models import get_model
+from workbench.operators import EVIDENCE
 from workbench.store import get_engine, records
 from workbench.store.queries import block_status
 
@@ -83,8 +84,11 @@ def test_overview_lists_every_block_of_the_card_with_its_status(seeded):
     assert statuses["rmsnorm"] == "promoted" and statuses["swiglu"] == "blocked"
     for name in card.blocks:
         assert statuses[name] == block_status(engine, seeded.operators_dir, name)[0]
-    promoted = sum(s == "promoted" for s in statuses.values())
-    assert at.get("progress")[0].proto.text.startswith(f"{promoted} of {len(card.blocks)} blocks promoted")
+    levels = dict(zip(plan["block"], plan["evidence"], strict=True))
+    assert all((levels[b] in EVIDENCE) == (statuses[b] == "promoted") for b in card.blocks)
+    on_targets = sum(levels[b] in EVIDENCE[1:] for b in card.blocks)  # counted by the strongest evidence
+    assert at.get("progress")[0].proto.text.startswith(
+        f"{on_targets} of {len(card.blocks)} blocks compile on every target")
     assert charts(at)
     links = {link.proto.label for link in at.get("page_link")}
     assert {"rmsnorm", "swiglu"} <= links

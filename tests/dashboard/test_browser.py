@@ -1,5 +1,5 @@
 """The dashboard in a real browser: `streamlit run` on a free port against a seeded database, driven by headless
-Chromium (Debian's package, scripts/setup-browser.sh) through Playwright. Screenshots of every page go to
+Chromium (Debian's package, scripts/setup-debian.sh) through Playwright. Screenshots of every page go to
 $WORKBENCH_SCREENSHOTS (default: a temporary folder)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 CHROMIUM = shutil.which("chromium")
 if CHROMIUM is None:
-    pytest.skip("chromium is not installed (scripts/setup-browser.sh installs it)", allow_module_level=True)
+    pytest.skip("chromium is not installed (scripts/setup-debian.sh installs it)", allow_module_level=True)
 
 from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 from seed import MODEL, seed  # noqa: E402

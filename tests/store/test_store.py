@@ -15,10 +15,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
 
-from workbench.operators import list_promoted, promote_file
+from workbench.operators import evidence, evidence_line, list_promoted, promote_file
 from workbench.store import Candidate, PortRun, get_engine, session_scope
 from workbench.store.db import BUSY_TIMEOUT_MS
+from workbench.store.models import KernelBuild
 from workbench.store.queries import (
     block_status,
     candidate_checks,
@@ -281,7 +283,8 @@ def test_block_status_lifecycle(tmp_path, engine):
         assert block_status(engine, ops, "rmsnorm")[0] == expected, status
 
     dest = promote_file(write_candidate(tmp_path), ops, "rmsnorm", {"run_id": first, "promoted_at": "2025"})
-    assert block_status(engine, ops, "rmsnorm") == ("promoted", dest.name)
+    assert block_status(engine, ops, "rmsnorm") == ("promoted", f"{dest.name}: {evidence_line({})}")
+    assert "not compiled for any target" in evidence_line({}) and "GPU bf16 model: not yet" in evidence_line({})
     assert block_status(engine, ops, "swiglu")[0] == "not started"
 
 
@@ -347,3 +350,45 @@ def test_a_database_from_an_older_workbench_gains_the_new_columns(tmp_path):
     assert {"kind", "steps", "backend", "left_band_step", "detail", "finished_at"} <= columns
     kinds = sqlite3.connect(path).execute("SELECT kind FROM loss_replay").fetchall()
     assert kinds == [("operators",)]
+
+
+def _build(target: str, ok: bool = True, spilled: int = 0, suite: str = "model") -> dict:
+    return {"kernel": "k_fwd", "target": target, "suite": suite, "specialization": {"signature": {"X": "*bf16"}},
+            "ok": ok, "error": "" if ok else "NameError: Cannot access global variable EPS", "registers": 96,
+            "spilled_bytes": spilled, "shared_bytes": 1024, "num_warps": 4, "num_stages": 3, "ctas_per_sm": 5,
+            "uses_dot": False, "tensor_cores": None, "seconds": 0.4, "cached": False}
+
+
+def test_record_verification_keeps_what_the_compilers_said_and_the_evidence(engine):
+    cid = add_candidate(engine, block="rmsnorm", source="x", source_hash="h", path="p")
+    result = VerificationResult(block="rmsnorm", candidate="p", source_hash="h", backend="interpreter",
+                                verdict="pass", message="ok", targets=["sm_90a", "gfx942", "sm_80"],
+                                builds=[_build("sm_90a", spilled=376), _build("gfx942"), _build("sm_80", ok=False)],
+                                findings=["spills: sm_90a k_fwd 376 B/thread at the model suite"])
+    record_verification(engine, cid, result)
+    record_verification(engine, cid, result)  # a second verification replaces the first one's rows
+    with session_scope(engine) as s:
+        rows = {b.target: b for b in s.exec(select(KernelBuild).where(KernelBuild.candidate_id == cid))}
+        candidate = s.get(Candidate, cid)
+        assert sorted(rows) == ["gfx942", "sm_80", "sm_90a"]
+        assert (rows["sm_90a"].registers, rows["sm_90a"].spilled_bytes, rows["sm_90a"].ctas_per_sm) == (96, 376, 5)
+        assert rows["sm_80"].ok is False and "Cannot access global variable" in rows["sm_80"].error
+        assert rows["gfx942"].specialization == {"signature": {"X": "*bf16"}}
+        assert candidate.evidence["compiles_on"] == ["sm_90a", "gfx942"]
+        assert candidate.evidence["spill_free_on"] == ["gfx942"]
+
+
+def test_a_promoted_operator_is_counted_by_its_strongest_evidence():
+    five = ["sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950"]
+    on_interpreter = {"verification": {"backend": "interpreter", "dtypes": ["float32", "float16"],
+                                       "suites": ["smoke", "edge"]}}
+    assert evidence(on_interpreter)["strongest"] == "interpreter only"
+    partly = {**on_interpreter, "evidence": {"targets": five, "compiles_on": five[:3], "spill_free_on": []}}
+    assert evidence(partly)["strongest"] == "interpreter only"
+    assert "compiles 3/5 (sm_80, sm_90a, sm_100a); spill-free 0/5" in evidence_line(partly)
+    compiles = {**partly, "evidence": {**partly["evidence"], "compiles_on": five, "spill_free_on": five[3:]}}
+    assert evidence(compiles)["strongest"] == "compiles on every target"
+    spill_free = {**compiles, "evidence": {**compiles["evidence"], "spill_free_on": five}}
+    assert evidence(spill_free)["strongest"] == "spill-free on every target"
+    on_gpu = {**spill_free, "verification": {"backend": "cuda", "dtypes": ["bfloat16"], "suites": ["model"]}}
+    assert evidence(on_gpu)["strongest"] == "verified on a GPU" and evidence(on_gpu)["gpu_verified"]

@@ -77,6 +77,7 @@ class PortContext:
     on_event: Callable[[str, str, dict], None] | None = None
     approve: bool = False
     replay_steps: int = 0          # steps of the replay gate (0: no gate)
+    targets: list[str] | None = None  # GPU targets every candidate must compile for (None: the defaults)
     replay_model: str = "kimi-k3.1-pro"
 
     def emit(self, run_id: str, node: str, message: str, data: dict | None = None) -> None:
@@ -189,9 +190,10 @@ def build_graph(ctx: PortContext, checkpointer=None):
     def verify(state: PortState) -> dict:
         current = dict(state["current"])
         result = verify_candidate(current["path"], block=ctx.spec.name, suites=ctx.suites, dtypes=ctx.dtypes,
-                                  seeds=ctx.seeds, backend=ctx.backend, timeout_s=ctx.timeout_s)
+                                  seeds=ctx.seeds, backend=ctx.backend, timeout_s=ctx.timeout_s, targets=ctx.targets)
         records.record_verification(ctx.engine, current["candidate_id"], result)
-        current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio())
+        current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
+                       evidence=result.evidence())
         ctx.emit(state["run_id"], "verify", f"{result.verdict}: {result.message} ({result.seconds:.1f} s)",
                  result.summary())
         update: dict[str, Any] = {"current": current, "last_checks": [vars(c) for c in result.checks]}
@@ -268,6 +270,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
             "verification": {"backend": ctx.backend.name, "suites": ctx.suites, "dtypes": ctx.dtypes,
                              "seeds": ctx.seeds, "verdict": best["verdict"], "message": best["message"],
                              "worst_ratio": round(best["worst_ratio"], 4)},
+            "evidence": best.get("evidence", {}),
         }
         if decision is not None:
             manifest["approval"] = {k: v for k, v in decision.items() if k in ("approved", "why", "by")}

@@ -53,6 +53,8 @@ def contract(spec: BlockSpec) -> str:
         "softmax, norms, reductions): the host code may only allocate, view, copy and launch kernels;",
         "- not use `triton.autotune`, `triton.testing` or `triton.runtime.driver` (verification may run on the "
         "Triton interpreter on CPU): choose tile sizes on the host from the shapes, take the device from the inputs;",
+        "- compile for real GPUs as well (every launch is compiled ahead of time for NVIDIA and AMD targets, at the "
+        "model's sizes too): a kernel may read a module-level value only if it is a `tl.constexpr(...)`;",
         "- write every element of every output, leave the inputs unchanged, and return fresh tensors.",
         "Reply with the complete module in one ```python fenced block.",
     ])

@@ -22,7 +22,7 @@ from workbench.agent.graph import PortContext, Proposer, build_graph, gated_cand
 from workbench.agent.llm import HybridProposer, LLMConfig, LLMProposer, require_client, resolve_model
 from workbench.agent.search import SearchProposer
 from workbench.agent.state import Proposal
-from workbench.backends import BACKENDS, Backend, get_backend
+from workbench.backends import BACKENDS, Backend, get_backend, get_targets
 from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, BlockSpec
 from workbench.config import Settings
@@ -30,7 +30,7 @@ from workbench.errors import TemplateError, WorkbenchError
 from workbench.store import get_engine, records
 from workbench.store.queries import candidate_checks, find_run
 from workbench.templating import format_point, list_templates, load_template, parse_point
-from workbench.verify.harness import DEFAULT_TIMEOUT_S, select_suites, suite_shapes
+from workbench.verify.harness import DEFAULT_TIMEOUT_S, default_target_names, select_suites, suite_shapes
 
 DEFAULT_REPLAY_MODEL = "kimi-k3.1-pro"
 PROPOSERS = ("search", "llm", "hybrid")
@@ -54,13 +54,15 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
                proposer: str = "search", suites: list[str] | None = None, dtypes: list[str] | None = None,
                seeds: int = 2, backend: Backend | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                model: str | None = None, on_event: EventHook | None = None, llm: LLMConfig | None = None,
-               chat=None, approve: bool = False, replay_steps: int = 0) -> PortOutcome:
+               chat=None, approve: bool = False, replay_steps: int = 0, targets: list[str] | None = None
+               ) -> PortOutcome:
     """Run the agent on ``block``. start: "template:NAME=VALUE,..." to begin at a given point (missing params take
     the template's first covering choice); for the llm proposer, the starting candidate shown to the model.
     llm: the endpoint of the llm and hybrid proposers (default: $WORKBENCH_LLM_*); chat: a langchain chat model to
     use instead of one on that endpoint. approve: stop before promotion until decide() is called.
     replay_steps: steps of the replay gate before promotion (0: none; the replay uses ``model``'s name, default
-    kimi-k3.1-pro). Raises WorkbenchError for bad arguments before any run is recorded."""
+    kimi-k3.1-pro). targets: the GPU targets every candidate must compile for (default: $WORKBENCH_TARGETS, else
+    the defaults). Raises WorkbenchError for bad arguments before any run is recorded."""
     spec = get_block(block)
     if proposer not in PROPOSERS:
         raise WorkbenchError(f"unknown proposer '{proposer}' (known: {', '.join(PROPOSERS)})")
@@ -75,7 +77,9 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
         if chat is None:
             require_client()
             llm = resolve_model(llm)
+    targets = [t.name for t in get_targets(default_target_names() if targets is None else targets)]
     config = {"suites": suites, "dtypes": dtypes, "seeds": seeds, "explore": explore, "start": start,
+              "targets": targets,
               "timeout_s": timeout_s, "approve": approve, "replay_steps": replay_steps,
               "replay_model": model or DEFAULT_REPLAY_MODEL,
               "llm": llm.public() if llm and proposer != "search" else None}
@@ -178,7 +182,8 @@ def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, prop
                        backend=backend, suites=config["suites"], dtypes=config["dtypes"], seeds=config["seeds"],
                        timeout_s=config["timeout_s"], start=start, on_event=on_event,
                        approve=bool(config.get("approve")), replay_steps=int(config.get("replay_steps") or 0),
-                       replay_model=config.get("replay_model") or DEFAULT_REPLAY_MODEL)
+                       replay_model=config.get("replay_model") or DEFAULT_REPLAY_MODEL,
+                       targets=config.get("targets"))
 
 
 def _thread(run_id: str, budget: int) -> dict:

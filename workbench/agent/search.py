@@ -17,7 +17,8 @@ from workbench.templating import Template, format_point
 from workbench.verify.integrity import INTEGRITY_VERDICTS
 
 # Failures that no parameter of the same template can fix: look at the other templates first.
-STRUCTURAL = ("compile_error", "runtime_error", "crashed", "tail", "gradient", "wrong", "template_error",
+STRUCTURAL = ("compile_error", "target_compile_error", "interpreter_unsupported", "runtime_error", "crashed", "tail",
+              "gradient", "wrong", "template_error",
               *INTEGRITY_VERDICTS)
 
 

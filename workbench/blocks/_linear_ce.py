@@ -64,6 +64,14 @@ def loss_scale(y: torch.Tensor, ignore_index: int, reduction: str) -> float:
 # --- inputs --------------------------------------------------------------------------------------------------------
 
 
+def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
+    """make_inputs' shapes and dtypes on the meta device (its target draw is data-dependent)."""
+    n, v, d = shape["N"], shape["V"], shape["D"]
+    meta = {"device": "meta"}
+    return {"h": torch.empty(n, d, dtype=dtype, **meta), "W": torch.empty(v, d, dtype=dtype, **meta),
+            "y": torch.empty(n, dtype=torch.int64, **meta), "ignore_index": IGNORE_INDEX, "reduction": REDUCTIONS[0]}
+
+
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """h [N, D]: normed final hidden states, N(0, 1) times a per-channel norm weight 1 + N(0, 0.1);
     W [V, D] ~ N(0, LOGIT_STD^2 / D), so the logits have std about LOGIT_STD;

@@ -80,6 +80,9 @@ class BlockSpec:
         default: random sizes within the ranges of the smoke and edge suites.
     training_reference: an exact, faster form of ``reference`` with the same signature (tested against it), which
         loss-curve replays train with where the clear form is too slow; default: ``reference``.
+    abstract_inputs(shape, dtype) -> dict: the inputs as meta tensors (shapes and dtypes, no data), for capturing a
+        candidate's kernel launches at sizes too large to materialise (the model suite); default: ``make_inputs``
+        on the meta device, which serves every block whose input factory has no data-dependent step.
     """
 
     name: str
@@ -95,6 +98,14 @@ class BlockSpec:
     comparators: Mapping[str, Callable[..., dict]] = field(default_factory=dict)
     hidden_shapes: Callable[[random.Random], list[Shape]] | None = None
     training_reference: Callable[..., Any] | None = None
+    abstract_inputs: Callable[[Shape, torch.dtype], dict[str, Any]] | None = None
+
+    def meta_inputs(self, shape: Shape, dtype: torch.dtype) -> dict[str, Any]:
+        """Every argument of ``reference`` at ``shape``, tensors on the meta device (see ``abstract_inputs``)."""
+        if self.abstract_inputs is not None:
+            return self.abstract_inputs(shape, dtype)
+        with torch.device("meta"):
+            return self.make_inputs(shape, dtype, 0, "meta")
 
     @property
     def arg_names(self) -> tuple[str, ...]:

@@ -43,6 +43,14 @@ def reference(y: torch.Tensor, weights: torch.Tensor, row_of_slot: torch.Tensor)
     return out.to(y.dtype)
 
 
+def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
+    """make_inputs' shapes and dtypes on the meta device (its routing is data-dependent)."""
+    n, d, k = shape["N"], shape["D"], shape["k"]
+    meta = {"device": "meta"}
+    return {"y": torch.empty(n * k, d, dtype=dtype, **meta), "weights": torch.empty(n, k, **meta),
+            "row_of_slot": torch.empty(n, k, dtype=torch.int64, **meta)}
+
+
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """y [N*k, D] ~ N(0, 1); weights [N, k] float32, renormalized sigmoid scores times 2.827; row_of_slot from
     routing_ids (with -1 for capacity-dropped slots)."""
@@ -62,6 +70,7 @@ SPEC = BlockSpec(
     summary="weighted per-token sum of its k expert-output rows, float32 accumulation, deterministic",
     reference=reference,
     make_inputs=make_inputs,
+    abstract_inputs=abstract_inputs,
     grad_inputs=("y", "weights"),
     outputs=("out",),
     shapes=ROUTED_ROWS_SUITES,

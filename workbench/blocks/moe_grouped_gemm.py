@@ -43,6 +43,15 @@ def reference(x: torch.Tensor, offsets: torch.Tensor, w1: torch.Tensor, w3: torc
     return torch.cat(parts).to(x.dtype)
 
 
+def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
+    """make_inputs' shapes and dtypes on the meta device (its routing is data-dependent)."""
+    n, k, d, f, e = shape["N"], shape["k"], shape["D"], shape["F"], shape["E"]
+    meta = {"device": "meta"}
+    return {"x": torch.empty(n * k, d, dtype=dtype, **meta), "offsets": torch.empty(e + 1, dtype=torch.int64, **meta),
+            "w1": torch.empty(e, f, d, dtype=dtype, **meta), "w3": torch.empty(e, f, d, dtype=dtype, **meta),
+            "w2": torch.empty(e, d, f, dtype=dtype, **meta)}
+
+
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """x [N*k, D] ~ N(0, 1) (the tail rows too: a kernel must not touch them); offsets of routing_ids(N, E, k);
     w1, w3 [E, F, D] ~ N(0, 1/D); w2 [E, D, F] ~ N(0, 1/F)."""
@@ -87,6 +96,7 @@ SPEC = BlockSpec(
     summary="per-expert SwiGLU MLP (gate/up, silu * up, down) over contiguous expert-major row groups",
     reference=reference,
     make_inputs=make_inputs,
+    abstract_inputs=abstract_inputs,
     grad_inputs=("x", "w1", "w3", "w2"),
     outputs=("y",),
     shapes=SHAPES,

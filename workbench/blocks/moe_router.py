@@ -92,6 +92,16 @@ def near_ties(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: i
         return (gaps < TIE_GAP * sel.abs().amax(-1, keepdim=True)).any(-1) | ~torch.isfinite(sel).all(-1)
 
 
+def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
+    """make_inputs' shapes and dtypes on the meta device (its near-tie redraws are data-dependent)."""
+    n, d, e = shape["N"], shape["D"], shape["E"]
+    score_func, norm_lambda, renormalize, route_scale = MODES[shape["mode"]]
+    meta = {"device": "meta"}
+    return {"x": torch.empty(n, d, dtype=dtype, **meta), "weight": torch.empty(e, d, dtype=dtype, **meta),
+            "bias": torch.empty(e, **meta), "topk": shape["k"], "score_func": score_func,
+            "norm_lambda": norm_lambda, "renormalize": renormalize, "route_scale": route_scale}
+
+
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """x [N, D] ~ N(0, 1) plus a shared mean direction (hidden states are not centred: it skews expert popularity);
     weight [E, D] ~ N(0, 1/D) with row norms varying by up to 1.5x (some experts are hot); bias [E] float32,
@@ -189,6 +199,7 @@ SPEC = BlockSpec(
     summary="top-k expert routing: float32 logits, sigmoid/softmax scores, selection bias, renormalized weights",
     reference=reference,
     make_inputs=make_inputs,
+    abstract_inputs=abstract_inputs,
     grad_inputs=("x", "weight"),
     outputs=("weights", "ids", "counts"),
     shapes=SHAPES,

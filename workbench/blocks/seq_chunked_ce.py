@@ -22,7 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._linear_ce import REDUCTIONS, SUITES, hidden_shapes, loss_scale, make_inputs, reference
+from workbench.blocks._linear_ce import (
+    REDUCTIONS,
+    SUITES,
+    abstract_inputs,
+    hidden_shapes,
+    loss_scale,
+    make_inputs,
+    reference,
+)
 from workbench.blocks.base import BlockSpec, compute_dtype
 
 
@@ -102,6 +110,7 @@ SPEC = BlockSpec(
     summary="linear + cross-entropy over token chunks, gradients computed in the forward pass (Liger FLCE)",
     reference=reference,
     make_inputs=make_inputs,
+    abstract_inputs=abstract_inputs,
     grad_inputs=("h", "W"),
     outputs=("loss",),
     shapes=SUITES,

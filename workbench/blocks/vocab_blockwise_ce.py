@@ -23,7 +23,15 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._linear_ce import REDUCTIONS, SUITES, hidden_shapes, loss_scale, make_inputs, reference
+from workbench.blocks._linear_ce import (
+    REDUCTIONS,
+    SUITES,
+    abstract_inputs,
+    hidden_shapes,
+    loss_scale,
+    make_inputs,
+    reference,
+)
 from workbench.blocks.base import BlockSpec, compute_dtype
 
 
@@ -88,6 +96,7 @@ SPEC = BlockSpec(
     summary="linear + cross-entropy with an online logsumexp over vocabulary blocks, recomputed backward (CCE)",
     reference=reference,
     make_inputs=make_inputs,
+    abstract_inputs=abstract_inputs,
     grad_inputs=("h", "W"),
     outputs=("loss",),
     shapes=SUITES,

@@ -20,6 +20,7 @@ class ModelCard:
     title: str
     facts: dict[str, dict[str, Any]]
     blocks: dict[str, dict[str, Any]]
+    targets: list[str] | None = None  # the GPU targets its kernels must compile for (None: the defaults)
 
     def block_shapes(self, block: str) -> list[Shape]:
         return [dict(s) for s in self.blocks.get(block, {}).get("shapes", [])]
@@ -29,7 +30,8 @@ def _load(path: Path) -> ModelCard:
     try:
         data = yaml.safe_load(path.read_text())
         return ModelCard(name=data["name"], title=data.get("title", data["name"]),
-                         facts=dict(data.get("facts", {})), blocks=dict(data["blocks"]))
+                         facts=dict(data.get("facts", {})), blocks=dict(data["blocks"]),
+                         targets=list(data["targets"]) if data.get("targets") is not None else None)
     except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise WorkbenchError(f"model card {path.name} is malformed: {one_line(exc)}") from None
 

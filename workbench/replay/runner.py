@@ -37,7 +37,7 @@ from workbench.replay.ops import REFERENCE_OPS, describe, resolve_ops
 from workbench.replay.presets import Preset, check_mode, get_preset
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
-from workbench.verify.sandbox import child_env, child_limits
+from workbench.verify.sandbox import child_env, child_limits, isolated
 
 DEFAULT_TIMEOUT_S = 3600.0
 BASE_SEED = 0
@@ -109,8 +109,14 @@ def training_job(task: str, preset: Preset, mode: str, steps: int, seed: int, op
 def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int, float, float], None] | None = None
            ) -> RunResult:
     """Train in a child process (the backend's environment, e.g. the Triton interpreter); raises ReplayError."""
+    base = Path(job["base"]).parent if job.get("base") else None
+    readable = [Path(f).parent for f in job["ops"].values() if f != "reference"] + ([base] if base else [])
+    writable = [base] if base and job["task"] == "base" else []  # the base checkpoint is written beside the curves
+    for folder in writable:
+        folder.mkdir(parents=True, exist_ok=True)
+    command = isolated([sys.executable, "-m", "workbench.replay.child"], writable, readable, Path.cwd())
     with tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "workbench.replay.child"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, env=child_env(backend.env), text=True,
                                 start_new_session=True, preexec_fn=child_limits(None, timeout_s))
         timed_out = threading.Event()

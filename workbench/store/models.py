@@ -85,6 +85,7 @@ class Candidate(SQLModel, table=True):
     message: str = ""
     worst_ratio: float | None = None
     verify_seconds: float | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -108,6 +109,32 @@ class VerificationCheck(SQLModel, table=True):
     ref_err: float | None = None
     bound: float | None = None
     nonfinite: int = 0
+
+
+class KernelBuild(SQLModel, table=True):
+    """What a GPU target's compiler said about one kernel specialization of a candidate (ahead of time, no GPU):
+    see workbench.verify.aot.KernelBuild. suite: the suite whose launch this is ("model": the model card's sizes);
+    specialization: argument types, constexpr values and launch options; spilled_bytes: stack (NVIDIA) or scratch
+    (AMD) bytes per thread; shared_bytes: dynamic shared memory; ctas_per_sm: occupancy."""
+
+    __tablename__ = "kernel_build"
+    id: int | None = Field(default=None, primary_key=True)
+    candidate_id: int = Field(foreign_key="candidate.id", index=True)
+    kernel: str
+    target: str = Field(index=True)
+    suite: str
+    specialization: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    ok: bool
+    error: str = ""
+    registers: int | None = None
+    spilled_bytes: int | None = None
+    shared_bytes: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    ctas_per_sm: int | None = None
+    uses_dot: bool | None = None
+    tensor_cores: bool | None = None
+    seconds: float = 0.0
 
 
 class Benchmark(SQLModel, table=True):

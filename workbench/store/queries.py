@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from workbench.blocks import REGISTRY
-from workbench.operators import list_promoted
+from workbench.operators import evidence, evidence_line, list_promoted
 from workbench.store.models import Candidate, CIJob, LossReplay, PortRun, RunStep, VerificationCheck
 from workbench.templating import list_templates
 
@@ -62,7 +62,7 @@ def block_status(engine: Engine, operators_dir: Path, block: str) -> tuple[str, 
         return "no spec", ""
     promoted = list_promoted(operators_dir, block)
     if promoted:
-        return "promoted", Path(promoted[0]["path"]).name
+        return "promoted", f"{Path(promoted[0]['path']).name}: {evidence_line(promoted[0])}"
     runs = list_runs(engine, limit=1, block=block)
     if not runs:
         return "not started", f"{len(list_templates(block))} templates"
@@ -134,17 +134,20 @@ def known_blocks(engine: Engine) -> list[str]:
 
 
 def model_plan(engine: Engine, operators_dir: str | Path, model: str):
-    """Each block a model card needs: block, role, status, detail, model sizes (DataFrame, the card's order)."""
+    """Each block a model card needs: block, role, status, evidence (the strongest level a promoted operator
+    reaches, workbench.operators.EVIDENCE; "" otherwise), detail, model sizes (DataFrame, the card's order)."""
     from workbench.models import get_model
 
     card, operators_dir = get_model(model), Path(operators_dir)
     rows = []
     for name, info in card.blocks.items():
         status, detail = block_status(engine, operators_dir, name)
+        promoted = list_promoted(operators_dir, name) if name in REGISTRY else []
         sizes = "; ".join(",".join(f"{k}={v}" for k, v in shape.items()) for shape in card.block_shapes(name))
-        rows.append({"block": name, "role": info.get("role", ""), "status": status, "detail": detail,
+        rows.append({"block": name, "role": info.get("role", ""), "status": status,
+                     "evidence": evidence(promoted[0])["strongest"] if promoted else "", "detail": detail,
                      "sizes": sizes})
-    return _frame(rows, ["block", "role", "status", "detail", "sizes"])
+    return _frame(rows, ["block", "role", "status", "evidence", "detail", "sizes"])
 
 
 def runs_frame(engine: Engine, limit: int = 100, block: str | None = None, status: str | None = None):

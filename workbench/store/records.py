@@ -14,7 +14,15 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 
 from workbench.store.db import session_scope
-from workbench.store.models import Candidate, LossReplay, PortRun, RunStep, VerificationCheck, utcnow
+from workbench.store.models import (
+    Candidate,
+    KernelBuild,
+    LossReplay,
+    PortRun,
+    RunStep,
+    VerificationCheck,
+    utcnow,
+)
 from workbench.verify.result import VerificationResult
 
 
@@ -63,17 +71,22 @@ def set_candidate_status(engine: Engine, candidate_id: int, status: str, message
 
 
 def record_verification(engine: Engine, candidate_id: int, result: VerificationResult) -> None:
-    """The verdict on the candidate row and one VerificationCheck row per check, in one transaction; checks an
-    earlier verification of the same candidate recorded are replaced."""
+    """The verdict and evidence on the candidate row, one VerificationCheck row per check and one KernelBuild row
+    per kernel x target build, in one transaction; what an earlier verification of the same candidate recorded is
+    replaced."""
     with session_scope(engine) as s:
         s.exec(delete(VerificationCheck).where(VerificationCheck.candidate_id == candidate_id))
+        s.exec(delete(KernelBuild).where(KernelBuild.candidate_id == candidate_id))
         row = s.get(Candidate, candidate_id)
         row.status, row.message = result.verdict, result.message
         ratio = result.worst_ratio()
         row.worst_ratio = ratio if ratio != float("inf") else None
         row.verify_seconds = result.seconds
+        row.evidence = result.evidence()
         s.add_all(VerificationCheck(candidate_id=candidate_id, backend=result.backend, **vars(c))
                   for c in result.checks)
+        s.add_all(KernelBuild(candidate_id=candidate_id, **{k: v for k, v in b.items() if k != "cached"})
+                  for b in result.builds)
 
 
 def finish_run(engine: Engine, run_id: str, status: str, reason: str, *, operator_path: str | None = None,

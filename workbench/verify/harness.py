@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
+import os
 import random
 import re
 import secrets
@@ -20,15 +21,17 @@ from pathlib import Path
 
 import torch
 
-from workbench.backends import Backend, get_backend
+from workbench.backends import INTERPRETER, Backend, get_backend, get_targets
 from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, BlockSpec, Shape, shape_label
+from workbench.config import Settings
 from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
+from workbench.verify.aot import compile_for_targets
 from workbench.verify.compare import compare
 from workbench.verify.integrity import INTEGRITY_VERDICTS, evaluate
 from workbench.verify.result import Check, VerificationResult
-from workbench.verify.sandbox import run_job
+from workbench.verify.sandbox import isolation, run_job
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_BYTES = 16 << 30
@@ -125,8 +128,9 @@ def default_hidden_shapes(spec: BlockSpec, rng: random.Random) -> list[Shape]:
 
 
 def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: list[str], seeds: int,
-                 base_seed: int) -> tuple[list[dict], list[dict]]:
-    """(trials sent to the sandbox, expected values kept here), aligned by trial id.
+                 base_seed: int, forward_only: bool = False) -> tuple[list[dict], list[dict]]:
+    """(trials sent to the sandbox, expected values kept here), aligned by trial id. forward_only: no upstream
+    gradients, so neither the candidate's backward nor the reference's runs.
 
     kind "suite": every shape of the suites x dtype x seed; "hidden": shapes drawn now from the base seed, one seed
     each; "repeat": the first trial of each dtype again on the same inputs (determinism)."""
@@ -138,12 +142,13 @@ def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: l
         ref_out, _ = reference_run(spec, inputs, None)
         gen = torch.Generator().manual_seed(seed + 7919)
         grad_outputs = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
-                        if o.is_floating_point() else None for o in ref_out]
-        lowp = reference_run(spec, inputs, grad_outputs)
-        truth = reference_run(spec, inputs, grad_outputs, upcast=torch.float64)
+                        if o.is_floating_point() and not forward_only else None for o in ref_out]
+        upstream = None if forward_only else grad_outputs
+        lowp = reference_run(spec, inputs, upstream)
+        truth = reference_run(spec, inputs, upstream, upcast=torch.float64)
         meta = {"id": len(trials), "kind": kind, "suite": suite, "shape": shape_label(shape), "dtype": dtype_name,
                 "seed": seed, "replica": replica}
-        trials.append({"id": meta["id"], "inputs": inputs, "grad_outputs": grad_outputs})
+        trials.append({"id": meta["id"], "suite": suite, "inputs": inputs, "grad_outputs": grad_outputs})
         expected.append({**meta, "lowp": lowp, "truth": truth, "torch_dtype": dtype})
 
     for suite in suites:
@@ -163,6 +168,29 @@ def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: l
             expected.append({**first, "id": len(expected), "kind": "repeat", "suite": "repeat",
                              "repeat_of": first["id"]})
     return trials, expected
+
+
+CAPTURE_DTYPE = torch.bfloat16  # the model suite's dtype on the GPU targets
+
+
+def build_captures(spec: BlockSpec) -> tuple[list[dict], list[str]]:
+    """(captures sent to the sandbox, problems): the model suite's shapes as meta inputs in CAPTURE_DTYPE, whose
+    launches the worker records without running them."""
+    captures, problems = [], []
+    for shape in suite_shapes(spec, "model"):
+        try:
+            inputs = spec.meta_inputs(shape, CAPTURE_DTYPE)
+        except Exception as exc:  # noqa: BLE001 - a block whose inputs cannot be made abstract: said, not fatal
+            problems.append(f"model suite not captured at [{shape_label(shape)}]: {type(exc).__name__}: {exc}"[:300])
+            continue
+        captures.append({"id": len(captures), "suite": "model", "shape": shape_label(shape), "inputs": inputs})
+    return captures, problems
+
+
+def default_target_names() -> list[str] | None:
+    """$WORKBENCH_TARGETS (comma-separated; empty: compile for none), else None (the default targets)."""
+    value = os.environ.get("WORKBENCH_TARGETS")
+    return None if value is None else [t.strip() for t in value.split(",") if t.strip()]
 
 
 def check_trial(spec: BlockSpec, exp: dict, got: dict) -> list[Check]:
@@ -211,9 +239,14 @@ def _verdict(checks: list[Check]) -> tuple[str, str]:
         if name in cheats:
             return name, cheats[name].reason
     runs = [c for c in failing if c.direction == "run"]
+    builds = [c for c in failing if c.direction.startswith("target:")]
+    if builds and not [c for c in runs if not c.reason.startswith("interpreter_unsupported")]:
+        first = builds[0]
+        return "target_compile_error", f"{first.shape}: {first.reason}" + \
+            (f" (and {len(builds) - 1} more kernel x target builds)" if len(builds) > 1 else "")
     if runs:
         kinds = [c.reason.split(":", 1)[0] for c in runs]
-        kind = next(k for k in ("compile_error", "oom", "runtime_error") if k in kinds)
+        kind = next(k for k in ("compile_error", "oom", "interpreter_unsupported", "runtime_error") if k in kinds)
         first = next(c for c in runs if c.reason.startswith(kind))
         return kind, f"{first.reason.split(': ', 1)[1]} ({len(runs)} of the trials; first at [{first.shape}] " \
                      f"{first.dtype})"
@@ -225,9 +258,16 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
                      dtypes: list[str] | None = None, seeds: int = 2, base_seed: int | None = None,
                      backend: Backend | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                      memory_bytes: int | None = DEFAULT_MEMORY_BYTES, work_dir: Path | None = None,
-                     ) -> VerificationResult:
+                     targets: list[str] | None = None, compile_cache: Path | None = None,
+                     forward_only: bool = False) -> VerificationResult:
     """Full verification of one candidate file. Raises NotACandidateError / UnknownBlockError for user mistakes;
-    everything the candidate does wrong is a verdict in the result."""
+    everything the candidate does wrong is a verdict in the result.
+
+    targets: the GPU targets every captured launch must compile for (default: $WORKBENCH_TARGETS, else the default
+    targets of workbench.backends; [] for none); a failure there is the verdict target_compile_error.
+    compile_cache: where compile results are kept by source hash x specialization x target.
+    forward_only: verify the outputs only (inference kernels with no backward); the result says the backward was
+    not verified, and the model-suite capture runs the forward only."""
     started = time.monotonic()
     path = Path(path).resolve()
     named_block, source = read_candidate(path)
@@ -236,15 +276,20 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     suites, dtypes = select_suites(backend, suites, dtypes)
     if seeds < 1:
         raise WorkbenchError("seeds must be at least 1")
+    required = get_targets(default_target_names() if targets is None else targets)
     base_seed = random.SystemRandom().randrange(1 << 30) if base_seed is None else base_seed
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
-                                backend=backend.name, verdict="pass", message="", base_seed=base_seed)
+                                backend=backend.name, verdict="pass", message="", base_seed=base_seed,
+                                targets=[t.name for t in required], forward_only=forward_only,
+                                isolation=isolation())
 
-    trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed)
+    trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed, forward_only)
     if not trials:
         raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")
+    captures, result.findings = build_captures(spec) if required else ([], [])
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
-           "trials": trials, "device": backend.device, "token": secrets.token_hex(16)}
+           "trials": trials, "captures": captures, "device": backend.device, "token": secrets.token_hex(16),
+           "forward_only": forward_only}
     job_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=work_dir))
     try:
         # RLIMIT_AS caps host memory; CUDA maps far more address space than it uses, so no cap there.
@@ -268,9 +313,67 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
                 numeric[exp["id"]] = check_trial(spec, exp, by_id.get(exp["id"], missing))
                 result.checks += numeric[exp["id"]]
         result.checks += evaluate(spec, results, expected, by_id, numeric)
+        if required and not results.get("load_error"):
+            result.checks += _compile_for_targets(path, result, results, required, compile_cache)
         result.verdict, result.message = _verdict(result.checks)
         if results.get("load_error") and result.verdict == "pass":
             err = results["load_error"]
             result.verdict, result.message = err["kind"], err["message"]
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _compile_for_targets(path: Path, result: VerificationResult, results: dict, required, cache: Path | None
+                         ) -> list[Check]:
+    """Compile the worker's captured launches for the required targets; keep every build and the findings on
+    ``result``, and return one failed check per kernel x target that did not compile."""
+    started = time.monotonic()
+    for capture in results.get("captures", []):
+        if capture.get("error"):
+            result.findings.append(f"model suite launches incomplete: {capture['error']['message']}"[:300])
+    cache = cache or Path(os.environ.get("WORKBENCH_COMPILE_CACHE") or Settings.load().work_dir / "compile-cache")
+    report = compile_for_targets(path, result.source_hash, results.get("launches", []), required, cache_dir=cache)
+    result.compile_seconds = time.monotonic() - started
+    result.builds = [b.to_dict() for b in report.builds]
+    result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the model suite"
+                        for b in report.spills()]
+    failed: dict[tuple[str, str], Check] = {}
+    for b in report.failures():
+        failed.setdefault((b.target, b.kernel), Check(suite="target", shape=b.target, dtype=b.suite, seed=0,
+                                                      direction=f"target:{b.target}", passed=False,
+                                                      reason=f"{b.kernel}: {b.error}"))
+    return list(failed.values())
+
+
+def target_report(path: str | Path, *, block: str | None = None, targets: list[str] | None = None,
+                  compile_cache: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> VerificationResult:
+    """The model-suite launches of a candidate, captured in the sandbox without running anything, compiled for
+    ``targets``: a VerificationResult with builds and findings only (verdict pass, or target_compile_error, or the
+    sandbox's verdict). What ``workbench targets`` tabulates; no numerics are verified here."""
+    started = time.monotonic()
+    path = Path(path).resolve()
+    named_block, source = read_candidate(path)
+    spec = get_block(block or named_block)
+    required = get_targets(default_target_names() if targets is None else targets)
+    result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
+                                backend="capture", verdict="pass", message="", targets=[t.name for t in required])
+    captures, result.findings = build_captures(spec)
+    job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
+           "trials": [], "captures": captures, "device": "cpu", "token": secrets.token_hex(16)}
+    job_dir = Path(tempfile.mkdtemp(prefix="capture-"))
+    try:
+        outcome = run_job(job_dir, job, INTERPRETER.env, timeout_s, DEFAULT_MEMORY_BYTES)
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    if outcome.status != "ok" or outcome.results.get("token") != job["token"]:
+        result.verdict, result.message = outcome.status if outcome.status != "ok" else "forged_report", \
+            outcome.message or "the result did not come from the verification worker"
+    elif outcome.results.get("load_error"):
+        result.verdict, result.message = outcome.results["load_error"]["kind"], \
+            outcome.results["load_error"]["message"]
+    else:
+        result.checks = _compile_for_targets(path, result, outcome.results, required, compile_cache)
+        result.verdict, result.message = _verdict(result.checks) if result.checks else \
+            ("pass", f"{len(result.builds)} kernel x target builds")
     result.seconds = time.monotonic() - started
     return result

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-# Sandbox and per-trial outcomes that are not numerics: each is a verdict of its own.
-ERROR_VERDICTS = ("compile_error", "runtime_error", "timeout", "crashed", "oom")
+# Sandbox and per-trial outcomes that are not numerics: each is a verdict of its own. target_compile_error: a kernel
+# that the verification backend ran and a required GPU target's compiler rejects.
+# interpreter_unsupported: the verification backend (the interpreter) cannot run the kernel, for a known limitation.
+ERROR_VERDICTS = ("compile_error", "runtime_error", "timeout", "crashed", "oom", "target_compile_error",
+                  "interpreter_unsupported")
 
 
 @dataclass
@@ -46,6 +49,23 @@ class VerificationResult:
     seconds: float = 0.0
     base_seed: int = 0
     output_tail: str = ""
+    targets: list[str] = field(default_factory=list)
+    builds: list[dict] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    forward_only: bool = False  # only the outputs were verified: the backward was not
+    isolation: str = ""  # the sandbox's isolation in force: "bwrap" or "audit" (workbench.verify.sandbox)
+
+    def evidence(self) -> dict:
+        """What this verification showed, and where: the backend's suites and dtypes are in the checks; the
+        targets each kernel compiled on, and those without spills at the model suite."""
+        report = {t: [b for b in self.builds if b["target"] == t] for t in self.targets}
+        compiled = [t for t, bs in report.items() if bs and all(b["ok"] for b in bs)]
+        spill_free = [t for t in compiled if not any(b["suite"] == "model" and b["spilled_bytes"]
+                                                     for b in report[t])]
+        return {"backend": self.backend, "targets": list(self.targets), "compiles_on": compiled,
+                "spill_free_on": spill_free, "findings": list(self.findings),
+                "backward": "not verified" if self.forward_only else "verified", "isolation": self.isolation}
 
     @property
     def passed(self) -> bool:
@@ -73,6 +93,7 @@ class VerificationResult:
             "seconds": round(self.seconds, 2),
             "backend": self.backend,
             "base_seed": self.base_seed,
+            **{k: v for k, v in self.evidence().items() if k != "backend"},
         }
 
     def to_dict(self) -> dict:

@@ -1,12 +1,21 @@
 """Run the sandbox worker in a child process: clean environment, its own process group, limits on wall-clock time,
-address space and printed output; the result comes back over a pipe that only the parent reads."""
+address space and printed output; the result comes back over a pipe that only the parent reads.
+
+Isolation: with bubblewrap (Debian's ``bubblewrap``) the child sees the whole filesystem read-only except its job
+folder and a private /tmp, has no network (its own empty network namespace) and its own PID namespace, and dies
+with the parent (``isolation`` "bwrap"). Without it, or with WORKBENCH_ISOLATION=audit, the worker's audit hook
+refuses every write outside the job folder that the candidate's code makes ("audit", the weaker isolation). Every
+verification records which one was in force.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +57,43 @@ def child_limits(memory_bytes: int | None, timeout_s: float):
     return apply
 
 
+@functools.cache
+def _bwrap() -> str | None:
+    """The bubblewrap binary, if it is installed and can make namespaces here (it cannot in some containers)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    probe = subprocess.run([path, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent",
+                            "true"], capture_output=True, timeout=30)
+    return path if probe.returncode == 0 else None
+
+
+def isolation() -> str:
+    """"bwrap" when bubblewrap works here (unless WORKBENCH_ISOLATION=audit), else "audit"."""
+    if os.environ.get("WORKBENCH_ISOLATION", "auto") == "audit":
+        return "audit"
+    return "bwrap" if _bwrap() else "audit"
+
+
+ISOLATION_TEXT = {"bwrap": "bubblewrap: read-only filesystem but the job folder, no network, own PID namespace",
+                  "audit": "audit hook: writes outside the job folder refused (weaker: no namespaces)"}
+
+
+def isolated(command: list[str], writable: list[Path], readable: list[Path], cwd: Path) -> list[str]:
+    """``command`` inside bubblewrap when that is the isolation in force: / read-only, a private /tmp, the
+    ``writable`` folders (the job folder) writable and the ``readable`` ones (the candidate's folder, which may
+    lie under /tmp) read-only over the private /tmp, working directory ``cwd``."""
+    if isolation() != "bwrap":
+        return command
+    binds = []
+    for path in dict.fromkeys(Path(p).resolve() for p in readable):
+        binds += ["--ro-bind", str(path), str(path)]
+    for path in dict.fromkeys(Path(p).resolve() for p in writable):
+        binds += ["--bind", str(path), str(path)]
+    return [_bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *binds,
+            "--chdir", str(cwd), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", *command]
+
+
 def child_env(backend_env: dict[str, str]) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env.update({"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
@@ -55,18 +101,32 @@ def child_env(backend_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: float,
-            memory_bytes: int | None) -> SandboxOutcome:
-    """Write job.pt, run the worker on it, and read its result from the pipe."""
-    torch.save(job, job_dir / "job.pt")
+@dataclass
+class ChildOutcome:
+    """status: ok (exited 0 with something on the pipe), timeout, crashed, oom; payload: the bytes sent on the
+    pipe (also what a killed child sent before it died); code: the exit code (negative: the signal)."""
+
+    status: str
+    message: str
+    payload: bytes
+    output_tail: str
+    code: int | None
+
+
+def run_child(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_s: float,
+              memory_bytes: int | None, readable: list[Path] = ()) -> ChildOutcome:
+    """Run ``python -I worker JOB_DIR RESULT_FD`` in job_dir under the limits and the isolation in force (see the
+    module docstring; ``readable``: folders the worker reads besides the installed packages, e.g. the candidate's),
+    and collect what it sends."""
     log_path = job_dir / "output.log"
     read_fd, write_fd = os.pipe()
     received = io.BytesIO()
     reader = threading.Thread(target=_drain, args=(read_fd, received), daemon=True)
     with open(log_path, "wb") as log:
         try:
+            command = [sys.executable, "-I", str(worker), str(job_dir), str(write_fd)]
             proc = subprocess.Popen(
-                [sys.executable, "-I", str(WORKER), str(job_dir), str(write_fd)], pass_fds=(write_fd,),
+                isolated(command, [job_dir], list(readable), job_dir), pass_fds=(write_fd,),
                 cwd=job_dir, env=child_env(backend_env), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_limits(memory_bytes, timeout_s))
         finally:
@@ -78,26 +138,43 @@ def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: fl
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             reader.join(5)
-            return SandboxOutcome("timeout", f"no result within {timeout_s:g} s", None, _tail(log_path))
+            return ChildOutcome("timeout", f"no result within {timeout_s:g} s", received.getvalue(),
+                                _tail(log_path), None)
     _kill_group(proc.pid)  # whatever the candidate left running in its process group
     reader.join(30)
-    tail = _tail(log_path)
+    if code > 128 and isolation() == "bwrap":  # bubblewrap exits 128 + N for a child killed by signal N
+        code = 128 - code
+    tail, payload = _tail(log_path), received.getvalue()
     if log_path.stat().st_size >= OUTPUT_LIMIT_BYTES:  # Python ignores SIGXFSZ: its writes fail with EFBIG
-        return SandboxOutcome("crashed", f"printed more than {OUTPUT_LIMIT_BYTES >> 20} MiB", None, tail)
-    if code != 0 or not received.getbuffer().nbytes:
+        return ChildOutcome("crashed", f"printed more than {OUTPUT_LIMIT_BYTES >> 20} MiB", payload, tail, code)
+    if code != 0 or not payload:
         if code < 0:
             name = signal.Signals(-code).name
             if name == "SIGXFSZ":
-                return SandboxOutcome("crashed", f"printed more than {OUTPUT_LIMIT_BYTES >> 20} MiB", None, tail)
-            return SandboxOutcome("crashed", f"candidate process killed by {name}", None, tail)
+                return ChildOutcome("crashed", f"printed more than {OUTPUT_LIMIT_BYTES >> 20} MiB", payload, tail,
+                                    code)
+            return ChildOutcome("crashed", f"candidate process killed by {name}", payload, tail, code)
         if "MemoryError" in tail or "can't allocate memory" in tail:
-            return SandboxOutcome("oom", "candidate process ran out of memory", None, tail)
-        return SandboxOutcome("crashed", f"candidate process exited with code {code} without a result", None, tail)
+            return ChildOutcome("oom", "candidate process ran out of memory", payload, tail, code)
+        return ChildOutcome("crashed", f"candidate process exited with code {code} without a result", payload,
+                            tail, code)
+    return ChildOutcome("ok", "", payload, tail, code)
+
+
+def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: float,
+            memory_bytes: int | None) -> SandboxOutcome:
+    """Write job.pt, run the verification worker on it, and read its result from the pipe."""
+    job = {**job, "isolation": isolation()}
+    torch.save(job, job_dir / "job.pt")
+    child = run_child(WORKER, job_dir, backend_env, timeout_s, memory_bytes, [Path(job["candidate"]).parent])
+    if child.status != "ok":
+        return SandboxOutcome(child.status, child.message, None, child.output_tail)
     try:
-        results = torch.load(io.BytesIO(received.getvalue()), map_location="cpu", weights_only=True)
+        results = torch.load(io.BytesIO(child.payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a result we cannot read is the candidate's fault
-        return SandboxOutcome("crashed", f"unreadable result: {type(exc).__name__}: {exc}"[:300], None, tail)
-    return SandboxOutcome("ok", "", results, tail)
+        return SandboxOutcome("crashed", f"unreadable result: {type(exc).__name__}: {exc}"[:300], None,
+                              child.output_tail)
+    return SandboxOutcome("ok", "", results, child.output_tail)
 
 
 def _drain(fd: int, sink: io.BytesIO) -> None:

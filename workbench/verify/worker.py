@@ -9,13 +9,20 @@ read:
 
 - an audit hook (cannot be removed) recording frame and object introspection, tracing, ctypes, processes,
   sockets, dynamic code and reads of the workbench's sources when the calling code is the candidate's;
-- a Triton launch counter (forward and backward separately);
+- a Triton launch counter (forward and backward separately) that also records each distinct launch
+  specialization (kernel, each argument's Triton type or constexpr value, launch options) for the ahead-of-time
+  compile for the GPU targets;
 - a torch dispatch mode, during ``run`` and its backward, recording every aten op and poisoning every freshly
   allocated buffer with a NaN bit pattern (POISON_BITS) so unwritten outputs are recognisable;
 - a snapshot of torch, triton, time and builtins attributes, compared after every trial (monkeypatching).
 
+After the trials it runs the job's captures: the candidate called at the model card's sizes on meta tensors
+(shapes and dtypes, no data), forward and backward, with every Triton launch recorded and skipped, and every value
+the host code reads back (``.item()``, ``.tolist()``, ``.cpu()``) answered with zeros of the right type.
+
 Reads JOB_DIR/job.pt; writes the result as one torch.save blob to RESULT_FD (a pipe): ``{"load_error",
 "trials": [{id, outputs, grads, error, launches_fwd, launches_bwd, ops, aliasing, mutated, subclass, seconds}],
+"captures": [{id, error}], "launches": [{kernel, module, file, suite, signature, constexprs, options}],
 "events", "patched"}``.
 """
 
@@ -24,10 +31,13 @@ from __future__ import annotations
 import builtins
 import importlib.abc
 import importlib.util
+import inspect
 import io
+import json
 import os
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import traceback
@@ -51,6 +61,12 @@ FORBIDDEN_EVENTS = {
     "compile": "forbidden_call", "exec": "forbidden_call", "code.__new__": "forbidden_call",
     "import": "forbidden_import", "open": "forbidden_import",
 }
+# Filesystem writes (event -> index of the destination argument), refused outside the scratch folder whoever makes
+# the call, if the candidate's code is on the stack (the only guard where bubblewrap is missing).
+WRITE_EVENTS = {"open": 0, "os.remove": 0, "os.rename": 1, "os.mkdir": 0, "os.rmdir": 0, "os.chmod": 0,
+                "os.chown": 0, "os.symlink": 1, "os.link": 1, "os.truncate": 0, "os.utime": 0, "shutil.copyfile": 1,
+                "shutil.copytree": 1, "shutil.move": 1, "shutil.rmtree": 0, "sqlite3.connect": 0}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 GROWING = ("sys", "worker")  # namespaces that gain attributes by themselves
 BENIGN_CALLERS = ("warnings.py", os.path.join("logging", "__init__.py"))
 STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
@@ -72,20 +88,59 @@ def _first_foreign_frame(frame, through_imports: bool = False):
     return None
 
 
-def make_audit_hook(candidate: str, job_dir: str, events: list[dict]):
+def _writes(event: str, args: tuple) -> str | None:
+    """The path a write event would change (None when the event does not write)."""
+    if event == "open":
+        mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+            (isinstance(flags, int) and flags & WRITE_FLAGS)
+        if not writing:
+            return None
+    target = args[WRITE_EVENTS[event]] if len(args) > WRITE_EVENTS[event] else None
+    if isinstance(target, int):
+        return None  # an open file descriptor: its opening was judged
+    return os.fsdecode(target) if isinstance(target, str | bytes | os.PathLike) else None
+
+
+def make_audit_hook(candidate: str, job_dir: str, events: list[dict], guard_writes: bool = True):
     """An audit hook that records, and refuses by raising PermissionError, the forbidden events raised by the
-    candidate's code. Its state lives in this closure only: nothing reachable from the candidate's globals can
-    switch it off, and Python offers no way to remove an audit hook."""
+    candidate's code; with ``guard_writes`` also every filesystem write outside JOB_DIR/scratch made while the
+    candidate's code is on the stack. Its state lives in this closure only: nothing reachable from the candidate's
+    globals can switch it off, and Python offers no way to remove an audit hook."""
+    scratch = os.path.join(os.path.abspath(job_dir), "scratch")
     private = (WORKBENCH_DIR, os.path.abspath(job_dir), "/proc/self", f"/proc/{os.getpid()}")
     busy = [False]
 
+    def refuse_write(event: str, path: str) -> None:
+        where = os.path.abspath(path)
+        if where == os.devnull or where == scratch or where.startswith(scratch + os.sep):
+            return
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename != candidate:
+            frame = frame.f_back
+        if frame is None:
+            return
+        if len(events) < 20:
+            events.append({"kind": "forbidden_call", "event": event, "line": frame.f_lineno,
+                           "detail": f"write outside the sandbox's scratch folder: {where}"[:200]})
+        raise PermissionError(f"refused by the verification sandbox: {event} {where}")
+
     def audit(event: str, args: tuple) -> None:
+        if guard_writes and event in WRITE_EVENTS and not busy[0]:
+            path = _writes(event, args)
+            if path is not None:
+                busy[0] = True
+                try:
+                    refuse_write(event, path)
+                finally:
+                    busy[0] = False
         kind = FORBIDDEN_EVENTS.get(event)
         if kind is None or busy[0]:
             return
         if event == "import" and str(args[0]).split(".")[0] != "workbench":
             return
-        if event == "open" and not (isinstance(args[0], str) and os.path.abspath(args[0]).startswith(private)):
+        if event == "open" and not (isinstance(args[0], str) and os.path.abspath(args[0]).startswith(private)
+                                    and not os.path.abspath(args[0]).startswith(scratch)):
             return
         if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame"):
             return
@@ -120,15 +175,71 @@ class RefuseWorkbench(importlib.abc.MetaPathFinder):
         return None
 
 
-def _count_launches(cls, counter: list[int]) -> None:
-    """Wrap cls.run (every Triton launch goes through it) to add one to counter[0]."""
-    original = cls.run
+class Launches:
+    """Counts Triton launches (``count[0]``) and records each distinct specialization once. ``suite`` labels the
+    launches of the trial being run; with ``skip`` set a launch is recorded and not executed (captures)."""
 
-    def run(self, *args, **kwargs):
-        counter[0] += 1
-        return original(self, *args, **kwargs)
+    LAUNCH_KEYWORDS = ("grid", "warmup")
 
-    cls.run = run
+    def __init__(self, candidate: str):
+        self.count = [0]
+        self.records: list[dict] = []
+        self.seen: set[str] = set()
+        self.suite = ""
+        self.skip = False
+        self.candidate = candidate
+
+    def watch(self, cls) -> None:
+        """Wrap cls.run (every launch of a @triton.jit kernel goes through it, compiled or interpreted)."""
+        original = cls.run
+        launches = self
+
+        def run(kernel, *args, **kwargs):
+            launches.count[0] += 1
+            launches.record(kernel.fn, args, kwargs)
+            if launches.skip:
+                return None
+            return original(kernel, *args, **kwargs)
+
+        cls.run = run
+
+    def record(self, fn, args: tuple, kwargs: dict) -> None:
+        from triton.runtime.jit import mangle_type
+
+        params = inspect.signature(fn).parameters
+        try:
+            bound = inspect.Signature(list(params.values())).bind(
+                *args, **{k: v for k, v in kwargs.items() if k in params})
+        except TypeError:
+            return  # the launch itself will fail with Triton's own message
+        bound.apply_defaults()
+        signature, constexprs = {}, {}
+        for name, value in bound.arguments.items():
+            if "constexpr" in str(params[name].annotation) or value is None:
+                signature[name] = "constexpr"
+                constexprs[name] = _plain(value)
+            else:
+                signature[name] = mangle_type(value)
+        options = {k: v for k, v in kwargs.items() if k not in params and k not in self.LAUNCH_KEYWORDS
+                   and isinstance(v, int | float | bool | str)}
+        entry = {"kernel": fn.__name__, "module": fn.__module__, "file": inspect.getsourcefile(fn) or "",
+                 "suite": self.suite, "signature": signature, "constexprs": constexprs, "options": options}
+        key = json.dumps({k: v for k, v in entry.items() if k != "suite"}, sort_keys=True, default=str)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.records.append(entry)
+
+
+def _plain(value):
+    """A constexpr value as JSON: numbers, strings and None as they are; a Triton dtype as {"tl.dtype": "fp32"}."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    inner = getattr(value, "value", value)  # tl.constexpr wraps its value
+    if inner is not value:
+        return _plain(inner)
+    if type(value).__name__ in ("dtype", "pointer_type"):
+        return {"tl.dtype": str(value)}
+    return {"repr": repr(value)[:200]}
 
 
 def _snapshot(modules) -> dict:
@@ -189,12 +300,29 @@ def make_trace_mode():
     return Trace, HostArrays
 
 
+SHIMS: list = []  # the interpreter shims module, once loaded (interpreter backend only)
+
+
+def load_interpreter_shims() -> list[str]:
+    """Close the interpreter's known gaps (float scalar arguments, libdevice; interpreter_shims.py beside this file,
+    loaded by path: this worker imports nothing of the workbench package). Returns what was patched."""
+    spec = importlib.util.spec_from_file_location("interpreter_shims", Path(__file__).with_name("interpreter_shims.py"))
+    shims = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shims)
+    SHIMS.append(shims)
+    return shims.install()
+
+
 def classify(exc: BaseException, candidate: str) -> dict:
-    """{kind, message}: kind is compile_error (Triton rejected the kernel), oom, or runtime_error.
+    """{kind, message}: kind is compile_error (Triton rejected the kernel), oom, runtime_error, or
+    interpreter_unsupported (a known limitation of the interpreter, not of the kernel: the GPU targets decide).
 
     The interpreter wraps whatever a kernel body raises in InterpreterError; a semantic error there (a non-power-of-two
     arange, a wrong type, an undefined name) is what the compiler would have rejected on a GPU.
     """
+    unsupported = SHIMS[0].unsupported_reason(exc) if SHIMS else None
+    if unsupported:
+        return {"kind": "interpreter_unsupported", "message": unsupported[:500]}
     wrapped = type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None
     root = exc.__cause__ if wrapped else exc
     text = str(root).strip().splitlines()
@@ -296,6 +424,55 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
     return entry
 
 
+def make_abstract_mode():
+    """A dispatch mode for captures: host code that reads a meta tensor's values back gets zeros of the right type
+    (a kernel's counts or offsets, which no kernel computed)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Abstract(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            source = args[0] if args else None
+            if isinstance(source, torch.Tensor) and source.is_meta:
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    return False if source.dtype == torch.bool else 0 if not source.is_floating_point() else 0.0
+                if func is torch.ops.aten._to_copy.default and str(kwargs.get("device", "meta")) != "meta":
+                    return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype,
+                                       device=kwargs["device"])
+            return func(*args, **kwargs)
+
+    return Abstract
+
+
+def capture(run, job_capture: dict, job: dict, launches: Launches, safe) -> dict:
+    """Call ``run`` and its backward on the capture's meta inputs, recording (not executing) every launch under
+    the capture's suite. {id, error}: error when the host code failed at these sizes."""
+    import torch
+
+    launches.suite, launches.skip = job_capture["suite"], True
+    args, leaves = [], []
+    for name in job["arg_names"]:
+        value = job_capture["inputs"][name]
+        if isinstance(value, torch.Tensor) and name in job["grad_inputs"] and value.is_floating_point():
+            value = safe.detach(value).requires_grad_(True)
+            leaves.append(value)
+        args.append(value)
+    try:
+        with make_abstract_mode()():
+            out = run(*args)
+            outputs = list(out) if isinstance(out, tuple | list) else [out]
+            grown = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+            if leaves and grown and not job.get("forward_only"):
+                safe.grad(grown, leaves, [torch.empty_like(o) for o in grown], allow_unused=True)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - recorded: the launches of these sizes are incomplete
+        error = classify(exc, job["candidate"])
+    finally:
+        launches.skip = False
+    return {"id": job_capture["id"], "error": error}
+
+
 def main(job_dir: str, result_fd: int) -> int:
     import torch
     import triton
@@ -308,12 +485,14 @@ def main(job_dir: str, result_fd: int) -> int:
     token = job.pop("token")
     del sys.argv[1:]
     candidate = job["candidate"]
-    counter = [0]
-    _count_launches(jit.JITFunction, counter)
+    launches = Launches(candidate)
+    counter = launches.count
+    launches.watch(jit.JITFunction)
     if os.environ.get("TRITON_INTERPRET") == "1":
         from triton.runtime import interpreter
 
-        _count_launches(interpreter.InterpretedFunction, counter)
+        launches.watch(interpreter.InterpretedFunction)
+        load_interpreter_shims()
     safe = types.SimpleNamespace(clone=torch.Tensor.clone, detach=torch.Tensor.detach, view=torch.Tensor.view,
                                  contiguous=torch.Tensor.contiguous, equal=torch.equal, grad=torch.autograd.grad,
                                  save=torch.save, clock=time.perf_counter, synchronize=torch.cuda.synchronize)
@@ -328,9 +507,13 @@ def main(job_dir: str, result_fd: int) -> int:
     threads = threading.active_count()
     events: list[dict] = []
     sys.meta_path.insert(0, RefuseWorkbench())
-    sys.addaudithook(make_audit_hook(candidate, job_dir, events))
+    (Path(job_dir) / "scratch").mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job_dir) / "scratch")  # the candidate's own temporary files
+    # writes are refused under bubblewrap too: there they would fail anyway, and the attempt is worth a verdict
+    sys.addaudithook(make_audit_hook(candidate, job_dir, events, guard_writes=True))
 
-    results: dict = {"load_error": None, "trials": [], "events": events, "patched": []}
+    results: dict = {"load_error": None, "trials": [], "captures": [], "launches": launches.records,
+                     "events": events, "patched": []}
     try:
         module = load_candidate(candidate)
     except BaseException as exc:  # noqa: BLE001 - any failure to load is the candidate's verdict
@@ -341,6 +524,7 @@ def main(job_dir: str, result_fd: int) -> int:
         previous: set[int] = set()
         kept = []  # earlier outputs stay alive so their storage cannot be reused and look fresh
         for trial in job["trials"]:
+            launches.suite = trial.get("suite", "")
             try:
                 entry = run_trial(module.run, trial, job, modes, counter, previous, safe)
                 kept.append(entry["outputs"])
@@ -353,6 +537,9 @@ def main(job_dir: str, result_fd: int) -> int:
             if patched:
                 results["patched"] = patched
                 break
+        if not results["patched"]:
+            results["captures"] = [capture(module.run, c, job, launches, safe) for c in job.get("captures", [])]
+            results["patched"] = _patched(before, watched)
     results["token"] = token
     blob = io.BytesIO()
     safe.save(results, blob)

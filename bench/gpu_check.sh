@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GPU check, for a machine with one CUDA GPU: verify every promoted operator on the cuda backend in bfloat16 at the
+# model card's sizes (the `model` suite), with its kernels compiled for the default targets, and print one table.
+# Under 10 minutes on one H200.
+#
+# It uses the machine's own python3 with its CUDA torch and triton (never installs torch). The verification path
+# needs only torch, triton, numpy, jinja2 and pyyaml besides the workbench's own source (on PYTHONPATH); wheels of
+# anything missing can be put in .whl/ (for the device's Python) and are installed from there, with no index.
+#
+#   bash bench/gpu_check.sh            # every promoted operator
+#   bash bench/gpu_check.sh rmsnorm    # some blocks
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT:-.workbench/gpu-check}
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" WORKBENCH_HOME="$OUT_DIR/home" PYTHONUNBUFFERED=1
+
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: torch sees no CUDA GPU')"
+if ! "$PY" -c "import workbench.verify.harness" 2>/dev/null && [ -d .whl ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/workbench-site \
+    .whl/*.whl
+  export PYTHONPATH="$PYTHONPATH:/tmp/workbench-site"
+fi
+
+"$PY" - "$OUT_DIR" "$@" <<'EOF'
+"""Verify each promoted operator on cuda (bfloat16, model suite, one seed) and print the table."""
+import json
+import sys
+import time
+from pathlib import Path
+
+from workbench.backends import get_backend
+from workbench.operators import list_promoted
+from workbench.verify.harness import verify_candidate
+
+out, wanted = Path(sys.argv[1]), set(sys.argv[2:])
+newest = {}
+for manifest in list_promoted(Path("operators")):
+    newest.setdefault(manifest["block"], manifest)
+rows, started = [], time.monotonic()
+for block in sorted(newest):
+    if wanted and block not in wanted:
+        continue
+    result = verify_candidate(newest[block]["path"], block=block, suites=["model"], dtypes=["bfloat16"], seeds=1,
+                              base_seed=20261201, backend=get_backend("cuda"), timeout_s=240)
+    fwd = [t for t in result.checks if t.direction.startswith("forward")]
+    rows.append({"block": block, "verdict": result.verdict, "worst_ratio": result.worst_ratio(),
+                 "checks": len(result.checks), "failed": len(result.failing()), "seconds": round(result.seconds, 1),
+                 "forward_checks": len(fwd), "compiles_on": result.evidence()["compiles_on"],
+                 "message": result.message})
+    print(f"{block}: {result.verdict} ({result.seconds:.1f} s) {result.message}", flush=True)
+(out / "gpu_check.json").write_text(json.dumps(rows, indent=2))
+print(f"\nverified on {get_backend('cuda').name} (bfloat16, model suite), {time.monotonic() - started:.0f} s in all")
+print(f"{'block':<22} {'verdict':<22} {'worst/bound':>11} {'checks':>7} {'failed':>7} {'seconds':>8}  compiles on")
+for r in rows:
+    ratio = f"{r['worst_ratio']:.3f}" if r["worst_ratio"] != float("inf") else "-"
+    print(f"{r['block']:<22} {r['verdict']:<22} {ratio:>11} {r['checks']:>7} {r['failed']:>7} {r['seconds']:>8}  "
+          f"{','.join(r['compiles_on'])}")
+sys.exit(0 if all(r["verdict"] == "pass" for r in rows) else 1)
+EOF

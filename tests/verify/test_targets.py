@@ -1,0 +1,206 @@
+"""Real targets in every verdict: launches captured in the sandbox (also at the model card's sizes, without running
+them), compiled ahead of time for GPU targets with no GPU, and what the compiler says in the result.
+
+Compiles run in child processes (the compile worker): a kernel only the interpreter accepts, a compiler that
+hangs and a compile child that dies are verdicts, never crashes of the workbench."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench.backends import DEFAULT_TARGETS, TARGETS, get_backend, get_targets
+from workbench.blocks import REGISTRY
+from workbench.errors import WorkbenchError
+from workbench.models import model_shapes
+from workbench.templating import load_template
+from workbench.verify.aot import compile_for_targets, select_launches
+from workbench.verify.harness import verify_candidate
+
+
+def test_default_targets_are_the_five_gpu_architectures():
+    assert DEFAULT_TARGETS == ("sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950")
+    assert [t.name for t in get_targets()] == list(DEFAULT_TARGETS)
+    assert get_targets([]) == []
+    with pytest.raises(WorkbenchError, match="unknown target 'sm_99'"):
+        get_targets(["sm_90a", "sm_99"])
+
+
+def test_occupancy_follows_the_occupancy_calculator():
+    h200, mi300 = TARGETS["sm_90a"], TARGETS["gfx942"]
+    # 255 registers x 32 threads -> 8192 per warp (256-register granules); 65536 / (8192 x 4 warps) = 2 CTAs
+    assert h200.occupancy(255, 16, 4) == 2
+    # 121 registers -> 3968 -> 4096 per warp; 65536 / (4096 x 4) = 4 CTAs
+    assert h200.occupancy(121, 0, 4) == 4
+    # shared memory bound: 100 KB + 1 KB reserved per CTA in 228 KB -> 2 CTAs
+    assert h200.occupancy(32, 100 * 1024, 4) == 2
+    assert h200.occupancy(32, 0, 2) == 32  # the CTA limit
+    # AMD: 82 VGPRs -> 88 (granules of 8); 512 // 88 = 5 waves per SIMD, 4 SIMDs: 20 waves = 5 CTAs of 4 waves
+    assert mi300.occupancy(82, 0, 4) == 5
+    assert mi300.occupancy(82, 48 * 1024, 4) == 1  # 64 KB of LDS holds one 48 KB CTA
+    assert mi300.occupancy(512, 0, 8) == 0  # 512 VGPRs allow 1 wave per SIMD: an 8-wave CTA cannot be resident
+
+
+def test_model_suite_inputs_can_be_made_abstract_for_every_block():
+    """meta_inputs gives what make_inputs gives, as shapes and dtypes only, and makes the model card's sizes (the
+    grouped GEMM's experts alone are 80 GB) without allocating them."""
+    for spec in REGISTRY.values():
+        shape = spec.shapes["smoke"][0]
+        real, meta = spec.make_inputs(shape, torch.float16, 0, "cpu"), spec.meta_inputs(shape, torch.float16)
+        assert real.keys() == meta.keys(), spec.name
+        for name, value in real.items():
+            if torch.is_tensor(value):
+                assert meta[name].is_meta and meta[name].shape == value.shape and meta[name].dtype == value.dtype, \
+                    (spec.name, name)
+            else:
+                assert type(meta[name]) is type(value), (spec.name, name)
+        for shape in model_shapes(spec.name):
+            assert all(v.is_meta for v in spec.meta_inputs(shape, torch.bfloat16).values() if torch.is_tensor(v))
+
+
+def _launch(kernel: str, suite: str, block_n: int, dtype: str = "*fp32") -> dict:
+    return {"kernel": kernel, "module": "candidate", "file": "", "suite": suite, "options": {"num_warps": 4},
+            "signature": {"X": dtype, "N": "i32", "BLOCK_N": "constexpr"}, "constexprs": {"BLOCK_N": block_n}}
+
+
+def test_every_model_launch_and_one_launch_per_signature_the_model_suite_did_not_cover_are_compiled():
+    launches = [_launch("k", "smoke", 64), _launch("k", "edge", 128), _launch("k", "smoke", 64, "*fp16"),
+                _launch("k", "model", 8192), _launch("k", "model", 128)]
+    chosen = select_launches(launches)
+    assert [(x["suite"], x["constexprs"]["BLOCK_N"], x["signature"]["X"]) for x in chosen] == [
+        ("model", 8192, "*fp32"), ("model", 128, "*fp32"), ("smoke", 64, "*fp16")]
+    assert len(select_launches([_launch("k", "smoke", 64), _launch("k", "edge", 128)])) == 1
+
+
+KERNEL_FILE = '''
+import triton
+import triton.language as tl
+{prelude}
+
+@triton.jit
+def copy_kernel(X, Y, N, BLOCK_N: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.load(X + offs, mask=offs < N, other=0.0)
+{body}
+    tl.store(Y + offs, acc, mask=offs < N)
+'''
+
+
+def _kernel_file(tmp_path: Path, prelude: str = "", body: str = "") -> Path:
+    path = tmp_path / "cand.py"
+    path.write_text(KERNEL_FILE.format(prelude=prelude, body=textwrap.indent(body, "    ")))
+    return path
+
+
+COPY_LAUNCH = {"kernel": "copy_kernel", "module": "candidate", "file": "", "suite": "model",
+               "signature": {"X": "*bf16", "Y": "*bf16", "N": "i32", "BLOCK_N": "constexpr"},
+               "constexprs": {"BLOCK_N": 1024}, "options": {"num_warps": 4}}
+
+
+def test_a_compiled_kernel_reports_registers_shared_memory_and_occupancy_and_is_cached(tmp_path):
+    path = _kernel_file(tmp_path)
+    first = compile_for_targets(path, "hash", [COPY_LAUNCH], get_targets(["sm_90a", "gfx942"]),
+                                cache_dir=tmp_path / "cache")
+    assert [b.ok for b in first.builds] == [True, True], [b.error for b in first.builds]
+    for build in first.builds:
+        assert 0 < build.registers <= 255 and build.spilled_bytes == 0 and build.shared_bytes >= 0
+        assert build.ctas_per_sm >= 1 and build.num_warps == 4 and build.uses_dot is False
+        assert build.tensor_cores is None and not build.cached
+    assert first.compiled_on() == first.spill_free_on() == ["sm_90a", "gfx942"]
+    again = compile_for_targets(path, "hash", [COPY_LAUNCH], get_targets(["sm_90a", "gfx942"]),
+                                cache_dir=tmp_path / "cache")
+    assert all(b.cached for b in again.builds)
+    assert [b.registers for b in again.builds] == [b.registers for b in first.builds]
+
+
+def test_a_dot_kernel_gets_tensor_core_instructions_on_each_target(tmp_path):
+    path = tmp_path / "dot.py"
+    path.write_text(textwrap.dedent('''
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def dot_kernel(A, B, C, BLOCK: tl.constexpr):
+            r = tl.arange(0, BLOCK)
+            a = tl.load(A + r[:, None] * BLOCK + r[None, :])
+            b = tl.load(B + r[:, None] * BLOCK + r[None, :])
+            tl.store(C + r[:, None] * BLOCK + r[None, :], tl.dot(a, b))
+    '''))
+    launch = {"kernel": "dot_kernel", "module": "candidate", "file": "", "suite": "model",
+              "signature": {"A": "*bf16", "B": "*bf16", "C": "*fp32", "BLOCK": "constexpr"},
+              "constexprs": {"BLOCK": 64}, "options": {"num_warps": 4}}
+    report = compile_for_targets(path, "dot", [launch], get_targets(["sm_80", "sm_90a", "gfx942"]))
+    assert [(b.target, b.ok, b.uses_dot, b.tensor_cores) for b in report.builds] == [
+        ("sm_80", True, True, True), ("sm_90a", True, True, True), ("gfx942", True, True, True)]
+
+
+def test_a_compiler_that_hangs_is_a_verdict_on_that_launch(tmp_path):
+    """A static loop of 2^22 iterations is unrolled by the code generator: it does not finish. The compile child
+    is killed at the per-launch limit; the launch fails with the reason and the next one still compiles."""
+    path = _kernel_file(tmp_path, body="for _ in tl.static_range(4194304):\n    acc += 1.0")
+    other = {**COPY_LAUNCH, "constexprs": {"BLOCK_N": 256}}
+    report = compile_for_targets(path, "hang", [COPY_LAUNCH, other], get_targets(["gfx942"]), item_timeout_s=5)
+    assert [b.ok for b in report.builds] == [False, False]
+    assert all("did not finish within 5 s" in b.error for b in report.builds)
+
+
+def test_a_compile_child_that_dies_is_a_verdict_and_the_others_go_on(tmp_path):
+    """The candidate aborts the process when it is imported without the interpreter (a crash in the compile
+    child): each launch ends as 'compiler crashed', no exception reaches the caller."""
+    path = _kernel_file(tmp_path, prelude="import os\nif os.environ.get('TRITON_INTERPRET') != '1':\n    os.abort()")
+    report = compile_for_targets(path, "crash", [COPY_LAUNCH], get_targets(["sm_90a", "gfx942"]))
+    assert [(b.target, b.ok) for b in report.builds] == [("sm_90a", False), ("gfx942", False)]
+    assert all("compiler crashed" in b.error and "SIGABRT" in b.error for b in report.builds)
+
+
+@pytest.fixture
+def global_eps_swiglu(tmp_path) -> Path:
+    """swiglu flat, with a kernel reading a module-level float that is not a tl.constexpr: the interpreter runs it,
+    GPU compilers refuse it ("Cannot access global variable")."""
+    template = load_template("swiglu", "flat")
+    source = template.render(next(template.points()))
+    anchor = "    tl.store(Y + offs, (a * s * b).to(Y.dtype.element_ty), mask=mask)\n"
+    assert source.count(anchor) == 1
+    source = source.replace(anchor, anchor.replace("(a * s * b)", "(a * s * b * ONE)"))
+    source = source.replace("import triton.language as tl\n", "import triton.language as tl\n\nONE = 1.0\n", 1)
+    path = tmp_path / "swiglu_global.py"
+    path.write_text(source)
+    return path
+
+
+@pytest.mark.interpreter
+def test_a_kernel_only_the_interpreter_accepts_is_a_target_compile_error(global_eps_swiglu):
+    interp = get_backend("interpreter")
+    fast = {"suites": ["smoke"], "dtypes": ["float32"], "seeds": 1, "base_seed": 0, "backend": interp}
+    on_interpreter = verify_candidate(global_eps_swiglu, targets=[], **fast)
+    assert on_interpreter.verdict == "pass", on_interpreter.message
+    result = verify_candidate(global_eps_swiglu, targets=["sm_90a", "gfx942"], **fast)
+    assert result.verdict == "target_compile_error"
+    assert result.message.startswith("sm_90a: swiglu_fwd_kernel: ") and "Cannot access global variable ONE" \
+        in result.message
+    assert result.evidence()["compiles_on"] == []
+    failed = {(b["target"], b["kernel"]) for b in result.builds if not b["ok"]}
+    assert ("gfx942", "swiglu_fwd_kernel") in failed and not any(k == "swiglu_bwd_kernel" for _, k in failed)
+
+
+@pytest.mark.interpreter
+def test_verification_captures_the_model_suite_launches_without_running_them():
+    """rmsnorm's model suite (8192 x 7168 and 8192 x 128) is captured on meta tensors: its launches are compiled
+    with the tiles the host code picks for those widths, forward and backward."""
+    template = load_template("rmsnorm", "row_block")
+    operator = Path("operators/rmsnorm")
+    path = next(operator.glob("*.py"), None) if operator.is_dir() else None
+    assert path is not None, "the promoted rmsnorm operator is part of the repository"
+    result = verify_candidate(path, suites=["smoke"], dtypes=["float32"], seeds=1, base_seed=0,
+                              backend=get_backend("interpreter"), targets=["sm_90a"])
+    assert result.verdict == "pass", result.message
+    model = [b for b in result.builds if b["suite"] == "model"]
+    assert {b["kernel"] for b in model} == {"rmsnorm_fwd_kernel", "rmsnorm_bwd_kernel"}
+    assert {b["specialization"]["signature"]["X"] for b in model} == {"*bf16"}
+    assert all(b["ok"] for b in result.builds)
+    assert template.name in path.name
+    assert json.dumps(result.builds)  # plain data, recorded as it is

@@ -1,0 +1,15 @@
+"""Liger-Kernel's SwiGLU (silu(a) * b), used exactly as the package ships it (liger_kernel.ops.swiglu).
+
+Liger's backward writes da and db over the a and b it saved, which are the inputs themselves when they are
+contiguous: the verifier refuses that as input mutation, so run hands it clones (autograd carries the gradients
+back through them). On the Triton interpreter it needs the float-argument shim
+(workbench/verify/interpreter_shims.py): the kernels call gate_multiplier.to(tl.float32).
+"""
+
+from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+BLOCK = "swiglu"
+
+
+def run(a, b):
+    return LigerSiLUMulFunction.apply(a.clone(), b.clone())

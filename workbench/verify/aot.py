@@ -1,0 +1,199 @@
+"""Ahead-of-time compile of a candidate's captured launches for the GPU targets (DESIGN "Targets and evidence").
+
+The sandbox worker records every distinct launch specialization a candidate makes (kernel, argument types,
+constexpr values, launch options), on the verified suites and, without running them, at the model card's sizes.
+Here those launches are compiled for each target in a child process (compile_worker.py, the sandbox's limits; a
+compiler that crashes or hangs is a verdict on that launch, not a crash of the workbench), and what the compiler
+reported is kept per kernel x target x specialization, cached by source hash, specialization and target.
+
+Which launches: every launch of the model suite (the sizes the target runs), and of the verified suites one per
+kernel x argument types x launch options that the model suite did not cover (float32 and float16 pointers, say;
+their constexpr values follow the tiny shapes, the code is the one the model suite compiles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import triton
+
+from workbench.backends import Target
+from workbench.verify.sandbox import run_child
+
+COMPILE_WORKER = Path(__file__).with_name("compile_worker.py")
+ITEM_TIMEOUT_S = 120
+COMPILE_MEMORY_BYTES = 8 << 30
+
+
+@dataclass
+class KernelBuild:
+    """What the compiler said about one kernel specialization on one target. spilled_bytes: stack (NVIDIA) or
+    scratch (AMD) bytes per thread; shared_bytes: dynamic shared memory (LDS) of the compiled kernel;
+    ctas_per_sm: resident CTAs per SM (CU) from registers, shared memory and warps; tensor_cores: whether a
+    kernel with a ``tl.dot`` got tensor-core instructions (None without a dot)."""
+
+    kernel: str
+    target: str
+    suite: str
+    specialization: dict
+    ok: bool
+    error: str = ""
+    registers: int | None = None
+    spilled_bytes: int | None = None
+    shared_bytes: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    ctas_per_sm: int | None = None
+    uses_dot: bool | None = None
+    tensor_cores: bool | None = None
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.ok and self.spilled_bytes)
+
+    def line(self) -> str:
+        if not self.ok:
+            return f"{self.target} {self.kernel}: {self.error}"
+        return (f"{self.target} {self.kernel}: {self.registers} regs, {self.spilled_bytes} B spilled, "
+                f"{self.shared_bytes} B shared, {self.ctas_per_sm} CTA/SM")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TargetReport:
+    """Every build of one verification; failures and spills on the required targets."""
+
+    builds: list[KernelBuild] = field(default_factory=list)
+    capture_errors: list[str] = field(default_factory=list)
+
+    def failures(self) -> list[KernelBuild]:
+        return [b for b in self.builds if not b.ok]
+
+    def spills(self) -> list[KernelBuild]:
+        """Builds of the model suite that spill (a named finding; the other suites' tiles are not the target's)."""
+        return [b for b in self.builds if b.suite == "model" and b.spills]
+
+    def compiled_on(self) -> list[str]:
+        targets = dict.fromkeys(b.target for b in self.builds)
+        return [t for t in targets if all(b.ok for b in self.builds if b.target == t)]
+
+    def spill_free_on(self) -> list[str]:
+        return [t for t in self.compiled_on() if not any(b.spills for b in self.builds
+                                                         if b.target == t and b.suite == "model")]
+
+
+def select_launches(launches: list[dict]) -> list[dict]:
+    """Every model-suite launch; of the others, the first per kernel x argument types x options."""
+    chosen, seen = [], set()
+    for launch in sorted(launches, key=lambda x: x["suite"] != "model"):
+        types = json.dumps([launch["kernel"], launch["signature"], launch["options"]], sort_keys=True)
+        key = json.dumps([types, launch["constexprs"]], sort_keys=True) if launch["suite"] == "model" else types
+        if key not in seen:
+            seen.update((key, types))  # a model launch covers its argument types for the other suites
+            chosen.append(launch)
+    return chosen
+
+
+def _cache_key(source_hash: str, launch: dict, target: Target) -> str:
+    kernel_file = Path(launch["file"])
+    foreign = launch["module"] != "candidate" and kernel_file.is_file()
+    kernel_source = hashlib.sha256(kernel_file.read_bytes()).hexdigest() if foreign else ""
+    spec = {k: launch[k] for k in ("kernel", "module", "signature", "constexprs", "options")}
+    text = json.dumps([source_hash, kernel_source, spec, target.name, triton.__version__], sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict], targets: list[Target], *,
+                        cache_dir: Path | None = None, item_timeout_s: float = ITEM_TIMEOUT_S) -> TargetReport:
+    """Compile the selected launches for every target; cached results are reused (``cached`` set)."""
+    report = TargetReport()
+    items, pending = [], []
+    for launch in select_launches(launches):
+        for target in targets:
+            build_id = len(items)
+            key = _cache_key(source_hash, launch, target)
+            items.append((launch, target, key))
+            hit = cache_dir / f"{key}.json" if cache_dir else None
+            if hit is not None and hit.is_file():
+                report.builds.append(KernelBuild(**{**json.loads(hit.read_text()), "cached": True}))
+            else:
+                pending.append(build_id)
+    for build_id, record in _run_compiles(candidate, items, pending, item_timeout_s).items():
+        launch, target, key = items[build_id]
+        build = _build(launch, target, record)
+        report.builds.append(build)
+        if cache_dir is not None and "crash" not in record:  # a crash or hang may be the machine's: no cache
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            partial = cache_dir / f"{key}.{os.getpid()}.tmp"  # whole files only: readers in other processes
+            partial.write_text(json.dumps(build.to_dict()))
+            partial.replace(cache_dir / f"{key}.json")
+    return report
+
+
+def _build(launch: dict, target: Target, record: dict) -> KernelBuild:
+    spec = {k: launch[k] for k in ("signature", "constexprs", "options")}
+    build = KernelBuild(kernel=launch["kernel"], target=target.name, suite=launch["suite"], specialization=spec,
+                        ok=bool(record.get("ok")), error=record.get("error", ""), seconds=record.get("seconds", 0.0))
+    if build.ok:
+        for name in ("registers", "spilled_bytes", "shared_bytes", "num_warps", "num_stages", "uses_dot"):
+            setattr(build, name, record.get(name))
+        build.tensor_cores = record.get("tensor_cores") if build.uses_dot else None
+        build.ctas_per_sm = target.occupancy(build.registers, build.shared_bytes or 0, build.num_warps or 4)
+    return build
+
+
+def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout_s: float) -> dict[int, dict]:
+    """{item id: the worker's record}. A child that dies mid-item (crash, hang) gives that item its verdict and a
+    new child takes the rest."""
+    done: dict[int, dict] = {}
+    while pending:
+        job = {"candidate": str(candidate), "item_timeout_s": item_timeout_s,
+               "items": [{"id": i, "launch": items[i][0], "target": _target_json(items[i][1])} for i in pending]}
+        job_dir = Path(tempfile.mkdtemp(prefix="compile-"))
+        # Triton's own cache inside the job folder: the only place the (isolated) child may write
+        env = {"TRITON_DEFAULT_FP_FUSION": "1", "TRITON_CACHE_DIR": str(job_dir / "triton-cache")}
+        try:
+            (job_dir / "job.json").write_text(json.dumps(job))
+            outcome = run_child(COMPILE_WORKER, job_dir, env, item_timeout_s * len(pending) + 60,
+                                COMPILE_MEMORY_BYTES, [candidate.parent])
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        started = None
+        for line in outcome.payload.decode("utf-8", "replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "start" in record:
+                started = record["start"]
+            elif record.get("id") in pending:
+                done[record["id"]] = record
+                started = None
+        if outcome.status == "ok":
+            for i in pending:
+                done.setdefault(i, {"ok": False, "error": "the compile worker sent no result for this launch"})
+        else:
+            victim = started if started is not None else next((i for i in pending if i not in done), None)
+            if victim is not None:
+                why = "did not finish" if "SIGALRM" in outcome.message or outcome.status == "timeout" \
+                    else "crashed"
+                done[victim] = {"ok": False, "crash": True,
+                                "error": f"compiler {why}: {outcome.message} ({outcome.output_tail.strip()[-200:]})"
+                                if why == "crashed" else f"compiler did not finish within {item_timeout_s:g} s"}
+        pending = [i for i in pending if i not in done]
+    return done
+
+
+def _target_json(target: Target) -> dict:
+    return {"name": target.name, "backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
