@@ -71,3 +71,30 @@ def test_template_rendering_invalid_python_is_diagnosed_and_the_next_template_pr
     assert second.template == "col_tiled" and second.status == "pass"
     revise = [s.message for s in run_steps(engine, outcome.run_id) if s.node == "revise"]
     assert "no repair rule for compile_error" in revise[0] and "other templates first" in revise[0]
+
+
+def test_a_template_only_the_interpreter_accepts_is_refused_on_the_target_and_the_next_template_promoted(
+        settings, tmp_path, monkeypatch):
+    """row_block's forward kernel reads a module-level float that is not a tl.constexpr: it passes on the
+    interpreter and sm_90a's compiler rejects it, so the run refuses it as target_compile_error, goes to the other
+    template, and the promoted operator's manifest says where it compiles."""
+    root = tmp_path / "templates"
+    shutil.copytree(templates_dir() / "rmsnorm", root / "rmsnorm")
+    broken = root / "rmsnorm" / "row_block.py.j2"
+    source = broken.read_text()
+    assert source.count("/ N + eps)") == 1
+    broken.write_text(source.replace("/ N + eps)", "/ N + eps * ONE)").replace(
+        "import triton.language as tl\n", "import triton.language as tl\n\nONE = 1.0\n", 1))
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(root))
+    outcome = port_block("rmsnorm", settings, seeds=1, dtypes=["float32"], suites=["smoke"], budget=3,
+                         targets=["sm_90a"])
+    assert outcome.status == "promoted", outcome.reason
+    engine = get_engine(settings.db_url)
+    first, second = run_candidates(engine, outcome.run_id)[:2]
+    assert first.template == "row_block" and first.status == "target_compile_error"
+    assert first.message.startswith("sm_90a: rmsnorm_fwd_kernel: ") and "ONE" in first.message
+    assert second.template == "col_tiled" and second.status == "pass"
+    revise = [s.message for s in run_steps(engine, outcome.run_id) if s.node == "revise"]
+    assert "target_compile_error" in revise[0] and "other templates first" in revise[0]
+    manifest = json.loads(Path(outcome.operator_path).with_suffix(".json").read_text())
+    assert manifest["evidence"]["targets"] == ["sm_90a"] and manifest["evidence"]["compiles_on"] == ["sm_90a"]

@@ -88,6 +88,7 @@ def test_a_tampering_candidate_changes_nothing_on_disk_and_is_refused(tmp_path, 
     result = verify_candidate(candidate, backend=get_backend("interpreter"), **FAST)
     assert _digest(operators) == before and not (operators / "tampered.txt").exists()
     assert not (Path.cwd() / "tampered.txt").exists()
+    assert not (candidate.parent / "__pycache__").exists()  # no bytecode beside the candidate either
     assert result.verdict in ("forbidden_import", "forbidden_call"), result.message  # refused, not passed
     refused = [c.reason for c in result.checks if c.direction == "integrity:forbidden_call"]
     assert any("write outside the sandbox's scratch folder" in r and str(operators) in r for r in refused), refused

@@ -194,8 +194,12 @@ def build_graph(ctx: PortContext, checkpointer=None):
         records.record_verification(ctx.engine, current["candidate_id"], result)
         current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
                        evidence=result.evidence())
-        ctx.emit(state["run_id"], "verify", f"{result.verdict}: {result.message} ({result.seconds:.1f} s)",
-                 result.summary())
+        evidence = result.evidence()
+        where = f"; compiles on {len(evidence['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
+        spills = f"; {len([f for f in result.findings if f.startswith('spills:')])} spill findings" \
+            if any(f.startswith("spills:") for f in result.findings) else ""
+        ctx.emit(state["run_id"], "verify",
+                 f"{result.verdict}: {result.message} ({result.seconds:.1f} s){where}{spills}", result.summary())
         update: dict[str, Any] = {"current": current, "last_checks": [vars(c) for c in result.checks]}
         if result.passed:
             update.update(history=[current], passing=[current])

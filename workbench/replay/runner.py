@@ -37,7 +37,7 @@ from workbench.replay.ops import REFERENCE_OPS, describe, resolve_ops
 from workbench.replay.presets import Preset, check_mode, get_preset
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
-from workbench.verify.sandbox import child_env, child_limits, isolated
+from workbench.verify.sandbox import child_command, child_env
 
 DEFAULT_TIMEOUT_S = 3600.0
 BASE_SEED = 0
@@ -114,11 +114,12 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
     writable = [base] if base and job["task"] == "base" else []  # the base checkpoint is written beside the curves
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
-    command = isolated([sys.executable, "-m", "workbench.replay.child"], writable, readable, Path.cwd())
+    command = child_command([sys.executable, "-m", "workbench.replay.child"], memory_bytes=None, timeout_s=timeout_s,
+                            writable=writable, readable=readable, cwd=Path.cwd())
     with tempfile.TemporaryFile() as stderr:
         proc = subprocess.Popen(command, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, env=child_env(backend.env), text=True,
-                                start_new_session=True, preexec_fn=child_limits(None, timeout_s))
+                                start_new_session=True)
         timed_out = threading.Event()
 
         def expire() -> None:

@@ -1,6 +1,6 @@
 """Compile worker: compiles a candidate's captured kernel launches for GPU targets, ahead of time, with no GPU.
 
-Started as ``python -I compile_worker.py JOB_DIR RESULT_FD`` in a child process whose environment has no
+Started as ``python -s -P -B compile_worker.py JOB_DIR RESULT_FD`` in a child process whose environment has no
 TRITON_INTERPRET (an interpreted kernel is not a JITFunction and cannot be compiled). It imports the candidate (and
 any package it took kernels from), then for each item of JOB_DIR/job.json, a launch and a target, calls
 ``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget(...), options)`` and reads what the

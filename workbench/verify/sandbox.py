@@ -10,11 +10,9 @@ verification records which one was in force.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import io
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -25,10 +23,11 @@ from pathlib import Path
 
 import torch
 
+from workbench.errors import WorkbenchError
+
 WORKER = Path(__file__).with_name("worker.py")
 OUTPUT_TAIL_BYTES = 4000
 OUTPUT_LIMIT_BYTES = 64 << 20
-PR_SET_PDEATHSIG = 1
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR")
 
 
@@ -42,19 +41,24 @@ class SandboxOutcome:
     output_tail: str
 
 
-def child_limits(memory_bytes: int | None, timeout_s: float):
-    """Runs in the child before the worker starts: address space, core dumps, file size, CPU time, and death with
-    the parent (a killed agent must not leave a candidate running)."""
-    def apply() -> None:
-        if memory_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_LIMIT_BYTES, OUTPUT_LIMIT_BYTES))
-        cpu = int(2 * timeout_s) + 60
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    return apply
+def limited(command: list[str], memory_bytes: int | None, timeout_s: float) -> list[str]:
+    """``command`` under its limits, set by util-linux before it is exec'd (no ``preexec_fn``, which is unsafe once
+    the parent has threads): address space, no core dumps, file size, CPU time (prlimit), and death with the parent
+    (setpriv --pdeathsig: a killed agent must not leave a candidate running)."""
+    setpriv, prlimit = shutil.which("setpriv"), shutil.which("prlimit")
+    if not (setpriv and prlimit):
+        raise WorkbenchError("the sandbox needs setpriv and prlimit (util-linux) to limit its child processes")
+    cpu = int(2 * timeout_s) + 60
+    limits = ["--core=0", f"--fsize={OUTPUT_LIMIT_BYTES}", f"--cpu={cpu}"] + \
+        ([f"--as={memory_bytes}"] if memory_bytes else [])
+    return [setpriv, "--pdeathsig", "KILL", prlimit, *limits, "--", *command]
+
+
+def child_command(command: list[str], *, memory_bytes: int | None, timeout_s: float, writable: list[Path],
+                  readable: list[Path], cwd: Path) -> list[str]:
+    """How every child that runs untrusted code starts (the verification and compile workers, the replay's
+    training process): under its limits, inside the isolation in force."""
+    return limited(isolated(command, writable, readable, cwd), memory_bytes, timeout_s)
 
 
 @functools.cache
@@ -115,7 +119,7 @@ class ChildOutcome:
 
 def run_child(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_s: float,
               memory_bytes: int | None, readable: list[Path] = ()) -> ChildOutcome:
-    """Run ``python -I worker JOB_DIR RESULT_FD`` in job_dir under the limits and the isolation in force (see the
+    """Run ``python -s -P -B worker JOB_DIR RESULT_FD`` in job_dir under the limits and the isolation in force (see the
     module docstring; ``readable``: folders the worker reads besides the installed packages, e.g. the candidate's),
     and collect what it sends."""
     log_path = job_dir / "output.log"
@@ -124,11 +128,14 @@ def run_child(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_
     reader = threading.Thread(target=_drain, args=(read_fd, received), daemon=True)
     with open(log_path, "wb") as log:
         try:
-            command = [sys.executable, "-I", str(worker), str(job_dir), str(write_fd)]
+            # -s -P: no user site, no script folder on sys.path; the environment is child_env's alone, so its
+            # PYTHONHASHSEED and PYTHONDONTWRITEBYTECODE hold (-I would drop them); -B: no bytecode either way
+            command = [sys.executable, "-s", "-P", "-B", str(worker), str(job_dir), str(write_fd)]
             proc = subprocess.Popen(
-                isolated(command, [job_dir], list(readable), job_dir), pass_fds=(write_fd,),
+                child_command(command, memory_bytes=memory_bytes, timeout_s=timeout_s, writable=[job_dir],
+                              readable=list(readable), cwd=job_dir), pass_fds=(write_fd,),
                 cwd=job_dir, env=child_env(backend_env), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_limits(memory_bytes, timeout_s))
+                stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             os.close(write_fd)
         reader.start()

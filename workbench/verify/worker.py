@@ -1,7 +1,7 @@
 """Sandbox worker: runs one untrusted candidate on the trials of a job and sends back its outputs, gradients and
 what it was seen doing.
 
-Started as ``python -I worker.py JOB_DIR RESULT_FD`` in a child process (its environment already holds
+Started as ``python -s -P -B worker.py JOB_DIR RESULT_FD`` in a child process (its environment already holds
 TRITON_INTERPRET when the interpreter is the backend). It imports torch, triton and the candidate, nothing of the
 workbench: the reference and the expected values never enter this process, and an import of ``workbench`` by the
 candidate is refused and reported. Before the candidate is loaded it installs what the parent's integrity checks
