@@ -59,7 +59,7 @@ with ci_col:
 
 st.subheader("Blocks")
 st.dataframe(board.style_status(plan), hide_index=True, key="plan_table", height=38 + 35 * len(plan),
-             column_order=["block", "status", "detail", "sizes", "role"],
+             column_order=["block", "status", "evidence", "detail", "sizes", "role"],
              column_config={"block": st.column_config.TextColumn("block", width=150),
                             "status": st.column_config.TextColumn("status", width=100),
                             "detail": st.column_config.TextColumn("detail", width=220),
