@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from workbench.backends import Target
 from workbench.verify.sandbox import run_child
 
 COMPILE_WORKER = Path(__file__).with_name("compile_worker.py")
-ITEM_TIMEOUT_S = 120
+ITEM_TIMEOUT_S = 600  # one launch x target; a compile past SLOW_COMPILE_S is a finding (a GPU's JIT pays it too)
+SLOW_COMPILE_S = 60
 COMPILE_MEMORY_BYTES = 8 << 30
 
 
@@ -83,6 +85,10 @@ class TargetReport:
         """Builds of the model suite that spill (a named finding; the other suites' tiles are not the target's)."""
         return [b for b in self.builds if b.suite == "model" and b.spills]
 
+    def slow(self) -> list[KernelBuild]:
+        """Builds that took more than SLOW_COMPILE_S to compile (here; a GPU's JIT pays the same at first call)."""
+        return [b for b in self.builds if b.ok and b.seconds > SLOW_COMPILE_S]
+
     def compiled_on(self) -> list[str]:
         targets = dict.fromkeys(b.target for b in self.builds)
         return [t for t in targets if all(b.ok for b in self.builds if b.target == t)]
@@ -129,7 +135,14 @@ def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict],
                 report.builds.append(KernelBuild(**{**json.loads(hit.read_text()), "cached": True}))
             else:
                 pending.append(build_id)
-    for build_id, record in _run_compiles(candidate, items, pending, item_timeout_s).items():
+    # one compile child per target, as many at once as there are cores (a compile is single-threaded)
+    by_target = [[i for i in pending if items[i][1].name == t.name] for t in targets]
+    by_target = [group for group in by_target if group]
+    done: dict[int, dict] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(len(by_target), os.cpu_count() or 1))) as pool:
+        for records in pool.map(lambda group: _run_compiles(candidate, items, group, item_timeout_s), by_target):
+            done.update(records)
+    for build_id, record in sorted(done.items()):
         launch, target, key = items[build_id]
         build = _build(launch, target, record)
         report.builds.append(build)

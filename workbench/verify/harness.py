@@ -337,6 +337,8 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     result.builds = [b.to_dict() for b in report.builds]
     result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the model suite"
                         for b in report.spills()]
+    result.findings += [f"slow compile: {b.target} {b.kernel} {b.seconds:.0f} s ({b.suite} suite)"
+                        for b in report.slow()]
     failed: dict[tuple[str, str], Check] = {}
     for b in report.failures():
         failed.setdefault((b.target, b.kernel), Check(suite="target", shape=b.target, dtype=b.suite, seed=0,
