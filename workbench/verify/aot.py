@@ -6,9 +6,9 @@ Here those launches are compiled for each target in a child process (compile_wor
 compiler that crashes or hangs is a verdict on that launch, not a crash of the workbench), and what the compiler
 reported is kept per kernel x target x specialization, cached by source hash, specialization and target.
 
-Which launches: every launch of the model suite (the sizes the target runs), and of the verified suites one per
-kernel x argument types x launch options that the model suite did not cover (float32 and float16 pointers, say;
-their constexpr values follow the tiny shapes, the code is the one the model suite compiles).
+Which launches: every launch of the model suite (the sizes and the bfloat16 the target runs); a kernel the model
+suite never launched (a tail path, or a block without model sizes) is compiled from the verified suites' launches,
+one per argument types x launch options.
 """
 
 from __future__ import annotations
@@ -99,13 +99,19 @@ class TargetReport:
 
 
 def select_launches(launches: list[dict]) -> list[dict]:
-    """Every model-suite launch; of the others, the first per kernel x argument types x options."""
+    """Every distinct model-suite launch; for a kernel with none, the first launch per argument types x options."""
+    at_model = {x["kernel"] for x in launches if x["suite"] == "model"}
     chosen, seen = [], set()
-    for launch in sorted(launches, key=lambda x: x["suite"] != "model"):
+    for launch in launches:
         types = json.dumps([launch["kernel"], launch["signature"], launch["options"]], sort_keys=True)
-        key = json.dumps([types, launch["constexprs"]], sort_keys=True) if launch["suite"] == "model" else types
+        if launch["suite"] == "model":
+            key = json.dumps([types, launch["constexprs"]], sort_keys=True)
+        elif launch["kernel"] in at_model:
+            continue
+        else:
+            key = types
         if key not in seen:
-            seen.update((key, types))  # a model launch covers its argument types for the other suites
+            seen.add(key)
             chosen.append(launch)
     return chosen
 
