@@ -171,6 +171,9 @@ def port(
         envvar="WORKBENCH_REPLAY_STEPS",
         help="steps of the loss-curve replay that gates promotion (0: no gate)")] = 6,
     targets: TargetsOption = None,
+    forward_only: Annotated[bool, typer.Option(
+        "--forward-only", help="an inference port: verify outputs only, no replay gate (recorded in the manifest)")]
+    = False,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Port blocks with the agent: render, compile, verify, diagnose, revise, promote. Exit 1 if any ends blocked."""
@@ -218,7 +221,8 @@ def port(
                                  suites=suites.split(","), dtypes=dtypes.split(",") if dtypes else None, seeds=seeds,
                                  backend=chosen, timeout_s=timeout, model=model, on_event=show, llm=llm,
                                  approve=approve, replay_steps=replay_steps,
-                                 targets=_targets(targets) if targets is not None else card_targets)
+                                 targets=_targets(targets) if targets is not None else card_targets,
+                                 forward_only=forward_only)
         outcomes.append(outcome)
         _print_outcome(outcome, as_json)
     _finish(outcomes, as_json, printed=True)

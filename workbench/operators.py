@@ -56,7 +56,8 @@ def evidence(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"backend": verification.get("backend", ""), "dtypes": verification.get("dtypes", []),
             "suites": verification.get("suites", []), "targets": targets,
             "compiles_on": found.get("compiles_on", []), "spill_free_on": found.get("spill_free_on", []),
-            "gpu_verified": gpu, "findings": found.get("findings", []), "strongest": level}
+            "gpu_verified": gpu, "findings": found.get("findings", []), "strongest": level,
+            "backward": "not verified" if verification.get("forward_only") else "verified"}
 
 
 def evidence_line(manifest: dict[str, Any]) -> str:
@@ -67,5 +68,6 @@ def evidence_line(manifest: dict[str, Any]) -> str:
     compiled = f"compiles {len(e['compiles_on'])}/{n}" + (f" ({', '.join(e['compiles_on'])})" if e["compiles_on"]
                                                           else "") if n else "not compiled for any target"
     spill_free = f"; spill-free {len(e['spill_free_on'])}/{n}" if n else ""
-    return (f"{e['backend']} {'/'.join(e['dtypes'])} {'+'.join(e['suites'])}; {compiled}{spill_free}; GPU bf16 model: "
-            f"{'verified' if e['gpu_verified'] else 'not yet'}")
+    forward = " (forward only)" if e["backward"] == "not verified" else ""
+    return (f"{e['backend']} {'/'.join(e['dtypes'])} {'+'.join(e['suites'])}{forward}; {compiled}{spill_free}; "
+            f"GPU bf16 model: {'verified' if e['gpu_verified'] else 'not yet'}")

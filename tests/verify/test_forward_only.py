@@ -35,3 +35,25 @@ def test_forward_only_verifies_the_outputs_and_records_the_backward_as_not_verif
     full = verify_candidate(inference_swiglu, backend=interp, **FAST)
     assert full.verdict == "fail" and any(c.direction.startswith("grad:") and not c.passed for c in full.checks)
     assert full.evidence()["backward"] == "verified"
+
+
+def test_a_forward_only_port_promotes_without_the_backward_and_says_so(settings):
+    """port --forward-only: the outputs verified, no backward, no replay gate (training needs the backward); the
+    manifest and the evidence line say the backward was not verified."""
+    import json
+    from pathlib import Path
+
+    from workbench.agent.run import port_block
+    from workbench.operators import evidence_line, list_promoted
+    from workbench.store import get_engine
+    from workbench.store.queries import run_steps
+
+    outcome = port_block("swiglu", settings, seeds=1, dtypes=["float32"], suites=["smoke"], budget=2,
+                         forward_only=True, replay_steps=2, targets=[])
+    assert outcome.status == "promoted", outcome.reason
+    manifest = json.loads(Path(outcome.operator_path).with_suffix(".json").read_text())
+    assert manifest["verification"]["forward_only"] is True
+    assert "(forward only)" in evidence_line(list_promoted(settings.operators_dir, "swiglu")[0])
+    steps = run_steps(get_engine(settings.db_url), outcome.run_id)
+    assert any(s.node == "replay" and "forward-only port" in s.message for s in steps)
+    assert not any(s.node == "verify" and "grad:" in json.dumps(s.data) for s in steps)

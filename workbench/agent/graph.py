@@ -78,6 +78,7 @@ class PortContext:
     approve: bool = False
     replay_steps: int = 0          # steps of the replay gate (0: no gate)
     targets: list[str] | None = None  # GPU targets every candidate must compile for (None: the defaults)
+    forward_only: bool = False     # an inference port: outputs verified, the backward not (no replay gate)
     replay_model: str = "kimi-k3.1-pro"
 
     def emit(self, run_id: str, node: str, message: str, data: dict | None = None) -> None:
@@ -190,7 +191,8 @@ def build_graph(ctx: PortContext, checkpointer=None):
     def verify(state: PortState) -> dict:
         current = dict(state["current"])
         result = verify_candidate(current["path"], block=ctx.spec.name, suites=ctx.suites, dtypes=ctx.dtypes,
-                                  seeds=ctx.seeds, backend=ctx.backend, timeout_s=ctx.timeout_s, targets=ctx.targets)
+                                  seeds=ctx.seeds, backend=ctx.backend, timeout_s=ctx.timeout_s, targets=ctx.targets,
+                                  forward_only=ctx.forward_only)
         records.record_verification(ctx.engine, current["candidate_id"], result)
         current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
                        evidence=result.evidence())
@@ -238,8 +240,9 @@ def build_graph(ctx: PortContext, checkpointer=None):
 
         ranked = sorted(state["passing"], key=lambda a: a["worst_ratio"])
         mode = replay_mode_for(ctx.spec.name)
-        if not ctx.replay_steps or mode is None:
-            why = "off" if not ctx.replay_steps else f"{ctx.spec.name} is not part of the replay model"
+        if not ctx.replay_steps or mode is None or ctx.forward_only:
+            why = "off" if not ctx.replay_steps else f"{ctx.spec.name} is not part of the replay model" \
+                if mode is None else "off for a forward-only port (training needs the backward)"
             ctx.emit(state["run_id"], "replay", f"replay gate {why}")
             return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
         failures = []
@@ -273,7 +276,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
             "promoted_at": utcnow().isoformat(timespec="seconds"), "workbench_version": __version__,
             "verification": {"backend": ctx.backend.name, "suites": ctx.suites, "dtypes": ctx.dtypes,
                              "seeds": ctx.seeds, "verdict": best["verdict"], "message": best["message"],
-                             "worst_ratio": round(best["worst_ratio"], 4)},
+                             "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.forward_only},
             "evidence": best.get("evidence", {}),
         }
         if decision is not None:

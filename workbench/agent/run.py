@@ -54,15 +54,16 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
                proposer: str = "search", suites: list[str] | None = None, dtypes: list[str] | None = None,
                seeds: int = 2, backend: Backend | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                model: str | None = None, on_event: EventHook | None = None, llm: LLMConfig | None = None,
-               chat=None, approve: bool = False, replay_steps: int = 0, targets: list[str] | None = None
-               ) -> PortOutcome:
+               chat=None, approve: bool = False, replay_steps: int = 0, targets: list[str] | None = None,
+               forward_only: bool = False) -> PortOutcome:
     """Run the agent on ``block``. start: "template:NAME=VALUE,..." to begin at a given point (missing params take
     the template's first covering choice); for the llm proposer, the starting candidate shown to the model.
     llm: the endpoint of the llm and hybrid proposers (default: $WORKBENCH_LLM_*); chat: a langchain chat model to
     use instead of one on that endpoint. approve: stop before promotion until decide() is called.
     replay_steps: steps of the replay gate before promotion (0: none; the replay uses ``model``'s name, default
     kimi-k3.1-pro). targets: the GPU targets every candidate must compile for (default: $WORKBENCH_TARGETS, else
-    the defaults). Raises WorkbenchError for bad arguments before any run is recorded."""
+    the defaults). forward_only: an inference port (outputs verified, the backward not, no replay gate; the
+    manifest says so). Raises WorkbenchError for bad arguments before any run is recorded."""
     spec = get_block(block)
     if proposer not in PROPOSERS:
         raise WorkbenchError(f"unknown proposer '{proposer}' (known: {', '.join(PROPOSERS)})")
@@ -79,7 +80,7 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
             llm = resolve_model(llm)
     targets = [t.name for t in get_targets(default_target_names() if targets is None else targets)]
     config = {"suites": suites, "dtypes": dtypes, "seeds": seeds, "explore": explore, "start": start,
-              "targets": targets,
+              "targets": targets, "forward_only": forward_only,
               "timeout_s": timeout_s, "approve": approve, "replay_steps": replay_steps,
               "replay_model": model or DEFAULT_REPLAY_MODEL,
               "llm": llm.public() if llm and proposer != "search" else None}
@@ -183,7 +184,7 @@ def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, prop
                        timeout_s=config["timeout_s"], start=start, on_event=on_event,
                        approve=bool(config.get("approve")), replay_steps=int(config.get("replay_steps") or 0),
                        replay_model=config.get("replay_model") or DEFAULT_REPLAY_MODEL,
-                       targets=config.get("targets"))
+                       targets=config.get("targets"), forward_only=bool(config.get("forward_only")))
 
 
 def _thread(run_id: str, budget: int) -> dict:
