@@ -109,6 +109,22 @@ else:
                          column_config={c: board.sci(c) for c in ("max_abs", "max_rel", "err_ratio", "ref_err",
                                                                    "bound")})
 
+    builds: pd.DataFrame = board.read("builds_frame", chosen)
+    st.subheader("On the GPU targets")
+    if builds.empty:
+        st.caption(f"Candidate #{chosen} was not compiled for any GPU target (`workbench verify --targets ...`).")
+    else:
+        failed, spilled = builds[~builds["ok"]], builds[builds["ok"] & (builds["spilled_bytes"] > 0)]
+        st.caption(f"{len(builds)} kernel x target builds, compiled ahead of time with no GPU: {len(failed)} failed, "
+                   f"{len(spilled)} spill registers (stack bytes per thread). Tensor cores: whether a kernel with a "
+                   "tl.dot got tensor-core instructions.")
+        st.dataframe(builds, hide_index=True, key="builds_table", height=38 + 35 * min(len(builds), 16),
+                     column_config={"spilled_bytes": st.column_config.NumberColumn("spilled B"),
+                                    "shared_bytes": st.column_config.NumberColumn("shared B"),
+                                    "ctas_per_sm": st.column_config.NumberColumn("CTAs / SM"),
+                                    "seconds": board.seconds("compile s"),
+                                    "error": st.column_config.TextColumn("error", width="large")})
+
     st.subheader("Source and diff")
     left, right = st.columns(2)
     position = ids.index(chosen)

@@ -91,10 +91,20 @@ def _candidate(engine, run_id: str | None, block: str, iteration: int, template:
                          path=str(path), run_id=run_id, iteration=iteration, template=template, params=params)
 
 
-def _verify(engine, cid: int, block: str, verdict: str, message: str, checks: list[Check]) -> None:
+def _verify(engine, cid: int, block: str, verdict: str, message: str, checks: list[Check],
+            builds: list[dict] = ()) -> None:
     record_verification(engine, cid, VerificationResult(block=block, candidate="", source_hash="", seconds=4.2,
                                                         backend="interpreter", verdict=verdict, message=message,
-                                                        checks=checks))
+                                                        checks=checks, targets=sorted({b["target"] for b in builds}),
+                                                        builds=list(builds)))
+
+
+def _build(target: str, kernel: str, spilled: int) -> dict:
+    """What a target's compiler said about one kernel (the fields of workbench.verify.aot.KernelBuild)."""
+    return {"kernel": kernel, "target": target, "suite": "model", "specialization": {}, "ok": True, "error": "",
+            "registers": 255 if spilled else 121, "spilled_bytes": spilled, "shared_bytes": 16, "num_warps": 4,
+            "num_stages": 3, "ctas_per_sm": 2 if spilled else 4, "uses_dot": False, "tensor_cores": None,
+            "seconds": 0.5, "cached": False}
 
 
 def _backdate(engine, run_id: str, start: datetime, finished: bool) -> None:
@@ -155,7 +165,9 @@ def seed(tmp: Path) -> Seeded:
     add_step(engine, run, "render", "#2 row_block: BLOCK_N=8192, ACC_DTYPE=float32 - accumulate in float32",
              {"candidate_id": good})
     add_step(engine, run, "compile", "ok: compiles, BLOCK and run(x, weight, eps)")
-    _verify(engine, good, "rmsnorm", "pass", "12 checks pass", _checks(fp16_scale=0.5))
+    _verify(engine, good, "rmsnorm", "pass", "12 checks pass", _checks(fp16_scale=0.5),
+            [_build("sm_90a", "rmsnorm_fwd_kernel", 0), _build("sm_90a", "rmsnorm_bwd_kernel", 376),
+             _build("gfx942", "rmsnorm_fwd_kernel", 0), _build("gfx942", "rmsnorm_bwd_kernel", 0)])
     add_step(engine, run, "verify", "pass: 12 checks pass (4.2 s)")
     dest = promote_file(work / "rmsnorm_row_block_2.py", operators_dir, "rmsnorm",
                         {"block": "rmsnorm", "template": "row_block", "run_id": run, "candidate_id": good,

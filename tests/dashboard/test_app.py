@@ -143,6 +143,12 @@ def test_block_page_candidates_checks_diff_and_trace(seeded):
     for column in ("max_abs", "bound", "err_ratio"):
         assert column_format(at.dataframe[1], column) == "%.2e"
 
+    # what the GPU targets' compilers said about its kernels
+    builds = next(d.value for d in at.dataframe if "spilled_bytes" in d.value.columns)
+    assert set(builds["target"]) == {"sm_90a", "gfx942"} and builds["ok"].all()
+    assert builds.loc[builds["spilled_bytes"] > 0, "kernel"].tolist() == ["rmsnorm_bwd_kernel"]
+    assert "4 kernel x target builds" in text_of(at) and "1 spill registers" in text_of(at)
+
     # the diff from the previous candidate, and the promoted run's trace with its reasons
     code = at.code[0].value
     assert "-" in code and "tl.float16" in code and "+" in code and "tl.float32" in code

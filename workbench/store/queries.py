@@ -16,7 +16,15 @@ from sqlmodel import Session, select
 
 from workbench.blocks import REGISTRY
 from workbench.operators import evidence, evidence_line, list_promoted
-from workbench.store.models import Candidate, CIJob, LossReplay, PortRun, RunStep, VerificationCheck
+from workbench.store.models import (
+    Candidate,
+    CIJob,
+    KernelBuild,
+    LossReplay,
+    PortRun,
+    RunStep,
+    VerificationCheck,
+)
 from workbench.templating import list_templates
 
 # The statuses a block of a model card can have, in the order a port goes through them.
@@ -237,6 +245,18 @@ def checks_frame(engine: Engine, candidate_id: int):
             select(VerificationCheck).where(VerificationCheck.candidate_id == candidate_id)
             .order_by(VerificationCheck.id))]
     return _frame(rows, CHECK_COLUMNS)
+
+
+BUILD_COLUMNS = ["target", "kernel", "suite", "ok", "registers", "spilled_bytes", "shared_bytes", "ctas_per_sm",
+                 "num_warps", "num_stages", "uses_dot", "tensor_cores", "seconds", "error"]
+
+
+def builds_frame(engine: Engine, candidate_id: int):
+    """What the GPU targets' compilers said about each kernel of a candidate (workbench.store.models.KernelBuild)."""
+    with Session(engine) as s:
+        rows = [b.model_dump(include=set(BUILD_COLUMNS)) for b in s.exec(
+            select(KernelBuild).where(KernelBuild.candidate_id == candidate_id).order_by(KernelBuild.id))]
+    return _frame(rows, BUILD_COLUMNS)
 
 
 def checks_by_shape(checks):
