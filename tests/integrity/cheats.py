@@ -307,6 +307,10 @@ CHEATS = [
     Cheat("stores an all-zero output", "swiglu", [(S_STORE_Y,
         "    tl.store(Y + offs, (a * s * b * 0.0).to(Y.dtype.element_ty), mask=mask)\n")],
         "constant_output", "constant output where the truth varies: [rows=4,N=64] float32"),
+    Cheat("stores an all-zero output, two seeds a shape", "swiglu", [(S_STORE_Y,
+        "    tl.store(Y + offs, (a * s * b * 0.0).to(Y.dtype.element_ty), mask=mask)\n")],
+        "constant_output", "constant output where the truth varies: [rows=4,N=64] float32", {"seeds": 2},
+        why="two seeds' zeros are bit-identical too: a constant is reported as constant, not as a cached result"),
     Cheat("jitters within tolerance, a different sign on later calls", "rmsnorm", [
         prelude(
             "_CALLS = [0]\n\n\n"
