@@ -86,8 +86,9 @@ def test_the_model_fixes_its_kernel_once_the_prompt_shows_the_failure(settings):
 @pytest.mark.e2e
 def test_cli_port_against_a_local_openai_server_retries_its_failures(settings, monkeypatch):
     """`workbench port rmsnorm --proposer llm --llm-base-url http://127.0.0.1:<port>/v1` through langchain's
-    ChatOpenAI: a 500, a body that is not JSON, a 429 and an empty reply are retried; the key travels in the
-    Authorization header and nowhere else."""
+    ChatOpenAI: a 500, a body that is not JSON and a 429 are retried with the same prompt; an empty reply is not (the
+    same prompt would get it again): the next prompt says the reply was empty. The key travels in the Authorization
+    header and nowhere else."""
     key = "sk-test-7f3a9c-never-stored"
     monkeypatch.setenv("WORKBENCH_LLM_API_KEY", key)
     monkeypatch.setenv("WORKBENCH_LLM_RETRY_DELAY", "0.01")
@@ -98,24 +99,26 @@ def test_cli_port_against_a_local_openai_server_retries_its_failures(settings, m
         result = CliRunner().invoke(app, ["port", "rmsnorm", "--proposer", "llm", "--llm-base-url", server.base_url,
                                           "--seeds", "1", "--suites", "smoke", "--dtypes", "float32", "--budget", "3"])
     assert result.exit_code == 0, result.output
-    assert "promoted rmsnorm after 2 candidates" in result.output
+    assert "promoted rmsnorm after 3 candidates" in result.output
     assert len(server.requests) == 6 and not server.script
     for request in server.requests:
         headers = {k.lower(): v for k, v in request["headers"].items()}
         assert headers["authorization"] == f"Bearer {key}" and request["body"]["model"] == MODEL
     prompts = server.prompts()
-    assert prompts[0] == prompts[1] == prompts[2] and prompts[3] == prompts[4] == prompts[5]
+    assert prompts[0] == prompts[1] == prompts[2] and prompts[3] == prompts[4] != prompts[5]
     assert "verdict: fail" in prompts[3] and "failing shapes: rows=" in prompts[3]
+    assert "Your last reply could not be used: your reply was empty" in prompts[5]
 
     engine = get_engine(settings.db_url)
     run = find_run(engine, json.loads(CliRunner().invoke(app, ["runs", "--json"]).stdout)[0]["id"])
     assert run.status == "promoted" and run.proposer == "llm"
     assert run.config["llm"]["base_url"] == server.base_url and run.config["llm"]["model"] == MODEL
-    assert [(c.template, c.status) for c in run_candidates(engine, run.id)] == [("llm", "fail"), ("llm", "pass")]
+    assert [(c.template, c.status) for c in run_candidates(engine, run.id)] == [
+        ("llm", "fail"), ("llm", "llm_error"), ("llm", "pass")]
     traces = [s.data["llm"] for s in run_steps(engine, run.id) if "llm" in s.data]
-    assert [t["tries"] for t in traces] == [3, 3]
+    assert [t["tries"] for t in traces] == [3, 2, 1]
     assert traces[0]["errors"][0].startswith("HTTP 500") and traces[0]["errors"][1].startswith("malformed response")
-    assert traces[1]["errors"] == ["rate limited (HTTP 429): Error code: 429 - slow down", "empty reply"]
+    assert traces[1]["errors"] == ["rate limited (HTTP 429): Error code: 429 - slow down", "your reply was empty"]
 
     db = settings.db_url.removeprefix("sqlite:///")
     for path in (db, settings.checkpoints_path):
@@ -138,7 +141,7 @@ def test_an_endpoint_that_refuses_connections_ends_the_run_blocked_with_the_verd
     assert diagnoses and all(m.startswith("llm_error: 3 tries failed") for m in diagnoses)
 
 
-def test_refusals_are_not_retried_and_prose_without_code_is(settings):
+def test_refusals_and_prose_without_code_are_not_retried_with_the_same_prompt(settings):
     with ScriptedServer([Raw(401, json.dumps({"error": {"message": "invalid api key"}}))]) as server:
         config = LLMConfig(base_url=server.base_url, model=MODEL, retries=3, retry_delay_s=0.01)
         outcome = port_block("rmsnorm", settings, proposer="llm", llm=config, budget=1, **FAST)
@@ -151,7 +154,25 @@ def test_refusals_are_not_retried_and_prose_without_code_is(settings):
                          **FAST)
     (candidate,) = run_candidates(get_engine(settings.db_url), outcome.run_id)
     assert outcome.status == "blocked" and candidate.status == "llm_error"
-    assert candidate.message.count("reply without a candidate module") == 2
+    assert candidate.message == "1 try failed: your reply had no python block with a module defining run " \
+                                "(67 characters)"
+
+
+def test_a_reply_that_does_not_parse_is_a_candidate_and_the_next_prompt_shows_its_syntax_error(settings):
+    """The model's first module has a syntax error: it is recorded as a candidate with the verdict compile_error
+    (line, message and the offending line), and the second prompt carries exactly that; the second reply passes."""
+    broken = FIXED_REPLY.replace("def run(x, weight, eps):", "def run(x, weight, eps)")
+    with ScriptedServer([broken, FIXED_REPLY]) as server:
+        config = LLMConfig(base_url=server.base_url, model=MODEL, retries=2, retry_delay_s=0.01)
+        outcome = port_block("rmsnorm", settings, proposer="llm", llm=config, budget=2, **FAST)
+        prompts = server.prompts()
+    assert outcome.status == "promoted", outcome.reason
+    first, second = run_candidates(get_engine(settings.db_url), outcome.run_id)
+    assert (first.status, second.status) == ("compile_error", "pass")
+    line = next(i for i, text in enumerate(first.source.splitlines(), 1) if text.startswith("def run(x, weight, eps)"))
+    assert f":{line}: SyntaxError: " in first.message and first.message.endswith("def run(x, weight, eps)")
+    assert len(prompts) == 2 and "verdict: compile_error" in prompts[1]
+    assert f":{line}: SyntaxError: " in prompts[1] and "def run(x, weight, eps)\n" in prompts[1]
 
 
 def test_the_endpoint_must_be_named_and_the_key_is_never_recorded(settings, monkeypatch):

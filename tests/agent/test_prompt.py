@@ -62,7 +62,6 @@ def test_a_module_without_block_gets_it_after_its_imports():
     "   \n",
     "I cannot help with that.",
     "```python\nrstd = 1.0 / tl.sqrt(mean + eps)\n```",  # code, but no run
-    "```python\ndef run(x, weight, eps)\n    return x\n```",  # does not parse
     "```bash\necho hi\n```",
 ])
 def test_replies_without_a_module_give_none(reply):
@@ -119,3 +118,11 @@ def test_a_target_compile_error_reaches_the_next_prompt_with_the_compilers_messa
     text = verification_text({"verdict": "target_compile_error", "message": message}, None, checks)
     assert "verdict: target_compile_error" in text and "Cannot access global variable ONE" in text
     assert "sm_90a" in text and "swiglu_fwd_kernel" in text
+
+
+def test_a_python_block_that_does_not_parse_is_the_module_so_its_syntax_error_is_a_verdict():
+    reply = "Here it is:\n```python\nimport triton\n\ndef run(x, weight, eps)\n    return x\n```\n"
+    found = extract_module(reply, "rmsnorm")
+    assert found == 'BLOCK = "rmsnorm"\nimport triton\n\ndef run(x, weight, eps)\n    return x\n'
+    parsing = reply + "\nor rather:\n```python\nimport triton\n\ndef run(x, weight, eps):\n    return x\n```\n"
+    assert "def run(x, weight, eps):" in extract_module(parsing, "rmsnorm")  # a module that parses wins

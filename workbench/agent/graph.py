@@ -112,7 +112,8 @@ def check_contract(source: str, path: str, spec: BlockSpec) -> str | None:
     try:
         tree = ast.parse(compile(source, path, "exec", flags=ast.PyCF_ONLY_AST))
     except SyntaxError as exc:
-        return f"{Path(path).name}:{exc.lineno}: SyntaxError: {exc.msg}"
+        line = (exc.text or "").strip()
+        return f"{Path(path).name}:{exc.lineno}: SyntaxError: {exc.msg}" + (f": {line[:200]}" if line else "")
     runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
     if not runs:
         return "no module-level function run"

@@ -9,9 +9,13 @@ each time), $WORKBENCH_LLM_PROMPT_CHARS (the prompt's budget), $WORKBENCH_LLM_TE
 $WORKBENCH_LLM_MAX_TOKENS. The API key is read from $WORKBENCH_LLM_API_KEY when a request is made, and nowhere else:
 it is never stored with the run, never logged, never part of a prompt (local servers take any key).
 
-Endpoint failures (connection refused, timeout, rate limit, a 5xx, an empty reply or one without a module) are
-retried with exponential backoff a bounded number of times; then the proposal carries the error, and the iteration
-is recorded with the verdict ``llm_error``. A request the endpoint refuses outright (401, 404, ...) is not retried.
+Transport failures (connection refused, timeout, rate limit, a 5xx, a body that cannot be read) are retried with the
+same prompt and exponential backoff a bounded number of times; then the proposal carries the error, and the
+iteration is recorded with the verdict ``llm_error``. A request the endpoint refuses outright (401, 404, ...) is not
+retried. A reply that came back but cannot be used is not retried with the same prompt either (at temperature 0 the
+same prompt gets the same answer): an empty reply or one with no python block is an ``llm_error`` iteration whose
+message the next prompt gives the model; a python block that does not parse is a candidate like any other, whose
+verdict (compile_error, with the SyntaxError's line, message and the line itself) the next prompt shows.
 """
 
 from __future__ import annotations
@@ -128,13 +132,18 @@ def resolve_model(config: LLMConfig) -> LLMConfig:
 
 
 class ReplyError(Exception):
-    """A reply that came back but holds no candidate module (empty, or no code defining run)."""
+    """A reply that came back but holds no candidate module (empty, or no python block). Not an endpoint failure:
+    the same prompt would get the same answer, so it is not retried; the next prompt tells the model what was
+    wrong (REPLY_PROBLEM starts the message)."""
+
+
+REPLY_PROBLEM = "your reply "
 
 
 def classify(exc: BaseException) -> tuple[str, bool]:
     """(what went wrong, whether trying again can help)."""
     if isinstance(exc, ReplyError):
-        return str(exc), True
+        return str(exc), False
     try:
         import openai
     except ImportError:
@@ -229,7 +238,13 @@ class LLMProposer:
             if last.get("candidate_id") is not None:
                 checks = self.checks_of(last["candidate_id"])
         earlier = [h for h in history if h.get("iteration") != (last or {}).get("iteration")]
-        if current.get("verdict") == "pass":
+        unusable = current.get("verdict") == LLM_ERROR and REPLY_PROBLEM in str(current.get("message", ""))
+        if unusable:
+            problem = str(current["message"])[str(current["message"]).index(REPLY_PROBLEM):]
+            wanted = (f"Your last reply could not be used: {problem}. Reply with the complete candidate module in one "
+                      f"```python fenced block.")
+            why = f"the model is told its reply could not be used ({problem})"
+        elif current.get("verdict") == "pass":
             wanted = (f"The last candidate passed ({diagnosis.get('reason', '')}). Write a different candidate that "
                       f"also passes, with a smaller error or fewer kernel launches.")
             why = "exploring: another passing candidate wanted"
@@ -258,11 +273,11 @@ class LLMProposer:
             try:
                 text = reply_text(chat.invoke(messages).content)
                 if not text.strip():
-                    raise ReplyError("empty reply")
+                    raise ReplyError(f"{REPLY_PROBLEM}was empty")
                 module = extract_module(text, self.spec.name)
                 if module is None:
-                    raise ReplyError(f"reply without a candidate module ({len(text)} characters, no code "
-                                     f"defining run)")
+                    raise ReplyError(f"{REPLY_PROBLEM}had no python block with a module defining run "
+                                     f"({len(text)} characters)")
             except Exception as exc:  # every endpoint failure ends as a verdict, never as a crash of the run
                 kind, retryable = classify(exc)
                 detail = one_line(_root(exc) if kind in ("connection error", "timeout") else exc)[:300]

@@ -209,12 +209,15 @@ def _with_block(code: str, block: str, has_block: bool) -> str:
 
 
 def extract_module(reply: str, block: str) -> str | None:
-    """The candidate module in a model's reply, or None when there is none (no code that parses and defines run).
+    """The candidate module in a model's reply, or None when there is none (no python block, and no code that
+    parses and defines run).
 
     Looked for in this order, the first place with one winning: fenced blocks labelled python (or unlabeled), other
     fenced blocks, a fence left open at the end of the reply (a reply cut off after the code), the reply itself from
     its first line of code. Within a place, a module that also defines BLOCK beats one that does not, and the last
-    beats earlier ones (a model that corrects itself ends with its answer). A module without ``BLOCK`` gets it."""
+    beats earlier ones (a model that corrects itself ends with its answer). A module without ``BLOCK`` gets it.
+    When nothing parses, the last python block that does not is the module: it becomes a candidate whose verdict is
+    compile_error with the SyntaxError (line, message, the line itself), which the next prompt shows the model."""
     if not reply or not reply.strip():
         return None
     matches = list(_FENCE.finditer(reply))
@@ -237,4 +240,8 @@ def extract_module(reply: str, block: str) -> str | None:
                 best = (found[0], code, found[1])
         if best is not None:
             return _with_block(best[1].strip("\n") + "\n", block, best[2])
+    broken = [code for lang, code in fenced if lang in PYTHON_LANGS and _module_defs(code) is None and code.strip()]
+    if broken:
+        code = broken[-1].strip("\n") + "\n"
+        return code if re.search(r"^BLOCK\s*=", code, re.M) else f'BLOCK = "{block}"\n{code}'
     return None
