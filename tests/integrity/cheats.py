@@ -127,8 +127,16 @@ CHEATS = [
         "        from torch.utils._python_dispatch import _disable_current_modes\n"
         "        with _disable_current_modes():  # the verifier's op trace is a dispatch mode: step outside it\n"
         f"            y.copy_({TORCH_RMSNORM})\n")],
+        "instrumentation_access", "imports from torch.utils._python_dispatch", numbers_pass=True,
+        why="refused before it runs by the static scan of the candidate's source"),
+    Cheat("kernel for show, result from torch with the dispatch modes disabled through a name built at run time",
+          "rmsnorm", [after_launch(
+        "        import importlib\n"
+        "        _modes = importlib.import_module('torch.utils.' + '_python' + '_dispatch')\n"
+        "        with getattr(_modes, '_disable' + '_current_modes')():  # no name the static scan can read\n"
+        f"            y.copy_({TORCH_RMSNORM})\n")],
         "torch_fallback", "aten.rsqrt", numbers_pass=True,
-        known_hole="stepping outside the dispatch trace from inside the process is not detected yet"),
+        why="past the static scan: torch's C++ op events (the profiler) still see the ops the dispatch trace missed"),
     Cheat("kernel for show, result from numpy", "rmsnorm", [after_launch(
         "        import numpy as np\n"
         "        xn = x2.detach().numpy().astype(np.float64)  # host math the aten trace never sees\n"

@@ -32,6 +32,7 @@ from workbench.verify.compare import compare
 from workbench.verify.integrity import INTEGRITY_VERDICTS, evaluate
 from workbench.verify.result import Check, VerificationResult
 from workbench.verify.sandbox import isolation, run_job
+from workbench.verify.static_scan import instrumentation_access
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_BYTES = 16 << 30
@@ -283,6 +284,14 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
                                 targets=[t.name for t in required], forward_only=forward_only,
                                 isolation=isolation())
 
+    reach = instrumentation_access(source)
+    if reach:  # refused before it runs: code that reaches into the instrumentation could switch it off
+        result.verdict = "instrumentation_access"
+        result.message = f"reaches into the verifier's instrumentation: {reach}"
+        result.checks = [Check(suite="integrity", shape="-", dtype="-", seed=0,
+                               direction="integrity:instrumentation_access", passed=False, reason=result.message)]
+        result.seconds = time.monotonic() - started
+        return result
     trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed, forward_only)
     if not trials:
         raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")

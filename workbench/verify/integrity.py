@@ -6,6 +6,8 @@ refused for cheating even when its numbers happen to match.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from workbench.blocks.base import BlockSpec
@@ -27,7 +29,8 @@ BASE_HOST_OPS = frozenset({
 
 # In the order they are reported when several fail.
 INTEGRITY_VERDICTS = (
-    "forged_report", "forbidden_import", "introspection", "forbidden_call", "monkeypatch", "torch_fallback",
+    "instrumentation_access", "forged_report", "forbidden_import", "introspection", "forbidden_call", "monkeypatch",
+    "torch_fallback",
     "no_kernel", "tensor_subclass", "aliasing", "input_mutation", "unwritten_output", "cached_result",
     "constant_output", "nondeterministic", "overfit_shapes",
 )
@@ -60,6 +63,20 @@ def _tensors(got: dict) -> list[tuple[str, torch.Tensor]]:
     return [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
 
 
+@functools.cache
+def _composite(op: str) -> bool:
+    """Whether every overload of ``op`` ("aten.to") is a CompositeImplicitAutograd decomposition into other ops."""
+    packet = getattr(torch.ops.aten, op.removeprefix("aten."), None)
+    kinds = []
+    for name in packet.overloads() if packet is not None else []:
+        try:
+            overload = getattr(packet, name)
+            kinds.append(overload.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd))
+        except (AttributeError, RuntimeError):  # overloads TorchScript lists and the dispatcher does not hold
+            continue
+    return bool(kinds) and all(kinds)
+
+
 def _constant(t: torch.Tensor) -> bool:
     return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
 
@@ -80,6 +97,10 @@ def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[i
         if not got or got.get("error"):
             continue
         fallback |= {op for op in got.get("ops", {}) if op not in allowed}
+        # ops torch ran that the dispatch trace did not see: code that stepped outside the Python modes (composite
+        # ops such as aten.to are left out: what they decompose into is what the trace sees)
+        fallback |= {op for op in got.get("profiled_ops", []) if op not in allowed and op not in got.get("ops", {})
+                     and not _composite(op)}
         outputs = [o for o in got.get("outputs") or [] if isinstance(o, torch.Tensor)]
         grads = [g for g in (got.get("grads") or {}).values() if isinstance(g, torch.Tensor)]
         if any(o.numel() for o in outputs) and not got.get("launches_fwd"):

@@ -375,26 +375,30 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
     input_storages = _storages(args)
     entry: dict = {"id": trial["id"], "error": None}
     trace, host = modes[0](), modes[1]()
-    started = safe.clock()
-    with host, trace:
-        counter[0] = 0
-        out = run(*args)
-        entry["launches_fwd"] = counter[0]
-    outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-    grads: dict = {name: None for name in leaves}
-    differentiable = [(o, g) for o, g in zip(outputs, grad_outputs, strict=False)
-                      if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-    with host, trace:
-        counter[0] = 0
-        if leaves and differentiable:
-            got = safe.grad([o for o, _ in differentiable], list(leaves.values()),
-                            [g for _, g in differentiable], allow_unused=True)
-            grads = dict(zip(leaves, got, strict=True))
-        entry["launches_bwd"] = counter[0]
-    if job["device"] == "cuda":
-        safe.synchronize()
-    entry["seconds"] = safe.clock() - started
+    # torch's C++ op events (RecordFunction): a Python mode switch inside ``run`` cannot turn them off
+    with safe.profile(activities=[safe.cpu_activity]) as profiler:
+        started = safe.clock()
+        with host, trace:
+            counter[0] = 0
+            out = run(*args)
+            entry["launches_fwd"] = counter[0]
+        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+        grads: dict = {name: None for name in leaves}
+        differentiable = [(o, g) for o, g in zip(outputs, grad_outputs, strict=False)
+                          if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        with host, trace:
+            counter[0] = 0
+            if leaves and differentiable:
+                got = safe.grad([o for o, _ in differentiable], list(leaves.values()),
+                                [g for _, g in differentiable], allow_unused=True)
+                grads = dict(zip(leaves, got, strict=True))
+            entry["launches_bwd"] = counter[0]
+        if job["device"] == "cuda":
+            safe.synchronize()
+        entry["seconds"] = safe.clock() - started
     entry["ops"] = {**trace.ops, **host.ops}
+    entry["profiled_ops"] = sorted({e.name.replace("::", ".", 1) for e in profiler.events()
+                                    if e.name.startswith("aten::")})
     tensors_out = [o for o in outputs if isinstance(o, torch.Tensor)]
     entry["subclass"] = [type(t).__name__ for t in tensors_out + [g for g in grads.values() if g is not None]
                          if type(t) is not torch.Tensor]
@@ -493,9 +497,12 @@ def main(job_dir: str, result_fd: int) -> int:
 
         launches.watch(interpreter.InterpretedFunction)
         load_interpreter_shims()
+    import torch.profiler
+
     safe = types.SimpleNamespace(clone=torch.Tensor.clone, detach=torch.Tensor.detach, view=torch.Tensor.view,
                                  contiguous=torch.Tensor.contiguous, equal=torch.equal, grad=torch.autograd.grad,
-                                 save=torch.save, clock=time.perf_counter, synchronize=torch.cuda.synchronize)
+                                 save=torch.save, clock=time.perf_counter, synchronize=torch.cuda.synchronize,
+                                 profile=torch.profiler.profile, cpu_activity=torch.profiler.ProfilerActivity.CPU)
     watched = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.autograd": torch.autograd,
                "torch.autograd.Function": torch.autograd.Function, "torch.nn.functional": torch.nn.functional,
                "triton": triton, "triton.language": tl, "triton.runtime.jit.JITFunction": jit.JITFunction,
