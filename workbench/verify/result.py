@@ -91,6 +91,7 @@ class VerificationResult:
             "failing_shapes": sorted({f"{c.shape} {c.dtype}" for c in failing}),
             "worst_ratio": self.worst_ratio(),
             "seconds": round(self.seconds, 2),
+            "compile_seconds": round(self.compile_seconds, 2),
             "backend": self.backend,
             "base_seed": self.base_seed,
             **{k: v for k, v in self.evidence().items() if k != "backend"},
