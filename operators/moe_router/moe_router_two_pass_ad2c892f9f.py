@@ -13,7 +13,7 @@ BLOCK_T = 32
 BLOCK_E = 32
 BLOCK_D = 32
 ROUTE_T = 8
-RENORM_EPS = 1e-20
+RENORM_EPS = tl.constexpr(1e-20)  # read inside the kernels: a GPU compile accepts only constexpr globals
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """moe_grouped_gemm candidate rendered from templates/moe_grouped_gemm/tile_map.py.j2.
 
 one program per (row tile, column tile) of every group, from a tile map built on the device; saves a, b, h for the backward
-params: BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, ACT_DTYPE=input
+params: BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, ACT_DTYPE=float32
 """
 import torch
 import triton
@@ -12,7 +12,7 @@ TEMPLATE = "tile_map"
 BLOCK_M = 64
 BLOCK_N = 64
 BLOCK_K = 64
-ACT_DTYPE = "input"
+ACT_DTYPE = "float32"
 BLOCK_SLOTS = 64
 
 

@@ -19,7 +19,7 @@ BC = 16  # sub-chunk: pairs in different sub-chunks use tl.dot, pairs within one
 BV = 32  # value columns per program of the state passes
 KC = 32  # key columns per tile of the intra-chunk kernels (capped at K rounded up to a power of two)
 NUM_WARPS = 4
-DOT = "ieee"  # float32 products: tf32 would carry ~1e-3 relative error into every product
+DOT = tl.constexpr("ieee")  # float32 products: tf32 would carry ~1e-3 relative error into every product
 
 
 # Layouts. Inputs: q, k [B, T, H, K]; v, o [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]. Everything the kernels
@@ -306,13 +306,13 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
     o_a = (i_bh * TP + i_t * BT) * BT + o_cc         # ... in da, daqk
     b_gl = tl.load(gc + o_hk + (BT - 1) * BK + ok)
     # dG_last (dgl + sum_i Kb_i dKb_i) reaches every row of the chunk through the suffix sum: it starts the carry
-    b_dkb = tl.load(dkb + o_hk + o_tk)
+    b_dkb_t = tl.load(dkb + o_hk + o_tk)
     b_carry = tl.load(dgl + (i_bh * NT + i_t) * BK + ok)
     for i_v in range(1, NV):
-        b_dkb += tl.load(dkb + i_v * s_part + o_hk + o_tk)
+        b_dkb_t += tl.load(dkb + i_v * s_part + o_hk + o_tk)
         b_carry += tl.load(dgl + ((i_v * B * HV + i_bh) * NT + i_t) * BK + ok)
     b_kb = tl.load(p_k + o_tk) * tl.exp(b_gl[None, :] - tl.load(gc + o_hk + o_tk))
-    b_carry += tl.reduce(b_dkb * b_kb, 0, add)
+    b_carry += tl.reduce(b_dkb_t * b_kb, 0, add)
     for ic in range(NC):
         i = NC - 1 - ic
         o_i = i * BC * BK + o_ck
