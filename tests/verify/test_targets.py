@@ -137,6 +137,8 @@ def test_a_dot_kernel_gets_tensor_core_instructions_on_each_target(tmp_path):
     report = compile_for_targets(path, "dot", [launch], get_targets(["sm_80", "sm_90a", "gfx942"]))
     assert [(b.target, b.ok, b.uses_dot, b.tensor_cores) for b in report.builds] == [
         ("sm_80", True, True, True), ("sm_90a", True, True, True), ("gfx942", True, True, True)]
+    # per thread: at most 255 registers on NVIDIA, 512 VGPRs (AGPRs included) on AMD
+    assert all(0 < b.registers <= (512 if b.target.startswith("gfx") else 255) for b in report.builds)
 
 
 def test_a_compiler_that_hangs_is_a_verdict_on_that_launch(tmp_path):

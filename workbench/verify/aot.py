@@ -28,6 +28,7 @@ from workbench.backends import Target
 from workbench.verify.sandbox import run_child
 
 COMPILE_WORKER = Path(__file__).with_name("compile_worker.py")
+REPORT_VERSION = 2  # in the cache key: what a cached build records changed (AMD registers count AGPRs once)
 ITEM_TIMEOUT_S = 600  # one launch x target; a compile past SLOW_COMPILE_S is a finding (a GPU's JIT pays it too)
 SLOW_COMPILE_S = 60
 COMPILE_MEMORY_BYTES = 8 << 30
@@ -121,8 +122,8 @@ def _cache_key(source_hash: str, launch: dict, target: Target) -> str:
     foreign = launch["module"] != "candidate" and kernel_file.is_file()
     kernel_source = hashlib.sha256(kernel_file.read_bytes()).hexdigest() if foreign else ""
     spec = {k: launch[k] for k in ("kernel", "module", "signature", "constexprs", "options")}
-    text = json.dumps([source_hash, kernel_source, spec, target.name, triton.__version__], sort_keys=True,
-                      default=str)
+    text = json.dumps([REPORT_VERSION, source_hash, kernel_source, spec, target.name, triton.__version__],
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -29,7 +29,7 @@ import time
 import traceback
 from pathlib import Path
 
-AMD_FIELDS = re.compile(r"^\s*-?\s*\.(vgpr_count|agpr_count|sgpr_count|vgpr_spill_count|sgpr_spill_count|"
+AMD_FIELDS = re.compile(r"^\s*-?\s*\.(vgpr_count|sgpr_count|vgpr_spill_count|sgpr_spill_count|"
                         r"private_segment_fixed_size):\s+(\d+)", re.M)
 CUDA_USAGE = re.compile(r"REG:(\d+)\s+STACK:(\d+)")
 
@@ -73,7 +73,7 @@ def resource_usage(compiled, backend: str, cuobjdump: str) -> dict:
         usage["tensor_cores"] = any(op in ptx for op in ("mma.sync", "wgmma.mma_async", "tcgen05.mma"))
     else:
         fields = {name: int(value) for name, value in AMD_FIELDS.findall(asm.get("amdgcn", ""))}
-        usage["registers"] = fields.get("vgpr_count", 0) + fields.get("agpr_count", 0) or None
+        usage["registers"] = fields.get("vgpr_count") or None  # on gfx90a and later it counts the AGPRs too
         usage["spilled_bytes"] = fields.get("private_segment_fixed_size", 0)
         amdgcn = asm.get("amdgcn", "")
         usage["tensor_cores"] = "v_mfma" in amdgcn or "v_wmma" in amdgcn
