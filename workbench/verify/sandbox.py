@@ -26,6 +26,7 @@ import torch
 from workbench.errors import WorkbenchError
 
 WORKER = Path(__file__).with_name("worker.py")
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the workbench package (its source, if editable)
 OUTPUT_TAIL_BYTES = 4000
 OUTPUT_LIMIT_BYTES = 64 << 20
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR")
@@ -89,8 +90,12 @@ def isolated(command: list[str], writable: list[Path], readable: list[Path], cwd
     lie under /tmp) read-only over the private /tmp, working directory ``cwd``."""
     if isolation() != "bwrap":
         return command
+    # the interpreter, its packages and the workbench's own source may live under /tmp too (a clone in a temporary
+    # folder): they stay visible, read-only
+    readable = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, PACKAGE_ROOT,
+                cwd, *readable]
     binds = []
-    for path in dict.fromkeys(Path(p).resolve() for p in readable):
+    for path in dict.fromkeys(Path(p).resolve() for p in readable if Path(p).exists()):
         binds += ["--ro-bind", str(path), str(path)]
     for path in dict.fromkeys(Path(p).resolve() for p in writable):
         binds += ["--bind", str(path), str(path)]

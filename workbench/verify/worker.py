@@ -29,6 +29,7 @@ Reads JOB_DIR/job.pt; writes the result as one torch.save blob to RESULT_FD (a p
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib.abc
 import importlib.util
 import inspect
@@ -355,6 +356,28 @@ def _storages(tensors) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
 
 
+@contextlib.contextmanager
+def _profiled(safe):
+    """torch's profiler around the trial; its start and stop lines on stderr (kineto's) go to /dev/null, the
+    candidate's own output in between does not."""
+    profiler = safe.profile(activities=[safe.cpu_activity])
+
+    def quietly(step) -> None:
+        kept = safe.dup(2)
+        safe.dup2(safe.null_fd, 2)
+        try:
+            step()
+        finally:
+            safe.dup2(kept, 2)
+            safe.close(kept)
+
+    quietly(profiler.__enter__)
+    try:
+        yield profiler
+    finally:
+        quietly(lambda: profiler.__exit__(None, None, None))
+
+
 def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: set[int], safe) -> dict:
     """One call of ``run`` and its backward on fresh copies of the inputs, with everything the checks need.
     ``safe`` holds the torch functions this worker uses, taken before the candidate was loaded."""
@@ -376,7 +399,7 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
     entry: dict = {"id": trial["id"], "error": None}
     trace, host = modes[0](), modes[1]()
     # torch's C++ op events (RecordFunction): a Python mode switch inside ``run`` cannot turn them off
-    with safe.profile(activities=[safe.cpu_activity]) as profiler:
+    with _profiled(safe) as profiler:
         started = safe.clock()
         with host, trace:
             counter[0] = 0
@@ -502,7 +525,8 @@ def main(job_dir: str, result_fd: int) -> int:
     safe = types.SimpleNamespace(clone=torch.Tensor.clone, detach=torch.Tensor.detach, view=torch.Tensor.view,
                                  contiguous=torch.Tensor.contiguous, equal=torch.equal, grad=torch.autograd.grad,
                                  save=torch.save, clock=time.perf_counter, synchronize=torch.cuda.synchronize,
-                                 profile=torch.profiler.profile, cpu_activity=torch.profiler.ProfilerActivity.CPU)
+                                 profile=torch.profiler.profile, cpu_activity=torch.profiler.ProfilerActivity.CPU,
+                                 dup=os.dup, dup2=os.dup2, close=os.close, null_fd=os.open(os.devnull, os.O_WRONLY))
     watched = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.autograd": torch.autograd,
                "torch.autograd.Function": torch.autograd.Function, "torch.nn.functional": torch.nn.functional,
                "triton": triton, "triton.language": tl, "triton.runtime.jit.JITFunction": jit.JITFunction,
