@@ -57,7 +57,8 @@ def evidence(manifest: dict[str, Any]) -> dict[str, Any]:
             "suites": verification.get("suites", []), "targets": targets,
             "compiles_on": found.get("compiles_on", []), "spill_free_on": found.get("spill_free_on", []),
             "gpu_verified": gpu, "findings": found.get("findings", []), "strongest": level,
-            "backward": "not verified" if verification.get("forward_only") else "verified"}
+            "backward": "not verified" if verification.get("forward_only") else "verified",
+            "replayed": manifest.get("replay") or {}}
 
 
 def evidence_line(manifest: dict[str, Any]) -> str:
@@ -69,5 +70,8 @@ def evidence_line(manifest: dict[str, Any]) -> str:
                                                           else "") if n else "not compiled for any target"
     spill_free = f"; spill-free {len(e['spill_free_on'])}/{n}" if n else ""
     forward = " (forward only)" if e["backward"] == "not verified" else ""
+    replay = e["replayed"]
+    replayed = f"replayed ({replay['steps']} {replay['mode']} steps, replay #{replay['replay_id']})" \
+        if replay.get("replay_id") else "replay: not yet"
     return (f"{e['backend']} {'/'.join(e['dtypes'])} {'+'.join(e['suites'])}{forward}; {compiled}{spill_free}; "
-            f"GPU bf16 model: {'verified' if e['gpu_verified'] else 'not yet'}")
+            f"GPU bf16 model: {'verified' if e['gpu_verified'] else 'not yet'}; {replayed}")

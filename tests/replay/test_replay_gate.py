@@ -4,7 +4,9 @@ curve holds is promoted (the replay recorded against the run); one whose curve l
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,9 @@ def test_a_candidate_that_holds_its_curve_is_promoted(settings):
     replays = records.find_reference_replay(get_engine(settings.db_url), "kimi-k3.1-pro",
                                             reference_key(get_preset("tiny"), "scratch", STEPS, 0, None))
     assert replays is not None and len(replays["curve"]) == STEPS
+    manifest = json.loads(Path(outcome.operator_path).with_suffix(".json").read_text())
+    assert manifest["replay"] == {"replay_id": gate[0].data["replay_id"], "model": "kimi-k3.1-pro",
+                                  "mode": "scratch", "steps": STEPS}  # the evidence says it was replayed
 
 
 def test_a_candidate_whose_curve_leaves_the_band_is_not_promoted(settings):

@@ -392,3 +392,6 @@ def test_a_promoted_operator_is_counted_by_its_strongest_evidence():
     assert evidence(spill_free)["strongest"] == "spill-free on every target"
     on_gpu = {**spill_free, "verification": {"backend": "cuda", "dtypes": ["bfloat16"], "suites": ["model"]}}
     assert evidence(on_gpu)["strongest"] == "verified on a GPU" and evidence(on_gpu)["gpu_verified"]
+    assert evidence_line(on_gpu).endswith("replay: not yet")
+    replayed = {**on_gpu, "replay": {"replay_id": 7, "model": "kimi-k3.1-pro", "mode": "scratch", "steps": 6}}
+    assert evidence_line(replayed).endswith("replayed (6 scratch steps, replay #7)")

@@ -256,7 +256,8 @@ def build_graph(ctx: PortContext, checkpointer=None):
                      {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
                       "status": outcome.status, "left_band_step": outcome.left_band_step})
             if outcome.status == "pass":
-                return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id}}
+                return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
+                                 "model": ctx.replay_model, "mode": mode, "steps": ctx.replay_steps}}
             failures.append(f"#{attempt['iteration']} {outcome.reason}")
         return {"gate": {"candidate_id": None}, "status": "blocked",
                 "reason": f"every passing candidate failed the replay gate: {'; '.join(failures)}"}
@@ -279,6 +280,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
                              "seeds": ctx.seeds, "verdict": best["verdict"], "message": best["message"],
                              "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.forward_only},
             "evidence": best.get("evidence", {}),
+            "replay": {k: v for k, v in state.get("gate", {}).items() if k != "candidate_id"},
         }
         if decision is not None:
             manifest["approval"] = {k: v for k, v in decision.items() if k in ("approved", "why", "by")}
