@@ -67,6 +67,43 @@ def _launch(kernel: str, suite: str, block_n: int, dtype: str = "*fp32") -> dict
             "signature": {"X": dtype, "N": "i32", "BLOCK_N": "constexpr"}, "constexprs": {"BLOCK_N": block_n}}
 
 
+DOT_KERNEL = '''
+import triton
+import triton.language as tl
+
+@triton.jit
+def dot_kernel(A, B, C, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    a = tl.load(A + r[:, None] * BLOCK + r[None, :])
+    b = tl.load(B + r[:, None] * BLOCK + r[None, :])
+    tl.store(C + r[:, None] * BLOCK + r[None, :], tl.dot(a, b))
+'''
+
+
+def _dot_launch(block: int, dtype: str) -> dict:
+    return {"kernel": "dot_kernel", "module": "candidate", "file": "", "suite": "model",
+            "signature": {"A": dtype, "B": dtype, "C": "*fp32", "BLOCK": "constexpr"},
+            "constexprs": {"BLOCK": block}, "options": {"num_warps": 4}}
+
+
+def test_a_kernel_no_sm_can_hold_compiles_and_is_a_finding(tmp_path):
+    """float32 256 x 256 operands staged in shared memory: 512 KB, past an H200 SM's 228 KB. ptxas accepts it; a
+    launch would fail for resources, so the result names it."""
+    from workbench.verify import harness
+    from workbench.verify.result import VerificationResult
+
+    path = tmp_path / "dot.py"
+    path.write_text(DOT_KERNEL)
+    result = VerificationResult(block="x", candidate=str(path), source_hash="big", backend="interpreter",
+                                verdict="pass", message="", targets=["sm_90a"])
+    failed = harness._compile_for_targets(path, result, {"launches": [_dot_launch(256, "*fp32")]},
+                                          get_targets(["sm_90a"]), tmp_path / "cache")
+    assert failed == [] and result.builds[0]["ok"] and result.builds[0]["shared_bytes"] > 233472
+    build = result.builds[0]
+    assert f"cannot be resident: sm_90a dot_kernel needs {build['shared_bytes']} B shared memory, " \
+           f"{build['registers']} registers x 4 warps (model suite)" in result.findings
+
+
 def test_every_model_launch_is_compiled_and_kernels_the_model_suite_never_ran_once_per_signature():
     launches = [_launch("k", "smoke", 64), _launch("k", "edge", 128), _launch("k", "smoke", 64, "*fp16"),
                 _launch("k", "model", 8192, "*bf16"), _launch("k", "model", 128, "*bf16"),

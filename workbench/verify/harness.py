@@ -348,6 +348,10 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
                         for b in report.spills()]
     result.findings += [f"slow compile: {b.target} {b.kernel} {b.seconds:.0f} s ({b.suite} suite)"
                         for b in report.slow()]
+    # compiles, but the target cannot hold one CTA of it (shared memory or registers past the SM's): a launch fails
+    result.findings += [f"cannot be resident: {b.target} {b.kernel} needs {b.shared_bytes} B shared memory, "
+                        f"{b.registers} registers x {b.num_warps} warps ({b.suite} suite)"
+                        for b in report.builds if b.ok and b.ctas_per_sm == 0]
     failed: dict[tuple[str, str], Check] = {}
     for b in report.failures():
         failed.setdefault((b.target, b.kernel), Check(suite="target", shape=b.target, dtype=b.suite, seed=0,
