@@ -139,8 +139,9 @@ def test_overview_then_block_page(page, server, seeded, shots):
     settle(page, "Port overview")
     screenshot(page, shots, "1-overview")
     cells = grid_text(page)
-    # a promoted block shows its strongest evidence next to its status (the seeded operator was never compiled)
-    assert "rmsnorm | promoted | interpreter only" in cells and "swiglu | blocked" in cells
+    # a promoted block shows its strongest evidence beside its status (the seeded operator was never compiled).
+    # swiglu's status is read, not assumed: the live-run test (any order) starts a swiglu run in the shared store
+    assert "rmsnorm | promoted | interpreter only" in cells
     engine = get_engine(seeded.db_url)
     for block in get_model(MODEL).blocks:  # every block the card needs, with the status the CLI would show
         assert f"{block} | {block_status(engine, seeded.operators_dir, block)[0]}" in cells, block
