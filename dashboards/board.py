@@ -15,21 +15,19 @@ from sqlalchemy.engine import make_url
 
 from workbench.config import Settings
 from workbench.store import get_engine, queries
+from workbench.vocabulary import LIGHT_TONES, TONE, Tone, tone
 
 SCI = "%.2e"  # error figures: 1.20e-5
 TIME = "YYYY-MM-DD HH:mm:ss"
 
-# Colours of block statuses (queries.STATUSES), run statuses and candidate verdicts, for charts and badges.
-STATUS_COLORS = {
-    "promoted": "#2e7d32", "numerics pass": "#0288d1", "in progress": "#f9a825", "blocked": "#c62828",
-    "failed": "#8e24aa", "not started": "#90a4ae", "no spec": "#cfd8dc",
-    "running": "#f9a825", "interrupted": "#c62828", "waiting_approval": "#0288d1", "rejected": "#6d4c41",
-    "pass": "#2e7d32", "passed": "#2e7d32", "fail": "#c62828", "rendered": "#90a4ae", "compile_error": "#ef6c00",
-    "runtime_error": "#ef6c00", "timeout": "#8e24aa", "crashed": "#8e24aa", "oom": "#8e24aa", "llm_error": "#ef6c00",
-}
-BADGE = {"promoted": "green", "pass": "green", "passed": "green", "numerics pass": "blue", "in progress": "orange",
-         "running": "orange", "not started": "gray", "no spec": "gray", "rendered": "gray",
-         "waiting_approval": "blue"}
+# Each tone of workbench.vocabulary as a chart colour and as a Streamlit badge colour.
+TONE_COLOR = {Tone.GOOD: "#2e7d32", Tone.CLOSE: "#0288d1", Tone.BUSY: "#f9a825", Tone.BAD: "#c62828",
+              Tone.BROKEN: "#ef6c00", Tone.LIMIT: "#8e24aa", Tone.SET_ASIDE: "#6d4c41", Tone.IDLE: "#90a4ae",
+              Tone.ABSENT: "#cfd8dc"}
+TONE_BADGE = {Tone.GOOD: "green", Tone.CLOSE: "blue", Tone.BUSY: "orange", Tone.BAD: "red", Tone.BROKEN: "red",
+              Tone.LIMIT: "red", Tone.SET_ASIDE: "red", Tone.IDLE: "gray", Tone.ABSENT: "gray"}
+# Chart colours of every verdict and status word.
+STATUS_COLORS = {word: TONE_COLOR[t] for word, t in TONE.items()}
 
 
 def settings() -> Settings:
@@ -72,7 +70,8 @@ def missing_database(url: str) -> str | None:
 
 def badge(status: str) -> str:
     """Markdown badge for a status word."""
-    color = BADGE.get(status, "red" if status in STATUS_COLORS else "violet")
+    found = tone(status)
+    color = TONE_BADGE[found] if found else "violet"
     return f":{color}-badge[{md_escape(status)}]"
 
 
@@ -97,7 +96,7 @@ def style_status(df: pd.DataFrame, column: str = "status", colors: dict[str, str
 
     def paint(value):
         color = palette.get(value)
-        light = value in ("no spec", "not started", "in progress", "running")
+        light = tone(value) in LIGHT_TONES
         return f"background-color: {color}; color: {'#111' if light else 'white'}" if color else ""
 
     return df.style.map(paint, subset=[column])

@@ -25,9 +25,9 @@ from workbench.store import CIJob, get_engine, session_scope
 from workbench.store.models import utcnow
 from workbench.verify.harness import verify_candidate
 from workbench.verify.result import VerificationResult
+from workbench.vocabulary import SANDBOX_VERDICTS, JobStatus, ReplayStatus, Verdict
 
 BASELINE_FILE = "ci_baseline.json"
-SANDBOX_VERDICTS = ("timeout", "crashed", "oom", "compile_error")
 CI_SEED = 20261129  # fixed inputs in CI, so that figures compare across commits
 CI_REPLAY_MODEL = "kimi-k3.1-pro"
 CI_REPLAYS = (("scratch", 4), ("lora", 3))  # (mode, steps) on the tiny preset: a few steps each on the interpreter
@@ -87,7 +87,7 @@ def summarize(block: str, result: VerificationResult) -> OperatorReport:
 def load_baseline(settings: Settings) -> dict[str, dict]:
     """Per block, the last known results: the store's last passing job, else the repository's baseline file."""
     with Session(get_engine(settings.db_url)) as s:
-        job = s.exec(select(CIJob).where(CIJob.status == "passed").order_by(CIJob.started_at.desc())).first()
+        job = s.exec(select(CIJob).where(CIJob.status == JobStatus.PASSED).order_by(CIJob.started_at.desc())).first()
     if job and job.summary.get("operators"):
         return job.summary["operators"]
     path = settings.operators_dir / BASELINE_FILE
@@ -96,9 +96,9 @@ def load_baseline(settings: Settings) -> dict[str, dict]:
 
 def regressions(report: OperatorReport, baseline: dict | None) -> list[str]:
     if not baseline:
-        return [] if report.verdict == "pass" else [f"{report.block}: new operator fails: {report.message}"]
+        return [] if report.verdict == Verdict.PASS else [f"{report.block}: new operator fails: {report.message}"]
     found = []
-    if baseline.get("verdict") == "pass" and report.verdict != "pass":
+    if baseline.get("verdict") == Verdict.PASS and report.verdict != Verdict.PASS:
         found.append(f"{report.block}: was pass, now {report.verdict}: {report.message}")
     for key, passed in report.checks.items():
         if baseline.get("checks", {}).get(key) and not passed:
@@ -151,7 +151,7 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
     engine = get_engine(settings.db_url)
     baseline = load_baseline(settings)
     with session_scope(engine) as s:
-        job = CIJob(commit=current_commit(), status="running")
+        job = CIJob(commit=current_commit(), status=JobStatus.RUNNING)
         s.add(job)
         s.flush()
         job_id = job.id
@@ -176,7 +176,7 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         if on_replay:
             on_replay(report)
     failed = [r for rep in reports for r in rep.regressions]
-    failed += [f"replay {r.name}: {r.status}: {r.reason}" for r in replay_reports if r.status != "pass"]
+    failed += [f"replay {r.name}: {r.status}: {r.reason}" for r in replay_reports if r.status != ReplayStatus.PASS]
     summary = {"operators": {r.block: r.baseline_entry() for r in reports},
                "replays": [vars(r) for r in replay_reports],
                "regressions": failed, "seed": CI_SEED, "changed_only": changed_only}
@@ -184,7 +184,7 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         summary["operators"] = {**baseline, **summary["operators"]}
     with session_scope(engine) as s:
         job = s.get(CIJob, job_id)
-        job.status = "failed" if failed else "passed"
+        job.status = JobStatus.FAILED if failed else JobStatus.PASSED
         job.summary = summary
         job.finished_at = utcnow()
     return job, reports, replay_reports
@@ -193,7 +193,7 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
 def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: list[ReplayReport] = ()) -> None:
     """One testsuite, one testcase per operator x check and per replay, failures with the reason."""
     cases = [(r, key, passed) for r in reports for key, passed in sorted(r.checks.items())]
-    failures = sum(not p for _, _, p in cases) + sum(r.status != "pass" for r in replays)
+    failures = sum(not p for _, _, p in cases) + sum(r.status != ReplayStatus.PASS for r in replays)
     seconds = sum(r.seconds for r in reports) + sum(r.seconds for r in replays)
     suite = ET.Element("testsuite", name="workbench-ci", tests=str(len(cases) + len(replays)),
                        failures=str(failures), time=str(seconds))
@@ -205,7 +205,7 @@ def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: 
             failure.text = report.message
     for replay in replays:
         case = ET.SubElement(suite, "testcase", classname="replays", name=replay.name, time=str(replay.seconds))
-        if replay.status != "pass":
+        if replay.status != ReplayStatus.PASS:
             ET.SubElement(case, "failure", message=f"{replay.status}: {replay.reason}"[:500])
     ET.SubElement(suite, "properties").append(ET.Element("property", name="commit", value=job.commit))
     path.parent.mkdir(parents=True, exist_ok=True)

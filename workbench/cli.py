@@ -18,6 +18,7 @@ from rich.table import Table
 
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
+from workbench.vocabulary import BlockStatus, ReplayStatus, RunStatus, Tone, Verdict, tone
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Port a model's architecture blocks to Triton kernels, verify them, track the port.")
@@ -38,14 +39,15 @@ def _targets(value: str | None) -> list[str] | None:
         return None
     return [] if value.strip().lower() == "none" else [t.strip() for t in value.split(",") if t.strip()]
 
-VERDICT_STYLE = {"pass": "green", "passed": "green", "promoted": "green", "fail": "red", "failed": "red",
-                 "blocked": "red", "running": "yellow", "waiting_approval": "cyan", "rejected": "red",
-                 "interrupted": "red", "llm_error": "red",
-                 "in progress": "yellow", "numerics pass": "cyan", "no spec": "dim", "not started": "dim"}
+# Rich's colour for each tone of workbench.vocabulary.
+TONE_STYLE = {Tone.GOOD: "green", Tone.CLOSE: "cyan", Tone.BUSY: "yellow", Tone.BAD: "red", Tone.BROKEN: "red",
+              Tone.LIMIT: "red", Tone.SET_ASIDE: "red", Tone.IDLE: "dim", Tone.ABSENT: "dim"}
 
 
 def _style(word: str) -> str:
-    return f"[{VERDICT_STYLE.get(word, 'magenta')}]{escape(word)}[/]"
+    """A verdict or status word in its tone's colour (magenta for a word the workbench does not report)."""
+    found = tone(word)
+    return f"[{TONE_STYLE[found] if found else 'magenta'}]{escape(word)}[/]"
 
 
 def _emit_json(data) -> None:
@@ -139,7 +141,7 @@ def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: 
         sizes = "; ".join(",".join(f"{k}={v}" for k, v in s.items()) for s in r["shapes"])
         table.add_row(r["block"], escape(r["role"]), sizes, _style(r["status"]), escape(r["detail"]))
     console.print(table)
-    done = sum(r["status"] == "promoted" for r in rows)
+    done = sum(r["status"] == BlockStatus.PROMOTED for r in rows)
     assumed = [k for k, v in card.facts.items() if v.get("source") == "assumption"]
     console.print(f"{done} of {len(rows)} blocks promoted. Assumed (not public) sizes: {', '.join(assumed)}")
 
@@ -249,8 +251,8 @@ def _print_outcome(outcome, as_json: bool) -> None:
                       f"(run {outcome.run_id}): {escape(outcome.reason)}")
 
 
-def _finish(outcomes: list, as_json: bool, printed: bool = False, ok: tuple[str, ...] = ("promoted",
-                                                                                        "waiting_approval")) -> None:
+def _finish(outcomes: list, as_json: bool, printed: bool = False,
+            ok: tuple[str, ...] = (RunStatus.PROMOTED, RunStatus.WAITING_APPROVAL)) -> None:
     """Print the outcomes (as JSON, or a line each) and exit: 0 when every run ended in ``ok``, else 1."""
     if as_json:
         _emit_json([asdict(o) for o in outcomes])
@@ -269,7 +271,7 @@ def approve(run_id: Annotated[str, typer.Argument(help="a run waiting for approv
     settings = Settings.load(db, operators)
     with _live(as_json) as show:
         outcome = decide(run_id, settings, approved=True, on_event=show)
-    _finish([outcome], as_json, ok=("promoted",))
+    _finish([outcome], as_json, ok=(RunStatus.PROMOTED,))
 
 
 @command
@@ -282,7 +284,7 @@ def reject(run_id: Annotated[str, typer.Argument(help="a run waiting for approva
     settings = Settings.load(db, operators)
     with _live(as_json) as show:
         outcome = decide(run_id, settings, approved=False, why=why, on_event=show)
-    _finish([outcome], as_json, ok=("rejected",))
+    _finish([outcome], as_json, ok=(RunStatus.REJECTED,))
 
 
 @command
@@ -343,7 +345,8 @@ def _print_checks(result) -> None:
         worst = max(cs, key=lambda c: (c.max_abs or 0) / (c.bound or 1) if c.bound else float("inf"))
         fmt = (lambda v: f"{v:.2e}" if v is not None else "-")
         table.add_row(shape, dtype, direction, fmt(worst.max_abs), fmt(worst.bound), fmt(worst.err_ratio),
-                      _style("pass") if all(c.passed for c in cs) else _style("fail") + " " + escape(worst.reason))
+                      _style(Verdict.PASS) if all(c.passed for c in cs)
+                      else _style(Verdict.FAIL) + " " + escape(worst.reason))
     if result.checks:
         console.print(table)
     if result.builds:
@@ -612,7 +615,7 @@ def replay(
         console.print(f"{len(outcome.curve)} steps, {outcome.seconds_per_step:.2f} s/step with operators"
                       + (f", {ref_s:.3f} s/step reference" if ref_s else "")
                       + (f"; plot {outcome.plot}" if outcome.plot else ""))
-    if outcome.status != "pass":
+    if outcome.status != ReplayStatus.PASS:
         raise typer.Exit(1)
 
 

@@ -9,6 +9,8 @@ import board
 import pandas as pd
 import streamlit as st
 
+from workbench.vocabulary import RunStatus
+
 st.title("Agent runs")
 
 
@@ -18,12 +20,12 @@ def live() -> None:
     if runs.empty:
         board.empty("No agent run recorded yet.", "workbench port rmsnorm", "; it shows up here while it runs")
         return
-    running = runs[runs["status"] == "running"]
+    running = runs[runs["status"] == RunStatus.RUNNING]
     cols = st.columns(4)
     cols[0].metric("running", len(running))
     cols[1].metric("waiting for approval", int((runs["status"] == "waiting_approval").sum()))
     cols[2].metric("runs", len(runs))
-    cols[3].metric("promoted", int((runs["status"] == "promoted").sum()))
+    cols[3].metric("promoted", int((runs["status"] == RunStatus.PROMOTED).sum()))
     st.dataframe(board.style_status(runs), hide_index=True, key="runs_table",
                  column_order=["id", "block", "status", "steps", "candidates", "started_at", "seconds", "last_step",
                                "reason", "process", "resumes", "model", "proposer", "backend", "budget"],

@@ -243,6 +243,17 @@ CHEATS = [
         "_grad = torch.autograd.grad\n"
         "torch.autograd.grad = lambda *args, **kwargs: _grad(*args, **kwargs)\n")],
         "monkeypatch", "torch.autograd.grad"),
+    Cheat("wraps the interpreter's launch path", "rmsnorm", [prelude(
+        "from triton.runtime import interpreter as _interpreter\n"
+        "_launch = _interpreter.GridExecutor.__call__\n"
+        "_interpreter.GridExecutor.__call__ = lambda self, *args, **kwargs: _launch(self, *args, **kwargs)\n")],
+        "monkeypatch", "triton.runtime.interpreter.GridExecutor.__call__",
+        why="a wrapped launch could compute in torch and still count as a kernel launch"),
+    Cheat("replaces torch.autograd.graph.saved_tensors_hooks", "rmsnorm", [prelude(
+        "import torch.autograd.graph\n"
+        "_hooks = torch.autograd.graph.saved_tensors_hooks\n"
+        "torch.autograd.graph.saved_tensors_hooks = lambda pack, unpack: _hooks(pack, unpack)\n")],
+        "monkeypatch", "torch.autograd.graph.saved_tensors_hooks"),
     Cheat("replaces time.perf_counter", "rmsnorm", [prelude(
         "import time\n"
         "time.perf_counter = lambda: 0.0\n")],

@@ -19,8 +19,7 @@ from cheats import BASES, CHEATS, SHOWN_WIDTHS, Cheat, forged_report_source
 from workbench.backends import get_backend
 from workbench.blocks import get_block
 from workbench.verify.harness import default_hidden_shapes, verify_candidate
-from workbench.verify.integrity import INTEGRITY_VERDICTS
-from workbench.verify.result import ERROR_VERDICTS
+from workbench.vocabulary import ERROR_VERDICTS, INTEGRITY_VERDICTS
 
 FAST = {"suites": ["smoke"], "dtypes": ["float32"], "seeds": 1, "base_seed": 0}
 

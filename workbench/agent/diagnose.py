@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.templating import Template
+from workbench.vocabulary import NUMERIC_VERDICTS, FailureClass, Verdict
 
 LOW_PRECISION = ("float16", "bfloat16")
-NUMERIC_VERDICTS = ("fail", "unwritten_output")
 
 
 def parse_shape(label: str) -> dict[str, int]:
@@ -34,7 +34,7 @@ def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template:
     if verdict not in NUMERIC_VERDICTS:
         return {"class": verdict, "reason": f"{verdict}: {message}", "evidence": {}}
     found = _numeric_class(message, checks, template, params)
-    if verdict == "unwritten_output" and found["class"] == "wrong":
+    if verdict == Verdict.UNWRITTEN_OUTPUT and found["class"] == FailureClass.WRONG:
         return {**found, "class": verdict, "reason": f"{verdict}: {message}"}
     return found
 
@@ -44,7 +44,7 @@ def _numeric_class(message: str, checks: list[dict[str, Any]], template: Templat
     checks = [c for c in checks if c["direction"] != "run" and not c["direction"].startswith("integrity:")]
     failing = [c for c in checks if not c["passed"]]
     if not failing:
-        return {"class": "wrong", "evidence": {}, "reason": f"wrong results: {message}"}
+        return {"class": FailureClass.WRONG, "evidence": {}, "reason": f"wrong results: {message}"}
     failing_shapes = sorted({c["shape"] for c in failing})
     passing_shapes = sorted({c["shape"] for c in checks} - set(failing_shapes))
     evidence: dict[str, Any] = {
@@ -56,7 +56,7 @@ def _numeric_class(message: str, checks: list[dict[str, Any]], template: Templat
     unmet = {label: template.unmet(params, parse_shape(label)) if template else [] for label in failing_shapes}
     if all(unmet.values()):
         requirement = next(iter(unmet.values()))[0]
-        return {"class": "coverage", "evidence": {**evidence, "requirement": requirement},
+        return {"class": FailureClass.COVERAGE, "evidence": {**evidence, "requirement": requirement},
                 "reason": f"fails exactly where '{requirement}' does not hold: [{'] ['.join(failing_shapes)}]"}
 
     nonfinite = sum(c.get("nonfinite") or 0 for c in failing)
@@ -65,20 +65,21 @@ def _numeric_class(message: str, checks: list[dict[str, Any]], template: Templat
     if low:
         what = f"{nonfinite} NaN/Inf values" if nonfinite else \
             f"error up to {worst['max_abs'] / worst['bound']:.3g}x the bound ({worst['direction']} [{worst['shape']}])"
-        return {"class": "nonfinite" if nonfinite else "precision", "evidence": {**evidence, "param": low[0]},
+        return {"class": FailureClass.NONFINITE if nonfinite else FailureClass.PRECISION,
+                "evidence": {**evidence, "param": low[0]},
                 "reason": f"{low[0]}={params[low[0]]} computes in low precision: {what}"}
     if nonfinite:
-        return {"class": "nonfinite", "evidence": evidence,
+        return {"class": FailureClass.NONFINITE, "evidence": evidence,
                 "reason": f"{nonfinite} NaN/Inf values where the reference is finite"}
     if set(evidence["failing_dtypes"]) <= set(LOW_PRECISION):
-        return {"class": "precision", "evidence": evidence,
+        return {"class": FailureClass.PRECISION, "evidence": evidence,
                 "reason": f"only {', '.join(evidence['failing_dtypes'])} fails: worst {worst['direction']} "
                           f"[{worst['shape']}] at {worst['max_abs'] / worst['bound']:.3g}x the bound"}
     odd = all(not all(_is_pow2(v) for v in parse_shape(label).values()) for label in failing_shapes)
     if odd and any(all(_is_pow2(v) for v in parse_shape(label).values()) for label in passing_shapes):
-        return {"class": "tail", "evidence": evidence,
+        return {"class": FailureClass.TAIL, "evidence": evidence,
                 "reason": f"power-of-two shapes pass, only shapes with odd sizes fail: [{'] ['.join(failing_shapes)}]"}
     if all(c["direction"].startswith("grad:") for c in failing):
-        return {"class": "gradient", "evidence": evidence,
+        return {"class": FailureClass.GRADIENT, "evidence": evidence,
                 "reason": f"forward passes, gradients fail: {', '.join(sorted({c['direction'] for c in failing}))}"}
-    return {"class": "wrong", "evidence": evidence, "reason": f"wrong results: {message}"}
+    return {"class": FailureClass.WRONG, "evidence": evidence, "reason": f"wrong results: {message}"}

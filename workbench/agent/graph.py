@@ -32,8 +32,8 @@ from langgraph.types import interrupt
 from sqlalchemy.engine import Engine
 
 from workbench import __version__
-from workbench.agent.diagnose import NUMERIC_VERDICTS, diagnose
-from workbench.agent.llm import LLM_ERROR, LLM_TEMPLATE
+from workbench.agent.diagnose import diagnose
+from workbench.agent.llm import LLM_TEMPLATE
 from workbench.agent.state import Attempt, PortState, Proposal
 from workbench.backends import Backend
 from workbench.blocks.base import BlockSpec
@@ -44,6 +44,7 @@ from workbench.store import records
 from workbench.store.models import utcnow
 from workbench.templating import Template, candidate_filename, format_point
 from workbench.verify.harness import source_hash, verify_candidate
+from workbench.vocabulary import NUMERIC_VERDICTS, RunStatus, Verdict
 
 NODES_PER_ITERATION = 5  # render, compile, verify, diagnose, revise
 
@@ -148,10 +149,10 @@ def build_graph(ctx: PortContext, checkpointer=None):
         if "error" in p:  # the model's endpoint failed: the iteration's verdict, recorded like a candidate's
             cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
                 ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=p["template"],
-                params=p["params"], source="", source_hash=source_hash(""), path="", status=LLM_ERROR,
+                params=p["params"], source="", source_hash=source_hash(""), path="", status=Verdict.LLM_ERROR,
                 message=p["error"])
-            current.update(verdict=LLM_ERROR, message=p["error"], candidate_id=cid)
-            ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {LLM_ERROR}: {p['error']}",
+            current.update(verdict=Verdict.LLM_ERROR, message=p["error"], candidate_id=cid)
+            ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {Verdict.LLM_ERROR}: {p['error']}",
                      {"candidate_id": cid})
             return {"attempt": attempt, "current": current}
         if "source" in p:
@@ -163,7 +164,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
                     raise TemplateError(f"no template '{p['template']}' for block {ctx.spec.name}")
                 name, source = template.name, template.render(p["params"])
             except TemplateError as exc:
-                current.update(verdict="template_error", message=str(exc))
+                current.update(verdict=Verdict.TEMPLATE_ERROR, message=str(exc))
                 ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {exc}", dict(current))
                 return {"attempt": attempt, "current": current}
         folder = ctx.settings.work_dir / "candidates" / run_id
@@ -211,10 +212,10 @@ def build_graph(ctx: PortContext, checkpointer=None):
     def diagnose_node(state: PortState) -> dict:
         current = state["current"]
         template = ctx.templates.get(current["template"])
-        if current["verdict"] == LLM_ERROR:
-            d = {"class": LLM_ERROR, "reason": current["message"], "evidence": {}}
-        elif current["verdict"] == "template_error" or (template is None and current["template"] != LLM_TEMPLATE):
-            d = {"class": "template_error", "reason": current["message"], "evidence": {}}
+        if current["verdict"] == Verdict.LLM_ERROR:
+            d = {"class": Verdict.LLM_ERROR, "reason": current["message"], "evidence": {}}
+        elif current["verdict"] == Verdict.TEMPLATE_ERROR or (template is None and current["template"] != LLM_TEMPLATE):
+            d = {"class": Verdict.TEMPLATE_ERROR, "reason": current["message"], "evidence": {}}
         else:
             checks = state.get("last_checks", []) if current["verdict"] in NUMERIC_VERDICTS else []
             d = diagnose(current["verdict"], current["message"], checks, template, current["params"])
@@ -259,7 +260,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
                 return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
                                  "model": ctx.replay_model, "mode": mode, "steps": ctx.replay_steps}}
             failures.append(f"#{attempt['iteration']} {outcome.reason}")
-        return {"gate": {"candidate_id": None}, "status": "blocked",
+        return {"gate": {"candidate_id": None}, "status": RunStatus.BLOCKED,
                 "reason": f"every passing candidate failed the replay gate: {'; '.join(failures)}"}
 
     def promote(state: PortState) -> dict:
@@ -269,7 +270,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
             if not decision.get("approved"):
                 reason = f"not promoted at review: {decision.get('why') or 'no reason given'}"
                 ctx.emit(state["run_id"], "promote", reason)
-                return {"status": "rejected", "reason": reason}
+                return {"status": RunStatus.REJECTED, "reason": reason}
         best = gated_candidate(state)
         source = Path(best["path"]).read_text()
         manifest = {
@@ -288,17 +289,17 @@ def build_graph(ctx: PortContext, checkpointer=None):
         reason = f"promoted {best['template']} ({format_point(best['params'])}), worst error " \
                  f"{best['worst_ratio']:.2f} of the bound, {len(state['passing'])} passing"
         ctx.emit(state["run_id"], "promote", f"{reason} -> {dest}", {"operator": str(dest)})
-        return {"status": "promoted", "operator_path": str(dest), "reason": reason}
+        return {"status": RunStatus.PROMOTED, "operator_path": str(dest), "reason": reason}
 
     def record(state: PortState) -> dict:
         status, reason = state.get("status"), state.get("reason", "")
         best_id = None
-        if status in ("promoted", "rejected"):
+        if status in (RunStatus.PROMOTED, RunStatus.REJECTED):
             best_id = gated_candidate(state)["candidate_id"]
         elif state.get("gate", {}).get("candidate_id", 0) is None:  # passing candidates, none held its curve
-            status, best_id = "blocked", min(state["passing"], key=lambda a: a["worst_ratio"])["candidate_id"]
+            status, best_id = RunStatus.BLOCKED, min(state["passing"], key=lambda a: a["worst_ratio"])["candidate_id"]
         else:
-            status = "blocked"
+            status = RunStatus.BLOCKED
             tried = [h for h in state.get("history", []) if h.get("candidate_id")]
             if tried:
                 best = min(tried, key=lambda a: a.get("worst_ratio", float("inf")))

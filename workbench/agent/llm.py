@@ -32,6 +32,7 @@ from workbench.agent.search import SearchProposer
 from workbench.agent.state import Attempt, Proposal
 from workbench.blocks.base import BlockSpec, Shape
 from workbench.errors import WorkbenchError, one_line
+from workbench.vocabulary import Verdict
 
 API_KEY_ENV = "WORKBENCH_LLM_API_KEY"
 LOCAL_KEY = "not-needed"  # OpenAI clients want a key set; local servers accept any
@@ -40,7 +41,6 @@ ENV = {"base_url": "WORKBENCH_LLM_BASE_URL", "model": "WORKBENCH_LLM_MODEL", "ti
        "prompt_chars": "WORKBENCH_LLM_PROMPT_CHARS", "temperature": "WORKBENCH_LLM_TEMPERATURE",
        "max_tokens": "WORKBENCH_LLM_MAX_TOKENS"}
 LLM_TEMPLATE = "llm"     # the template name recorded for a model-written candidate
-LLM_ERROR = "llm_error"  # the verdict of an iteration whose model endpoint failed
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ class LLMProposer:
     def propose(self, current: Attempt, diagnosis: dict[str, Any], history: list[Attempt]) -> Proposal:
         """The next candidate, told the last candidate's source and verification result."""
         calls = sum(h.get("template") == LLM_TEMPLATE for h in history) + 1
-        if current.get("path") or current.get("verdict") not in (None, LLM_ERROR):
+        if current.get("path") or current.get("verdict") not in (None, Verdict.LLM_ERROR):
             last = current
         else:  # the endpoint failed last time: show the last candidate there is
             last = next((h for h in reversed(history) if h.get("path")), None)
@@ -238,7 +238,7 @@ class LLMProposer:
             if last.get("candidate_id") is not None:
                 checks = self.checks_of(last["candidate_id"])
         earlier = [h for h in history if h.get("iteration") != (last or {}).get("iteration")]
-        unusable = current.get("verdict") == LLM_ERROR and REPLY_PROBLEM in str(current.get("message", ""))
+        unusable = current.get("verdict") == Verdict.LLM_ERROR and REPLY_PROBLEM in str(current.get("message", ""))
         if unusable:
             problem = str(current["message"])[str(current["message"]).index(REPLY_PROBLEM):]
             wanted = (f"Your last reply could not be used: {problem}. Reply with the complete candidate module in one "

@@ -31,11 +31,12 @@ from workbench.store import get_engine, records
 from workbench.store.queries import candidate_checks, find_run
 from workbench.templating import format_point, list_templates, load_template, parse_point
 from workbench.verify.harness import DEFAULT_TIMEOUT_S, default_target_names, select_suites, suite_shapes
+from workbench.vocabulary import RunStatus
 
 DEFAULT_REPLAY_MODEL = "kimi-k3.1-pro"
 PROPOSERS = ("search", "llm", "hybrid")
-ENDED = ("promoted", "blocked", "rejected")
-WAITING = "waiting_approval"
+ENDED = (RunStatus.PROMOTED, RunStatus.BLOCKED, RunStatus.REJECTED)
+WAITING = RunStatus.WAITING_APPROVAL
 
 EventHook = Callable[[str, str, dict], None]
 
@@ -104,7 +105,7 @@ def resume_port(run_id: str, settings: Settings, *, on_event: EventHook | None =
     if run.status == WAITING:
         raise WorkbenchError(f"run {run.id} is waiting for approval: `workbench approve {run.id}` or "
                              f"`workbench reject {run.id} --why ...`")
-    if run.status == "running":
+    if run.status == RunStatus.RUNNING:
         raise WorkbenchError(f"run {run.id} is still running (pid {run.pid} on {run.host})")
     if run.status in ENDED:
         raise WorkbenchError(f"run {run.id} has ended ({run.status}): nothing to resume")
@@ -213,10 +214,10 @@ def _drive(ctx: PortContext, run_id: str, budget: int, given: dict | Command | N
                 if mode == "custom" and ctx.on_event:
                     ctx.on_event(chunk["node"], chunk["message"], chunk["data"])
         except KeyboardInterrupt:
-            records.finish_run(ctx.engine, run_id, "interrupted", "interrupted by the user")
+            records.finish_run(ctx.engine, run_id, RunStatus.INTERRUPTED, "interrupted by the user")
             raise
         except Exception as exc:
-            records.finish_run(ctx.engine, run_id, "failed", f"workbench error: {type(exc).__name__}: {exc}")
+            records.finish_run(ctx.engine, run_id, RunStatus.FAILED, f"workbench error: {type(exc).__name__}: {exc}")
             raise
         snapshot = graph.get_state(config)
         values = snapshot.values

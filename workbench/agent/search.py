@@ -14,12 +14,12 @@ from typing import Any
 from workbench.agent.state import Proposal
 from workbench.blocks.base import Shape
 from workbench.templating import Template, format_point
-from workbench.verify.integrity import INTEGRITY_VERDICTS
+from workbench.vocabulary import INTEGRITY_VERDICTS, FailureClass, Verdict
 
 # Failures that no parameter of the same template can fix: look at the other templates first.
-STRUCTURAL = ("compile_error", "target_compile_error", "interpreter_unsupported", "runtime_error", "crashed", "tail",
-              "gradient", "wrong", "template_error",
-              *INTEGRITY_VERDICTS)
+STRUCTURAL = (Verdict.COMPILE_ERROR, Verdict.TARGET_COMPILE_ERROR, Verdict.INTERPRETER_UNSUPPORTED,
+              Verdict.RUNTIME_ERROR, Verdict.CRASHED, Verdict.TEMPLATE_ERROR, FailureClass.TAIL, FailureClass.GRADIENT,
+              FailureClass.WRONG, *INTEGRITY_VERDICTS)
 
 
 def point_key(template: str, params: dict[str, Any]) -> str:
@@ -34,10 +34,10 @@ class SearchProposer:
         self.by_name = {t.name: t for t in self.templates}
         self.shapes = shapes
         self.rules: dict[str, Callable[[Template, dict, dict, set[str]], Proposal | None]] = {
-            "coverage": self._repair_coverage,
-            "precision": self._repair_precision,
-            "nonfinite": self._repair_precision,
-            "timeout": self._repair_timeout,
+            FailureClass.COVERAGE: self._repair_coverage,
+            FailureClass.PRECISION: self._repair_precision,
+            FailureClass.NONFINITE: self._repair_precision,
+            Verdict.TIMEOUT: self._repair_timeout,
         }
 
     def covers(self, template: Template, params: dict[str, Any]) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from workbench.replay.presets import Preset
 from workbench.replay.train import RunResult
+from workbench.vocabulary import ReplayStatus
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Judgement:
 
     @property
     def passed(self) -> bool:
-        return self.status == "pass"
+        return self.status == ReplayStatus.PASS
 
 
 def band_width(reference: float, preset: Preset) -> float:
@@ -50,9 +51,10 @@ def judge(run: RunResult, reference: RunResult, preset: Preset) -> Judgement:
     checks["eval_topk"] = _topk(run, reference, preset)
     failed = [name for name, c in checks.items() if not c["passed"]]
     if not failed:
-        return Judgement("pass", f"inside the band at all {n} steps (largest deviation {max_dev:.2e}), final loss "
-                                 f"{run.curve[-1]:.4f} vs {reference.curve[-1]:.4f}", None, max_dev, checks)
-    return Judgement("fail", _reason(failed[0], checks, run, reference), left, max_dev, checks)
+        return Judgement(ReplayStatus.PASS, f"inside the band at all {n} steps (largest deviation {max_dev:.2e}), "
+                                            f"final loss {run.curve[-1]:.4f} vs {reference.curve[-1]:.4f}", None,
+                         max_dev, checks)
+    return Judgement(ReplayStatus.FAIL, _reason(failed[0], checks, run, reference), left, max_dev, checks)
 
 
 def _parameters(run: RunResult, reference: RunResult, preset: Preset) -> dict:

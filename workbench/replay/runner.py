@@ -38,6 +38,7 @@ from workbench.replay.presets import Preset, check_mode, get_preset
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
 from workbench.verify.sandbox import child_command, child_env
+from workbench.vocabulary import ReplayStatus
 
 DEFAULT_TIMEOUT_S = 3600.0
 BASE_SEED = 0
@@ -301,11 +302,12 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
     try:
         result = launch(job, backend, timeout_s, on_step)
     except ReplayError as exc:
-        records.finish_replay(engine, replay_id, "error", str(exc), curve=curve, detail=detail)
-        return ReplayOutcome(replay_id, "error", str(exc), curve, reference.curve, None, 0.0,
+        records.finish_replay(engine, replay_id, ReplayStatus.ERROR, str(exc), curve=curve, detail=detail)
+        return ReplayOutcome(replay_id, ReplayStatus.ERROR, str(exc), curve, reference.curve, None, 0.0,
                              reference.seconds_per_step, source, None)
     except BaseException:
-        records.finish_replay(engine, replay_id, "interrupted", "interrupted by the user", curve=curve, detail=detail)
+        records.finish_replay(engine, replay_id, ReplayStatus.INTERRUPTED, "interrupted by the user", curve=curve,
+                              detail=detail)
         raise
     verdict: Judgement = judge(result, reference, p)
     detail.update(checks=verdict.checks, seconds_per_step=result.seconds_per_step, eval_loss=result.eval_loss,

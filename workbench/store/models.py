@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, Column, Text
 from sqlmodel import Field, SQLModel
 
+from workbench.vocabulary import RENDERED, JobStatus, ReplayStatus, RunStatus
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -43,7 +45,7 @@ class PortRun(SQLModel, table=True):
     proposer: str
     backend: str
     budget: int
-    status: str = Field(default="running", index=True)
+    status: str = Field(default=RunStatus.RUNNING, index=True)
     reason: str = ""
     config: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     operator_path: str | None = None
@@ -81,7 +83,7 @@ class Candidate(SQLModel, table=True):
     source: str = Field(sa_column=Column(Text))
     source_hash: str = Field(index=True)
     path: str
-    status: str = "rendered"
+    status: str = RENDERED
     message: str = ""
     worst_ratio: float | None = None
     verify_seconds: float | None = None
@@ -173,7 +175,7 @@ class LossReplay(SQLModel, table=True):
     ops: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     curve: list[float] = Field(default_factory=list, sa_column=Column(JSON))
     reference_curve: list[float] = Field(default_factory=list, sa_column=Column(JSON))
-    status: str = "running"
+    status: str = ReplayStatus.RUNNING
     reason: str = ""
     left_band_step: int | None = None
     detail: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
@@ -187,7 +189,7 @@ class CIJob(SQLModel, table=True):
     __tablename__ = "ci_job"
     id: int | None = Field(default=None, primary_key=True)
     commit: str = ""
-    status: str = "running"
+    status: str = JobStatus.RUNNING
     summary: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     junit_path: str | None = None
     started_at: datetime = Field(default_factory=utcnow)

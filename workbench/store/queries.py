@@ -26,9 +26,10 @@ from workbench.store.models import (
     VerificationCheck,
 )
 from workbench.templating import list_templates
+from workbench.vocabulary import BlockStatus, RunStatus
 
 # The statuses a block of a model card can have, in the order a port goes through them.
-STATUSES = ("no spec", "not started", "in progress", "blocked", "failed", "numerics pass", "promoted")
+STATUSES = tuple(BlockStatus)
 
 
 def list_runs(engine: Engine, limit: int = 50, block: str | None = None) -> list[PortRun]:
@@ -67,17 +68,19 @@ def candidate_checks(engine: Engine, candidate_id: int) -> list[VerificationChec
 def block_status(engine: Engine, operators_dir: Path, block: str) -> tuple[str, str]:
     """(status, detail) of one block: promoted operators first, then the latest run, else not started."""
     if block not in REGISTRY:
-        return "no spec", ""
+        return BlockStatus.NO_SPEC, ""
     promoted = list_promoted(operators_dir, block)
     if promoted:
-        return "promoted", f"{Path(promoted[0]['path']).name}: {evidence_line(promoted[0])}"
+        return BlockStatus.PROMOTED, f"{Path(promoted[0]['path']).name}: {evidence_line(promoted[0])}"
     runs = list_runs(engine, limit=1, block=block)
     if not runs:
-        return "not started", f"{len(list_templates(block))} templates"
+        return BlockStatus.NOT_STARTED, f"{len(list_templates(block))} templates"
     run = runs[0]
     # a promoted run whose operator file is gone still passed its numerics
-    renamed = {"running": "in progress", "interrupted": "blocked", "promoted": "numerics pass",
-               "waiting_approval": "numerics pass", "rejected": "blocked"}
+    renamed = {RunStatus.RUNNING: BlockStatus.IN_PROGRESS, RunStatus.INTERRUPTED: BlockStatus.BLOCKED,
+               RunStatus.PROMOTED: BlockStatus.NUMERICS_PASS, RunStatus.WAITING_APPROVAL: BlockStatus.NUMERICS_PASS,
+               RunStatus.REJECTED: BlockStatus.BLOCKED, RunStatus.BLOCKED: BlockStatus.BLOCKED,
+               RunStatus.FAILED: BlockStatus.FAILED}
     status = renamed.get(run.status, run.status)
     return status, f"run {run.id}: {run.reason or run.status}"
 

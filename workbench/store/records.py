@@ -24,6 +24,7 @@ from workbench.store.models import (
     utcnow,
 )
 from workbench.verify.result import VerificationResult
+from workbench.vocabulary import RENDERED, ReplayStatus, RunStatus
 
 
 def new_run_id() -> str:
@@ -47,7 +48,7 @@ def add_step(engine: Engine, run_id: str, node: str, message: str, data: dict[st
 
 def add_candidate(engine: Engine, *, block: str, source: str, source_hash: str, path: str, run_id: str | None = None,
                   iteration: int = 0, template: str | None = None, params: dict | None = None,
-                  status: str = "rendered", message: str = "") -> int:
+                  status: str = RENDERED, message: str = "") -> int:
     with session_scope(engine) as s:
         row = Candidate(run_id=run_id, block=block, iteration=iteration, template=template, params=params or {},
                         source=source, source_hash=source_hash, path=path, status=status, message=message)
@@ -109,7 +110,7 @@ def resume_run(engine: Engine, run_id: str) -> None:
     """A run taken up again (resumed, approved or rejected): running in this process, unfinished."""
     with session_scope(engine) as s:
         run = s.get(PortRun, run_id)
-        run.status, run.reason, run.finished_at = "running", "", None
+        run.status, run.reason, run.finished_at = RunStatus.RUNNING, "", None
         run.host, run.pid = socket.gethostname(), os.getpid()
 
 
@@ -118,9 +119,9 @@ def mark_interrupted(engine: Engine) -> list[str]:
     host = socket.gethostname()
     marked = []
     with session_scope(engine) as s:
-        for run in s.exec(select(PortRun).where(PortRun.status == "running", PortRun.host == host)):
+        for run in s.exec(select(PortRun).where(PortRun.status == RunStatus.RUNNING, PortRun.host == host)):
             if run.pid is None or not _alive(run.pid):
-                run.status, run.finished_at = "interrupted", utcnow()
+                run.status, run.finished_at = RunStatus.INTERRUPTED, utcnow()
                 run.reason = "the agent process ended before the run finished"
                 marked.append(run.id)
     return marked
@@ -172,7 +173,8 @@ def save_reference_replay(engine: Engine, *, model: str, mode: str, preset: str,
         for old in s.exec(select(LossReplay).where(LossReplay.kind == "reference", LossReplay.model == model)):
             if (old.detail or {}).get("key") == key:
                 s.delete(old)
-        row = LossReplay(model=model, mode=mode, preset=preset, seed=seed, kind="reference", status="reference",
+        row = LossReplay(model=model, mode=mode, preset=preset, seed=seed, kind="reference",
+                         status=ReplayStatus.REFERENCE,
                          steps=len(result["curve"]), backend=backend, ops={"all": "reference"}, curve=result["curve"],
                          reference_curve=result["curve"], detail={"key": key, "result": result},
                          finished_at=utcnow())
@@ -197,11 +199,11 @@ def mark_replays_interrupted(engine: Engine) -> list[int]:
     host = socket.gethostname()
     marked = []
     with session_scope(engine) as s:
-        for row in s.exec(select(LossReplay).where(LossReplay.status == "running")):
+        for row in s.exec(select(LossReplay).where(LossReplay.status == ReplayStatus.RUNNING)):
             detail = row.detail or {}
             pid = detail.get("pid")
             if detail.get("host") == host and not (isinstance(pid, int) and pid > 0 and _alive(pid)):
-                row.status, row.finished_at = "interrupted", utcnow()
+                row.status, row.finished_at = ReplayStatus.INTERRUPTED, utcnow()
                 row.reason = "the replay process ended before the replay finished"
                 marked.append(row.id)
     return marked

@@ -29,10 +29,11 @@ from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
 from workbench.verify.aot import compile_for_targets
 from workbench.verify.compare import compare
-from workbench.verify.integrity import INTEGRITY_VERDICTS, evaluate
+from workbench.verify.integrity import evaluate
 from workbench.verify.result import Check, VerificationResult
 from workbench.verify.sandbox import isolation, run_job
 from workbench.verify.static_scan import instrumentation_access
+from workbench.vocabulary import INTEGRITY_VERDICTS, Verdict
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_BYTES = 16 << 30
@@ -228,10 +229,10 @@ def check_trial(spec: BlockSpec, exp: dict, got: dict) -> list[Check]:
     return checks
 
 
-def _verdict(checks: list[Check]) -> tuple[str, str]:
+def _verdict(checks: list[Check]) -> tuple[Verdict, str]:
     failing = [c for c in checks if not c.passed]
     if not failing:
-        return "pass", f"{len(checks)} checks passed"
+        return Verdict.PASS, f"{len(checks)} checks passed"
     cheats: dict[str, Check] = {}
     for c in failing:  # the first check of each integrity verdict speaks for it
         if c.direction.startswith("integrity:"):
@@ -241,18 +242,19 @@ def _verdict(checks: list[Check]) -> tuple[str, str]:
             return name, cheats[name].reason
     runs = [c for c in failing if c.direction == "run"]
     builds = [c for c in failing if c.direction.startswith("target:")]
-    if builds and not [c for c in runs if not c.reason.startswith("interpreter_unsupported")]:
+    if builds and not [c for c in runs if not c.reason.startswith(Verdict.INTERPRETER_UNSUPPORTED)]:
         first = builds[0]
-        return "target_compile_error", f"{first.shape}: {first.reason}" + \
+        return Verdict.TARGET_COMPILE_ERROR, f"{first.shape}: {first.reason}" + \
             (f" (and {len(builds) - 1} more kernel x target builds)" if len(builds) > 1 else "")
     if runs:
         kinds = [c.reason.split(":", 1)[0] for c in runs]
-        kind = next(k for k in ("compile_error", "oom", "interpreter_unsupported", "runtime_error") if k in kinds)
+        kind = next(k for k in (Verdict.COMPILE_ERROR, Verdict.OOM, Verdict.INTERPRETER_UNSUPPORTED,
+                                Verdict.RUNTIME_ERROR) if k in kinds)
         first = next(c for c in runs if c.reason.startswith(kind))
         return kind, f"{first.reason.split(': ', 1)[1]} ({len(runs)} of the trials; first at [{first.shape}] " \
                      f"{first.dtype})"
     worst = max(failing, key=lambda c: (c.max_abs or 0) / (c.bound or 1) if c.bound else float("inf"))
-    return "fail", f"{len(failing)} of {len(checks)} checks failed; worst {worst.line()}"
+    return Verdict.FAIL, f"{len(failing)} of {len(checks)} checks failed; worst {worst.line()}"
 
 
 def verify_candidate(path: str | Path, *, block: str | None = None, suites: list[str] | None = None,
@@ -280,13 +282,13 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     required = get_targets(default_target_names() if targets is None else targets)
     base_seed = random.SystemRandom().randrange(1 << 30) if base_seed is None else base_seed
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
-                                backend=backend.name, verdict="pass", message="", base_seed=base_seed,
+                                backend=backend.name, verdict=Verdict.PASS, message="", base_seed=base_seed,
                                 targets=[t.name for t in required], forward_only=forward_only,
                                 isolation=isolation())
 
     reach = instrumentation_access(source)
     if reach:  # refused before it runs: code that reaches into the instrumentation could switch it off
-        result.verdict = "instrumentation_access"
+        result.verdict = Verdict.INSTRUMENTATION_ACCESS
         result.message = f"reaches into the verifier's instrumentation: {reach}"
         result.checks = [Check(suite="integrity", shape="-", dtype="-", seed=0,
                                direction="integrity:instrumentation_access", passed=False, reason=result.message)]
@@ -310,7 +312,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     if outcome.status != "ok":
         result.verdict, result.message = outcome.status, outcome.message
     elif outcome.results.get("token") != job["token"]:
-        result.verdict = "forged_report"
+        result.verdict = Verdict.FORGED_REPORT
         result.message = "the result did not come from the verification worker (a candidate wrote its own report)"
     else:
         results = outcome.results
@@ -325,7 +327,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
         if required and not results.get("load_error"):
             result.checks += _compile_for_targets(path, result, results, required, compile_cache)
         result.verdict, result.message = _verdict(result.checks)
-        if results.get("load_error") and result.verdict == "pass":
+        if results.get("load_error") and result.verdict == Verdict.PASS:
             err = results["load_error"]
             result.verdict, result.message = err["kind"], err["message"]
     result.seconds = time.monotonic() - started

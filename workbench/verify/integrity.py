@@ -1,7 +1,7 @@
 """Integrity checks: what a candidate did while it ran, read off the worker's report and the outputs it returned.
 
-Each failed check is a named verdict (INTEGRITY_VERDICTS) that outranks the numerics: a candidate that cheats is
-refused for cheating even when its numbers happen to match.
+Each failed check is a named verdict (workbench.vocabulary.INTEGRITY_VERDICTS) that outranks the numerics: a
+candidate that cheats is refused for cheating even when its numbers happen to match.
 """
 
 from __future__ import annotations
@@ -27,13 +27,6 @@ BASE_HOST_OPS = frozenset({
     "aten.promote_types", "aten.result_type",  # dtype queries
 })
 
-# In the order they are reported when several fail.
-INTEGRITY_VERDICTS = (
-    "instrumentation_access", "forged_report", "forbidden_import", "introspection", "forbidden_call", "monkeypatch",
-    "torch_fallback",
-    "no_kernel", "tensor_subclass", "aliasing", "input_mutation", "unwritten_output", "cached_result",
-    "constant_output", "nondeterministic", "overfit_shapes",
-)
 
 # The patterns the worker writes into fresh buffers, read back through an integer view of the same width.
 INT_VIEWS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,

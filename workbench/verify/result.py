@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-# Sandbox and per-trial outcomes that are not numerics: each is a verdict of its own. target_compile_error: a kernel
-# that the verification backend ran and a required GPU target's compiler rejects.
-# interpreter_unsupported: the verification backend (the interpreter) cannot run the kernel, for a known limitation.
-ERROR_VERDICTS = ("compile_error", "runtime_error", "timeout", "crashed", "oom", "target_compile_error",
-                  "interpreter_unsupported")
+from workbench.vocabulary import Verdict
 
 
 @dataclass
@@ -37,7 +33,8 @@ class Check:
 
 @dataclass
 class VerificationResult:
-    """verdict: "pass", "fail" (numerics), or one of ERROR_VERDICTS. message: one line for people."""
+    """verdict: a Verdict (workbench.vocabulary): pass, fail (numerics), a sandbox or trial error, or an integrity
+    verdict. message: one line for people."""
 
     block: str
     candidate: str
@@ -69,7 +66,7 @@ class VerificationResult:
 
     @property
     def passed(self) -> bool:
-        return self.verdict == "pass"
+        return self.verdict == Verdict.PASS
 
     def failing(self) -> list[Check]:
         return [c for c in self.checks if not c.passed]

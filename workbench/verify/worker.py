@@ -14,7 +14,8 @@ read:
   compile for the GPU targets;
 - a torch dispatch mode, during ``run`` and its backward, recording every aten op and poisoning every freshly
   allocated buffer with a NaN bit pattern (POISON_BITS) so unwritten outputs are recognisable;
-- a snapshot of torch, triton, time and builtins attributes, compared after every trial (monkeypatching).
+- a snapshot of torch (with torch.autograd.graph), triton (with triton.runtime's JIT and interpreter launch path),
+  time and builtins attributes, compared after every trial (monkeypatching).
 
 After the trials it runs the job's captures: the candidate called at the model card's sizes on meta tensors
 (shapes and dtypes, no data), forward and backward, with every Triton launch recorded and skipped, and every value
@@ -527,10 +528,20 @@ def main(job_dir: str, result_fd: int) -> int:
                                  save=torch.save, clock=time.perf_counter, synchronize=torch.cuda.synchronize,
                                  profile=torch.profiler.profile, cpu_activity=torch.profiler.ProfilerActivity.CPU,
                                  dup=os.dup, dup2=os.dup2, close=os.close, null_fd=os.open(os.devnull, os.O_WRONLY))
+    import torch.autograd.graph
+
     watched = {"torch": torch, "torch.Tensor": torch.Tensor, "torch.autograd": torch.autograd,
-               "torch.autograd.Function": torch.autograd.Function, "torch.nn.functional": torch.nn.functional,
-               "triton": triton, "triton.language": tl, "triton.runtime.jit.JITFunction": jit.JITFunction,
-               "time": time, "builtins": builtins, "sys": sys, "worker": sys.modules[__name__]}
+               "torch.autograd.Function": torch.autograd.Function, "torch.autograd.graph": torch.autograd.graph,
+               "torch.autograd.graph.Node": torch.autograd.graph.Node, "torch.nn.functional": torch.nn.functional,
+               "triton": triton, "triton.language": tl, "triton.runtime": triton.runtime, "triton.runtime.jit": jit,
+               "triton.runtime.jit.JITFunction": jit.JITFunction, "triton.runtime.jit.KernelInterface":
+               jit.KernelInterface, "time": time, "builtins": builtins, "sys": sys, "worker": sys.modules[__name__]}
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter's launch path
+        from triton.runtime import interpreter
+
+        watched.update({"triton.runtime.interpreter": interpreter,
+                        "triton.runtime.interpreter.InterpretedFunction": interpreter.InterpretedFunction,
+                        "triton.runtime.interpreter.GridExecutor": interpreter.GridExecutor})
     modes = make_trace_mode()
     with modes[1](), modes[0]():  # warm up: the first traced ops import modules lazily (torch._dynamo rewraps names)
         torch.empty(2, 2, device=job["device"]).reshape(4).clone().sum()
