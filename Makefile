@@ -16,6 +16,7 @@ port: setup
 # ("Using --randomly-seed=N"); `make test PYTEST_ARGS=--randomly-seed=N` reruns that order.
 test: setup
 	./scripts/setup-debian.sh chromium chromium "the browser tests will be skipped"
+	./scripts/setup-debian.sh '/usr/lib/postgresql/*/bin/initdb' postgresql "the PostgreSQL store tests will be skipped"
 	$(VENV)/bin/ruff check workbench tests dashboards bench
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=15 --junitxml=junit.xml $(PYTEST_ARGS)
 

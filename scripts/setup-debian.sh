@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install a Debian package when the command it provides is missing: `setup-debian.sh COMMAND PACKAGE WHY`.
-# Used for chromium (the dashboard's browser tests) and bubblewrap (`bwrap`, the verification sandbox's namespaces).
+# COMMAND is a command name or a path pattern (PostgreSQL's initdb is not on PATH).
+# Used for chromium (the dashboard's browser tests), bubblewrap (`bwrap`, the verification sandbox's namespaces)
+# and postgresql (the store's tests on a throwaway PostgreSQL server).
 # Idempotent and quiet. Without apt-get, or without root, it says what is missing and what goes without it.
 set -euo pipefail
 command_name=$1 package=$2 why=$3
-if command -v "$command_name" >/dev/null 2>&1; then
+if command -v "$command_name" >/dev/null 2>&1 || compgen -G "$command_name" >/dev/null; then
   exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then

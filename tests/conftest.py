@@ -35,3 +35,25 @@ def settings(tmp_path, monkeypatch) -> Settings:
     monkeypatch.setenv("WORKBENCH_REPLAYS", str(tmp_path / "replays"))
     monkeypatch.setenv("WORKBENCH_REPLAY_STEPS", "0")  # no replay gate unless a test asks for one (tests/replay)
     return Settings.load()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL server for this test process (tests/pgserver.py); skipped with the reason where none
+    can be started."""
+    from pgserver import PostgresServer, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(f"PostgreSQL: {reason}")
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """The URL of a fresh, empty store: a SQLite file, then a database on the throwaway PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'wb.db'}"
+    return request.getfixturevalue("postgres").new_database()

@@ -136,10 +136,11 @@ def _ci_summary(operator: str, failing: tuple[str, ...]) -> dict:
             "changed_only": False}
 
 
-def seed(tmp: Path) -> Seeded:
-    """Seed a fresh SQLite database and operators folder under tmp; returns what was written."""
+def seed(tmp: Path, db_url: str | None = None) -> Seeded:
+    """Seed a fresh database (a SQLite file under tmp unless db_url names an empty one) and an operators folder under
+    tmp; returns what was written."""
     tmp.mkdir(parents=True, exist_ok=True)
-    db_url = f"sqlite:///{tmp / 'workbench.db'}"
+    db_url = db_url or f"sqlite:///{tmp / 'workbench.db'}"
     operators_dir, work = tmp / "operators", tmp / "candidates"
     work.mkdir(exist_ok=True)
     engine = get_engine(db_url)

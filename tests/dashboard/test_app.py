@@ -4,7 +4,6 @@ dashboard never writes, and the `workbench dashboard` command."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ from pathlib import Path
 import pytest
 import streamlit as st
 from seed import CI_REGRESSION, MODEL, seed
+from sqlalchemy import select
+from sqlmodel import SQLModel
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
@@ -24,9 +25,11 @@ from workbench.store.queries import block_status
 APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
 
 
-@pytest.fixture
-def seeded(tmp_path, monkeypatch):
-    data = seed(tmp_path / "seeded")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def seeded(request, tmp_path, monkeypatch):
+    """The seeded store on a SQLite file, then on a PostgreSQL database: every page reads both."""
+    url = request.getfixturevalue("postgres").new_database() if request.param == "postgresql" else None
+    data = seed(tmp_path / "seeded", url)
     monkeypatch.setenv("WORKBENCH_DB", data.db_url)
     monkeypatch.setenv("WORKBENCH_OPERATORS", str(data.operators_dir))
     st.cache_data.clear()
@@ -281,12 +284,20 @@ def test_runs_empty_state(empty_db):
 # --- read only ----------------------------------------------------------------------------------------------------
 
 
+def _contents(url: str) -> dict:
+    """Every table's rows, in primary-key order."""
+    engine = get_engine(url)
+    with engine.connect() as conn:
+        return {table.name: conn.execute(select(table).order_by(*table.primary_key.columns)).all()
+                for table in SQLModel.metadata.sorted_tables}
+
+
 def test_the_dashboard_never_writes(seeded):
-    path = seeded.db_url.removeprefix("sqlite:///")
-    before = "\n".join(sqlite3.connect(path).iterdump())
+    before = _contents(seeded.db_url)
+    assert before["port_run"] and before["candidate"]
     for page in (None, "block", "replays", "ci", "runs"):
         open_app(page)
-    assert "\n".join(sqlite3.connect(path).iterdump()) == before
+    assert _contents(seeded.db_url) == before
 
 
 # --- the command --------------------------------------------------------------------------------------------------

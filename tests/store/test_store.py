@@ -10,15 +10,17 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
 from workbench.operators import evidence, evidence_line, list_promoted, promote_file
-from workbench.store import Candidate, PortRun, get_engine, session_scope
+from workbench.store import Candidate, LossReplay, PortRun, get_engine, session_scope
 from workbench.store.db import BUSY_TIMEOUT_MS
 from workbench.store.models import KernelBuild
 from workbench.store.queries import (
@@ -33,10 +35,12 @@ from workbench.store.queries import (
 from workbench.store.records import (
     add_candidate,
     add_step,
+    extend_replay_curve,
     finish_run,
     mark_interrupted,
     record_verification,
     set_candidate_status,
+    start_replay,
     start_run,
 )
 from workbench.templating import list_templates
@@ -46,8 +50,13 @@ T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def engine(tmp_path):
-    # get_engine is cached per URL: a file per test keeps tests apart
+def engine(store_url):
+    """A fresh store on SQLite, then on PostgreSQL (get_engine is cached per URL: a database per test)."""
+    return get_engine(store_url)
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path):
     return get_engine(f"sqlite:///{tmp_path / 'wb.db'}")
 
 
@@ -81,16 +90,16 @@ def two_checks() -> list[Check]:
 # --- engine ----------------------------------------------------------------------------------------------------
 
 
-def test_engine_is_cached_per_url_and_creates_tables(tmp_path, engine):
-    assert get_engine(f"sqlite:///{tmp_path / 'wb.db'}") is engine
+def test_engine_is_cached_per_url_and_creates_tables(tmp_path, store_url, engine):
+    assert get_engine(store_url) is engine
     assert get_engine(f"sqlite:///{tmp_path / 'other.db'}") is not engine
     tables = set(sa_inspect(engine).get_table_names())
     assert {"port_run", "run_step", "candidate", "verification_check", "benchmark", "model", "block",
             "loss_replay", "ci_job"} <= tables
 
 
-def test_sqlite_pragmas_are_in_force(engine):
-    with engine.connect() as conn:
+def test_sqlite_pragmas_are_in_force(sqlite_engine):
+    with sqlite_engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == BUSY_TIMEOUT_MS == 30_000
@@ -395,3 +404,47 @@ def test_a_promoted_operator_is_counted_by_its_strongest_evidence():
     assert evidence_line(on_gpu).endswith("replay: not yet")
     replayed = {**on_gpu, "replay": {"replay_id": 7, "model": "kimi-k3.1-pro", "mode": "scratch", "steps": 6}}
     assert evidence_line(replayed).endswith("replayed (6 scratch steps, replay #7)")
+
+
+# --- any SQLAlchemy URL: what differs between SQLite and PostgreSQL ---------------------------------------------------
+
+
+def test_a_diverged_curve_is_stored_as_standard_json(engine):
+    """PostgreSQL's json type refuses NaN: a non-finite loss is stored as null on every dialect, the rest intact."""
+    replay_id = start_replay(engine, model="kimi-k3.1-pro", mode="scratch", preset="tiny", seed=0, steps=3,
+                             backend="interpreter", ops={"all": "promoted"}, reference_curve=[2.0, 1.5, 1.2])
+    extend_replay_curve(engine, replay_id, [2.0, float("nan"), float("inf")])
+    with session_scope(engine) as s:
+        assert s.get(LossReplay, replay_id).curve == [2.0, None, None]
+
+
+def test_times_are_stored_in_utc_whatever_the_servers_time_zone(postgres):
+    """A team server set to another time zone stores the same instants: sessions run in UTC."""
+    url = postgres.new_database()
+    database = make_url(url).database
+    with get_engine(url).connect() as conn:
+        conn.exec_driver_sql(f"ALTER DATABASE \"{database}\" SET timezone TO 'Asia/Tokyo'")
+        conn.commit()
+    get_engine.cache_clear()  # new connections pick up the database's setting
+    try:
+        engine = get_engine(url)
+        insert_run(engine, "r-tz", started_at=T0)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW timezone").scalar() == "UTC"
+            stored = conn.exec_driver_sql("SELECT started_at FROM port_run").scalar()
+        assert stored.replace(tzinfo=UTC) == T0
+    finally:
+        get_engine.cache_clear()
+
+
+def test_processes_starting_together_on_a_new_database_all_get_their_tables(store_url):
+    """Four processes open one new store at the same moment (two ports and a dashboard, started together): each
+    gets the tables and none fails on another's CREATE TABLE."""
+    code = ("import sys, time; from workbench.store import get_engine, queries; "
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
+            "print(len(queries.list_runs(get_engine(sys.argv[1]))))")
+    at = str(time.time() + 3.0)
+    procs = [subprocess.Popen([sys.executable, "-c", code, store_url, at], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outcomes = [(p.wait(timeout=120), p.stdout.read().strip(), p.stderr.read()[-500:]) for p in procs]
+    assert [(rc, out) for rc, out, _ in outcomes] == [(0, "0")] * 4, outcomes
