@@ -18,6 +18,8 @@ import pytest
 from cheats import BASES
 
 from workbench.backends import get_backend
+from workbench.replay.faults import HEADER, write_op
+from workbench.replay.runner import run_replay
 from workbench.verify.harness import verify_candidate
 from workbench.verify.sandbox import isolation
 
@@ -136,3 +138,33 @@ def test_a_candidate_that_tries_the_network_gets_nothing(tmp_path):
         server.close()
     assert arrived == []
     assert result.verdict == "forbidden_call", result.message
+
+
+# --- the replay's training process: operator files are candidates too ------------------------------------------------
+
+REPLAY_MODEL = "kimi-k3.1-pro"
+
+
+def _replay_op(folder: Path, name: str, prelude: str) -> Path:
+    """A swiglu operator file that computes the reference, after ``prelude`` runs at import."""
+    return write_op(folder, name, HEADER + "{prelude}\n\ndef run(*args):\n    return _reference(*args)\n",
+                    block="swiglu", prelude=prelude)
+
+
+@pytest.mark.parametrize("mode", ["auto", "audit"])
+def test_a_tampering_operator_in_a_replay_changes_nothing_on_disk(settings, tmp_path, operators, monkeypatch, mode):
+    """The tampering code at an operator's import, in the replay's training process: the replay passes (the operator
+    computes the reference) with nothing written; a write it does not catch fails the replay with the refusal."""
+    monkeypatch.setenv("WORKBENCH_ISOLATION", mode)
+    victim = operators / "swiglu" / "swiglu_op.json"
+    before = _digest(operators)
+    quiet = _replay_op(tmp_path, "swiglu_quiet", TAMPER.format(operators=str(operators), victim=str(victim)))
+    outcome = run_replay(REPLAY_MODEL, "scratch", settings, ops=[f"swiglu={quiet}"], steps=2)
+    assert outcome.status == "pass", outcome.reason
+    assert _digest(operators) == before and not (Path.cwd() / "tampered.txt").exists()
+
+    loud = _replay_op(tmp_path, "swiglu_loud", f"open({str(operators / 'loud.txt')!r}, 'w').write('was here')")
+    outcome = run_replay(REPLAY_MODEL, "scratch", settings, ops=[f"swiglu={loud}"], steps=2)
+    assert outcome.status == "error" and "refused by the replay sandbox" in outcome.reason, outcome.reason
+    assert str(operators / "loud.txt") in outcome.reason and not (operators / "loud.txt").exists()
+    assert _digest(operators) == before

@@ -6,12 +6,17 @@ stdout as lines ``@@replay <json>``: {"event": "step", "step", "loss", "seconds"
 through untouched.
 
 job: {"task": "train" | "base", "preset", "mode", "steps", "seed", "ops": {block: "reference" | file},
-      "device", "base": checkpoint path (LoRA, and where "base" saves)}
+      "device", "base": checkpoint path (LoRA, and where "base" saves), "writable": the folders it may write}
+
+The operator files are candidates too: while their code is on the stack every filesystem write outside
+``writable`` is refused (workbench.verify.worker.install_write_guard), with bubblewrap's read-only mounts or
+without them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from dataclasses import asdict
@@ -28,15 +33,18 @@ def _send(event: dict) -> None:
 def main() -> None:
     import torch
 
-    from workbench.replay.ops import load_ops
+    from workbench.replay.ops import REFERENCE, load_ops
     from workbench.replay.presets import get_preset
     from workbench.replay.train import make_base, train
+    from workbench.verify.worker import install_write_guard
 
     torch.set_num_threads(1)
     job = json.loads(sys.stdin.read())
+    chosen = {block: f if f == REFERENCE else os.path.abspath(f) for block, f in job["ops"].items()}
+    install_write_guard([f for f in chosen.values() if f != REFERENCE], job.get("writable", []), "the replay sandbox")
     try:
         preset = get_preset(job["preset"])
-        ops = load_ops(job["ops"])
+        ops = load_ops(chosen)
         base = Path(job["base"]) if job.get("base") else None
 
         def on_step(step: int, loss: float, seconds: float) -> None:

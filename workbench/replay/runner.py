@@ -115,12 +115,15 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
     writable = [base] if base and job["task"] == "base" else []  # the base checkpoint is written beside the curves
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
-    command = child_command([sys.executable, "-m", "workbench.replay.child"], memory_bytes=None, timeout_s=timeout_s,
-                            writable=writable, readable=readable, cwd=Path.cwd())
-    with tempfile.TemporaryFile() as stderr:
+    with tempfile.TemporaryDirectory(prefix="replay-") as scratch, tempfile.TemporaryFile() as stderr:
+        # the operators' own temporary files and Triton's cache: the only other place the child may write
+        job = {**job, "writable": [str(p) for p in writable] + [scratch]}
+        env = {**child_env(backend.env), "TMPDIR": scratch, "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache")}
+        command = child_command([sys.executable, "-m", "workbench.replay.child"], memory_bytes=None,
+                                timeout_s=timeout_s, writable=[*writable, Path(scratch)], readable=readable,
+                                cwd=Path.cwd())
         proc = subprocess.Popen(command, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=stderr, env=child_env(backend.env), text=True,
-                                start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, start_new_session=True)
         timed_out = threading.Event()
 
         def expire() -> None:

@@ -178,7 +178,9 @@ def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: fl
     """Write job.pt, run the verification worker on it, and read its result from the pipe."""
     job = {**job, "isolation": isolation()}
     torch.save(job, job_dir / "job.pt")
-    child = run_child(WORKER, job_dir, backend_env, timeout_s, memory_bytes, [Path(job["candidate"]).parent])
+    # Triton's cache in the scratch folder, the only place the candidate's code may write (a GPU backend compiles)
+    env = {**backend_env, "TRITON_CACHE_DIR": str(job_dir / "scratch" / "triton-cache")}
+    child = run_child(WORKER, job_dir, env, timeout_s, memory_bytes, [Path(job["candidate"]).parent])
     if child.status != "ok":
         return SandboxOutcome(child.status, child.message, None, child.output_tail)
     try:

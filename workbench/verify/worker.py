@@ -90,7 +90,7 @@ def _first_foreign_frame(frame, through_imports: bool = False):
     return None
 
 
-def _writes(event: str, args: tuple) -> str | None:
+def written_path(event: str, args: tuple) -> str | None:
     """The path a write event would change (None when the event does not write)."""
     if event == "open":
         mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
@@ -104,6 +104,43 @@ def _writes(event: str, args: tuple) -> str | None:
     return os.fsdecode(target) if isinstance(target, str | bytes | os.PathLike) else None
 
 
+def inside(path: str, folders: list[str]) -> bool:
+    """Whether the absolute ``path`` is /dev/null or lies in one of ``folders`` (absolute)."""
+    return path == os.devnull or any(path == f or path.startswith(f + os.sep) for f in folders)
+
+
+def caller_in(frame, files: set[str]):
+    """The first frame up the stack from ``frame`` whose code is one of ``files``, None when there is none."""
+    while frame is not None and frame.f_code.co_filename not in files:
+        frame = frame.f_back
+    return frame
+
+
+def install_write_guard(files: list[str], folders: list[str], who: str) -> None:
+    """Refuse (PermissionError) every filesystem write outside ``folders`` made while code from one of ``files`` is
+    on the stack: the guard of a process that runs candidate files without a verification around them (the
+    replay's training process), whatever the isolation (under bubblewrap those writes would fail anyway)."""
+    files_set = {os.path.abspath(f) for f in files}
+    allowed = [os.path.abspath(f) for f in folders]
+    busy = [False]
+
+    def audit(event: str, args: tuple) -> None:
+        if event not in WRITE_EVENTS or busy[0]:
+            return
+        busy[0] = True
+        try:
+            path = written_path(event, args)
+            where = os.path.abspath(path) if path is not None else None
+            frame = None if where is None or inside(where, allowed) else caller_in(sys._getframe(1), files_set)
+        finally:
+            busy[0] = False
+        if frame is not None:
+            raise PermissionError(f"refused by {who}: {event} {where} (from {frame.f_code.co_filename}:"
+                                  f"{frame.f_lineno}, outside its scratch folder)")
+
+    sys.addaudithook(audit)
+
+
 def make_audit_hook(candidate: str, job_dir: str, events: list[dict], guard_writes: bool = True):
     """An audit hook that records, and refuses by raising PermissionError, the forbidden events raised by the
     candidate's code; with ``guard_writes`` also every filesystem write outside JOB_DIR/scratch made while the
@@ -115,11 +152,7 @@ def make_audit_hook(candidate: str, job_dir: str, events: list[dict], guard_writ
 
     def refuse_write(event: str, path: str) -> None:
         where = os.path.abspath(path)
-        if where == os.devnull or where == scratch or where.startswith(scratch + os.sep):
-            return
-        frame = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename != candidate:
-            frame = frame.f_back
+        frame = None if inside(where, [scratch]) else caller_in(sys._getframe(2), {candidate})
         if frame is None:
             return
         if len(events) < 20:
@@ -129,7 +162,7 @@ def make_audit_hook(candidate: str, job_dir: str, events: list[dict], guard_writ
 
     def audit(event: str, args: tuple) -> None:
         if guard_writes and event in WRITE_EVENTS and not busy[0]:
-            path = _writes(event, args)
+            path = written_path(event, args)
             if path is not None:
                 busy[0] = True
                 try:
