@@ -119,6 +119,43 @@ def models(as_json: JsonOption = False) -> None:
 
 
 @command
+def onboard(
+    config: Annotated[str, typer.Argument(help="a Hugging Face-style config.json, or a folder holding one")],
+    name: Annotated[str | None, typer.Option(help="the card's name (default: from the file or folder)")] = None,
+    out: Annotated[str | None, typer.Option(help="where the card is written (default: the first folder of "
+                                                 "$WORKBENCH_MODELS, else the workbench's own cards)")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a model card from a model's config: its blocks at their real sizes, layer counts, sources and gaps."""
+    import os
+
+    from workbench.blocks import REGISTRY
+    from workbench.models import CARDS_DIR
+    from workbench.onboard import onboard as make_card
+    from workbench.onboard import write_card
+
+    card = make_card(config, name)
+    folder = out or next((p for p in os.environ.get("WORKBENCH_MODELS", "").split(os.pathsep) if p), None) \
+        or CARDS_DIR
+    path = write_card(card, folder)
+    gaps = {b: info["gap"] for b, info in card["blocks"].items() if "gap" in info or b not in REGISTRY}
+    if as_json:
+        return _emit_json({"card": str(path), **card, "gaps": gaps})
+    table = Table(title=f"{card['name']}: {len(card['blocks'])} blocks from {Path(config).name}")
+    for col in ("block", "layers", "model sizes", "in the catalog"):
+        table.add_column(col)
+    for block, info in card["blocks"].items():
+        sizes = "; ".join(",".join(f"{k}={v}" for k, v in s.items()) for s in info["shapes"])
+        where = _style(BlockStatus.NO_SPEC) + escape(info.get("gap", "").removeprefix("no spec")) if block in gaps \
+            else "spec" + (f"; differs: {escape(info['differs'])}" if info.get("differs") else "")
+        table.add_row(block, str(info.get("layers", "")), sizes, where)
+    console.print(table)
+    assumed = [k for k, v in card["facts"].items() if v["source"] == "assumption"]
+    console.print(f"wrote {path}: {len(card['blocks']) - len(gaps)} blocks with a spec, {len(gaps)} without; "
+                  f"assumed: {', '.join(assumed) or 'nothing'}. `workbench plan {card['name']}` shows its status.")
+
+
+@command
 def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
     """Each block a model needs, its sizes and its port status."""
     from workbench.models import get_model
@@ -130,8 +167,11 @@ def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: 
     rows = []
     for name, info in card.blocks.items():
         status, detail = block_status(engine, settings.operators_dir, name)
+        notes = ([info["gap"]] if info.get("gap") and not detail else []) + \
+            ([f"differs: {info['differs']}"] if info.get("differs") else [])
+        detail = " · ".join([detail, *notes] if detail else notes)
         rows.append({"block": name, "role": info.get("role", ""), "shapes": card.block_shapes(name),
-                     "status": status, "detail": detail})
+                     "layers": info.get("layers"), "status": status, "detail": detail})
     if as_json:
         return _emit_json({"model": card.name, "facts": card.facts, "blocks": rows})
     table = Table(title=f"Port plan: {card.title}")

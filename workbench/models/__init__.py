@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,17 @@ def _load(path: Path) -> ModelCard:
         raise WorkbenchError(f"model card {path.name} is malformed: {one_line(exc)}") from None
 
 
+def card_dirs() -> list[Path]:
+    """Where model cards are found: the workbench's own, then each folder of $WORKBENCH_MODELS (os.pathsep
+    separated; `workbench onboard` writes there when it is set). A later folder's card replaces an earlier one of
+    the same name."""
+    extra = [Path(p) for p in os.environ.get("WORKBENCH_MODELS", "").split(os.pathsep) if p]
+    return [CARDS_DIR, *extra]
+
+
 def list_models() -> list[ModelCard]:
-    return [_load(p) for p in sorted(CARDS_DIR.glob("*.yaml"))]
+    cards = {card.name: card for folder in card_dirs() for card in map(_load, sorted(folder.glob("*.yaml")))}
+    return sorted(cards.values(), key=lambda c: c.name)
 
 
 def get_model(name: str) -> ModelCard:

@@ -1,0 +1,191 @@
+"""`workbench onboard`: model cards from the two published configs in ../shared/models and from small configs of
+other families (DeepSeek-V3-style MLA + MoE, DeepSeek-V3.2 with DSA, dense Llama, Mixtral, an unknown family); the
+card's blocks, sizes, layer counts, sources and gaps, and `workbench plan` on the written card."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from workbench.blocks import REGISTRY
+from workbench.cli import app
+from workbench.errors import WorkbenchError
+from workbench.models import get_model
+from workbench.onboard import onboard
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "models"
+runner = CliRunner()
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+         "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072}
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000, "hidden_act": "silu",
+           "rms_norm_eps": 1e-5}
+DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+               "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+               "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+               "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+               "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5, "q_lora_rank": 1536,
+               "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+               "vocab_size": 129280, "hidden_act": "silu", "rms_norm_eps": 1e-6, "num_nextn_predict_layers": 1}
+DEEPSEEK_V32 = {**DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+                "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
+
+
+def write(tmp_path: Path, config, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    return path
+
+
+def gaps(card: dict) -> set[str]:
+    return {b for b, info in card["blocks"].items() if "gap" in info}
+
+
+def with_spec(card: dict) -> set[str]:
+    return set(card["blocks"]) - gaps(card)
+
+
+def test_every_value_of_a_card_says_where_it_came_from():
+    card = onboard(SHARED / "kimi-k3.config.json")
+    for name, fact in card["facts"].items():
+        assert (fact["source"] == "config" and fact["field"]) or (fact["source"] == "assumption" and fact["note"]), name
+    assert {k for k, f in card["facts"].items() if f["source"] == "assumption"} == {"tokens_per_step", "lora_rank"}
+    for name, info in card["blocks"].items():
+        assert info["fields"] or name in ("lora_linear",), name
+        assert ("gap" in info) == (name not in REGISTRY), name  # a gap is exactly a block without a spec
+
+
+def test_kimi_k3_from_its_published_config():
+    card = onboard(SHARED / "kimi-k3.config.json")
+    assert card["name"] == "kimi-k3"
+    facts = {k: f["value"] for k, f in card["facts"].items()}
+    assert (facts["num_layers"], facts["kda_layers"], facts["full_attention_layers"]) == (93, 69, 24)
+    assert (facts["routed_experts"], facts["active_experts"], facts["expert_width"], facts["expert_ffn_size"]) == \
+        (896, 16, 3584, 3072)
+    assert card["facts"]["hidden_size"]["field"] == "text_config.hidden_size"  # read from the nested text_config
+    assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
+                               "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear"}
+    assert gaps(card) == {"kda_short_conv", "kda_gate", "mla", "latent_moe", "situ", "quantized_weights",
+                          "vision_tower"}
+    blocks = card["blocks"]
+    assert blocks["kda"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "HV": 96, "K": 128, "V": 128, "h0": 1}]
+    assert blocks["kda"]["layers"] == 69 and blocks["mla"]["layers"] == 24 and blocks["moe_router"]["layers"] == 92
+    assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4 and "-5.0" in blocks["kda_gate"]["gap"]
+    assert blocks["mla"]["shapes"][0] | {} == {"B": 1, "T": 8192, "H": 96, "D": 7168, "QL": 1536, "KVL": 512,
+                                                "NOPE": 128, "ROPE": 64, "V": 128, "gated": 1}
+    assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, "k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0,
+                                                     "drop": 0}]
+    assert "situ" in blocks["moe_grouped_gemm"]["differs"]  # the catalog's grouped GEMM is SwiGLU
+    assert "route scale 1.0" in blocks["moe_router"]["differs"]
+    assert blocks["situ"]["shapes"] == [{"rows": 8192, "N": 6144}, {"rows": 8192, "N": 33792}]  # shared, dense
+    assert blocks["situ"]["layers"] == 93  # 92 MoE layers' shared experts and the one dense layer
+    assert {"rows": 8192, "N": 3584} in blocks["rmsnorm"]["shapes"]  # the latent experts' norm
+    assert "text_config.use_grouped_topk" in card["unread_fields"]  # shown for review, not silently dropped
+
+
+def test_kimi_linear_from_its_published_config():
+    card = onboard(SHARED / "kimi-linear-48b-a3b.config.json")
+    assert card["name"] == "kimi-linear-48b-a3b"
+    blocks = card["blocks"]
+    assert blocks["kda"]["layers"] == 20 and blocks["mla"]["layers"] == 7
+    assert blocks["kda"]["shapes"][0]["H"] == 32 and blocks["kda"]["shapes"][0]["K"] == 72  # head_dim 72
+    assert gaps(card) == {"mla"}  # SwiGLU experts, no latent MoE, no short convolution in this config
+    assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 1024}, {"rows": 8192, "N": 9216}]
+    assert blocks["moe_grouped_gemm"]["shapes"][0]["D"] == 2304 and "differs" not in blocks["moe_grouped_gemm"]
+
+
+def test_deepseek_v3_style_mla_and_moe(tmp_path):
+    card = onboard(write(tmp_path, DEEPSEEK_V3))
+    blocks = card["blocks"]
+    assert gaps(card) == {"mla", "mtp_head"}
+    assert blocks["mla"]["layers"] == 61 and blocks["moe_router"]["layers"] == 58  # first 3 layers dense
+    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 7168, "E": 256, "k": 8, "mode": 0}]
+    assert "route scale 2.5" in blocks["moe_router"]["differs"]
+    assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 2048}, {"rows": 8192, "N": 18432}]
+    assert "head_dim" not in card["facts"]  # MLA's head sizes are its own, not hidden / heads
+
+
+def test_deepseek_v32_adds_the_sparse_attention_blocks(tmp_path):
+    card = onboard(write(tmp_path, DEEPSEEK_V32))
+    blocks = card["blocks"]
+    assert blocks["dsa_indexer"]["shapes"] == [{"B": 1, "T": 8192, "HI": 64, "DI": 128, "topk": 2048, "tie_free": 0}]
+    assert blocks["dsa_sparse_attention"]["shapes"][0]["D"] == 576  # MQA over the 512 + 64 latent
+    assert card["facts"]["dsa_topk"] == {"value": 2048, "source": "config", "field": "index_topk"}
+
+
+def test_a_dense_llama_has_one_gap_its_attention(tmp_path):
+    card = onboard(write(tmp_path, LLAMA))
+    assert gaps(card) == {"softmax_attention"}
+    attention = card["blocks"]["softmax_attention"]
+    assert attention["shapes"] == [{"B": 1, "T": 8192, "H": 32, "HKV": 8, "D": 128}] and "GQA" in attention["role"]
+    assert card["blocks"]["swiglu"]["shapes"] == [{"rows": 8192, "N": 14336}]
+    assert not {"moe_router", "kda", "attnres"} & set(card["blocks"])
+    assert card["facts"]["head_dim"]["source"] == "assumption"  # hidden_size / heads, said so
+
+
+def test_mixtral_routes_with_softmax(tmp_path):
+    card = onboard(write(tmp_path, MIXTRAL))
+    blocks = card["blocks"]
+    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 4096, "E": 8, "k": 2, "mode": 1}]
+    assert blocks["moe_grouped_gemm"]["shapes"][0]["F"] == 14336  # Mixtral's experts are intermediate_size wide
+    assert blocks["moe_router"]["layers"] == 32 and "swiglu" not in blocks  # no dense layers, no shared experts
+
+
+def test_an_unknown_family_gives_a_card_with_gaps(tmp_path):
+    card = onboard(write(tmp_path, {"model_type": "rwkv7", "hidden_size": 512, "num_hidden_layers": 4,
+                                    "attention_hidden_size": 512, "hidden_act": "relu_squared", "vocab_size": 65536,
+                                    "intermediate_size": 2048, "layer_types": ["rwkv"] * 4}))
+    assert {"attention", "linear_attention"} <= gaps(card)
+    assert "attention_hidden_size" in card["unread_fields"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "is not readable JSON"),
+    ("[1, 2]", "not a model config: a JSON list"),
+    ('{"name": "a tokenizer", "vocab": {}}', "no hidden_size and num_hidden_layers"),
+    ('{"hidden_size": "wide", "num_hidden_layers": 4}', "hidden_size is 'wide': expected a non-negative integer"),
+])
+def test_bad_configs_are_one_line_and_exit_2(tmp_path, monkeypatch, content, message):
+    path = write(tmp_path, content)
+    with pytest.raises(WorkbenchError, match=message):
+        onboard(path)
+    monkeypatch.setenv("WORKBENCH_MODELS", str(tmp_path / "cards"))
+    result = runner.invoke(app, ["onboard", str(path)])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "cards").exists()
+    missing = runner.invoke(app, ["onboard", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no config at" in missing.output
+
+
+def test_the_written_card_is_planned_like_any_other(settings, tmp_path, monkeypatch):
+    cards = tmp_path / "cards"
+    monkeypatch.setenv("WORKBENCH_MODELS", str(cards))
+    folder = tmp_path / "Kimi-K3"
+    folder.mkdir()
+    (folder / "config.json").write_text((SHARED / "kimi-k3.config.json").read_text())
+    result = runner.invoke(app, ["onboard", str(folder), "--json"])  # a folder holding config.json
+    assert result.exit_code == 0, result.output
+    written = json.loads(result.output)
+    assert written["card"] == str(cards / "kimi-k3.yaml") and set(written["gaps"]) == gaps(written)
+    assert get_model("kimi-k3").blocks["kda"]["layers"] == 69
+
+    plan = runner.invoke(app, ["plan", "kimi-k3", "--json"])
+    assert plan.exit_code == 0, plan.output
+    rows = {r["block"]: r for r in json.loads(plan.output)["blocks"]}
+    assert rows["mla"]["status"] == "no spec" and "multi-head latent attention" in rows["mla"]["detail"]
+    assert rows["kda"]["status"] == "not started" and rows["kda"]["layers"] == 69
+    assert "differs: route scale 1.0" in rows["moe_router"]["detail"]
+    assert get_model("kimi-k3.1-pro")  # the workbench's own cards are still found
+
+
+def test_name_and_out_options(tmp_path):
+    result = runner.invoke(app, ["onboard", str(SHARED / "kimi-linear-48b-a3b.config.json"), "--name", "kl",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "kl.yaml").is_file() and "1 without" in result.output
