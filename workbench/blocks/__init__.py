@@ -14,6 +14,7 @@ from workbench.blocks import (
     moe_router,
     rmsnorm,
     seq_chunked_ce,
+    situ,
     swiglu,
     vocab_blockwise_ce,
 )
@@ -21,7 +22,7 @@ from workbench.blocks.base import BlockSpec
 from workbench.errors import UnknownBlockError
 
 REGISTRY: dict[str, BlockSpec] = {spec.name: spec for spec in (
-    rmsnorm.SPEC, swiglu.SPEC, attnres.SPEC, seq_chunked_ce.SPEC, vocab_blockwise_ce.SPEC, lora_linear.SPEC,
+    rmsnorm.SPEC, swiglu.SPEC, situ.SPEC, attnres.SPEC, seq_chunked_ce.SPEC, vocab_blockwise_ce.SPEC, lora_linear.SPEC,
     dsa_indexer.SPEC, kda.SPEC, moe_router.SPEC, moe_permute.SPEC, moe_grouped_gemm.SPEC, moe_combine.SPEC,
     dsa_sparse_attention.SPEC)}
 

@@ -70,6 +70,7 @@ WRITE_EVENTS = {"open": 0, "os.remove": 0, "os.rename": 1, "os.mkdir": 0, "os.rm
                 "shutil.copytree": 1, "shutil.move": 1, "shutil.rmtree": 0, "sqlite3.connect": 0}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 GROWING = ("sys", "worker")  # namespaces that gain attributes by themselves
+SELF_WRITTEN = ("__warningregistry__",)  # names Python adds to a module that warns (warnings.warn's registry)
 BENIGN_CALLERS = ("warnings.py", os.path.join("logging", "__init__.py"))
 STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 OWN_FILE = os.path.abspath(__file__)
@@ -287,7 +288,8 @@ def _patched(before: dict, modules) -> list[str]:
     now = _snapshot(modules)
     changed = {f"{m}.{k}" for (m, k), ident in before.items() if now.get((m, k), ident) != ident}
     added = {f"{m}.{k}" for (m, k) in now.keys() - before.keys()
-             if m not in GROWING and not isinstance(vars(modules[m]).get(k), types.ModuleType)}
+             if m not in GROWING and k not in SELF_WRITTEN
+             and not isinstance(vars(modules[m]).get(k), types.ModuleType)}
     return sorted(changed | added)
 
 

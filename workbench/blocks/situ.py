@@ -1,0 +1,58 @@
+"""situ: the gated SiTU activation of Kimi K3's experts and dense layers (hidden_act "situ"), over the concatenated
+gate and up projections:
+
+    gate, up = gate_up[..., :N], gate_up[..., N:]
+    g = beta * tanh(gate / beta) * sigmoid(gate)        (beta 4.0: activation_situ_beta)
+    u = linear_beta * tanh(up / linear_beta)            (linear_beta 25.0: activation_situ_linear_beta)
+    y = g * u
+
+computed in float32 (float64 for float64 inputs) and cast to the input dtype once. The tanh soft caps bound the
+gate branch by beta and the up branch by linear_beta; inputs are drawn wide (gate ~ N(0, 36), up ~ N(0, 400), a few
+values far past both caps) so the saturated tails, where a careless tanh overflows or loses its sign, are tested.
+
+Shapes: gate_up [rows, 2N] (gate first), y [rows, N]. Gradient: gate_up (both halves):
+    d gate = dy * u * ((1 - tanh(gate / beta)^2) * sigmoid(gate) + beta * tanh(gate / beta) * s * (1 - s))
+    d up   = dy * g * (1 - tanh(up / linear_beta)^2)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.blocks._rows import ROW_SUITES
+from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+
+BETA = 4.0  # Kimi K3's activation_situ_beta
+LINEAR_BETA = 25.0  # Kimi K3's activation_situ_linear_beta
+
+
+def reference(gate_up: torch.Tensor, beta: float, linear_beta: float) -> torch.Tensor:
+    ct = compute_dtype(gate_up)
+    gate, up = gate_up.to(ct).chunk(2, dim=-1)
+    g = beta * torch.tanh(gate / beta) * torch.sigmoid(gate)
+    u = linear_beta * torch.tanh(up / linear_beta)
+    return (g * u).to(gate_up.dtype)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """gate_up [rows, 2N]: gate ~ N(0, 36), up ~ N(0, 400), and every 17th element of each half 10x wider."""
+    g = torch.Generator().manual_seed(seed)
+    rows, n = shape["rows"], shape["N"]
+    gate = 6 * torch.randn(rows, n, generator=g)
+    up = 20 * torch.randn(rows, n, generator=g)
+    wide = torch.arange(rows * n).reshape(rows, n) % 17 == 0
+    gate, up = torch.where(wide, 10 * gate, gate), torch.where(wide, 10 * up, up)
+    gate_up = torch.cat([gate, up], dim=-1)
+    return {"gate_up": gate_up.to(device, dtype), "beta": BETA, "linear_beta": LINEAR_BETA}
+
+
+SPEC = BlockSpec(
+    name="situ",
+    family="activation",
+    summary="beta*tanh(g/beta)*sigmoid(g) * lb*tanh(u/lb) over [gate | up], float32 math",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("gate_up",),
+    outputs=("y",),
+    shapes=ROW_SUITES,
+)
