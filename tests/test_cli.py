@@ -33,10 +33,10 @@ def test_blocks_lists_the_catalog(settings):
 
 def test_models_and_plan(settings):
     cards = json.loads(invoke("models", "--json").stdout)
-    assert [c["name"] for c in cards] == ["kimi-k3.1-pro"]
+    assert [c["name"] for c in cards] == ["kimi-k3", "kimi-k3.1-pro"]
     plan = json.loads(invoke("plan", "kimi-k3.1-pro", "--json").stdout)
     status = {b["block"]: b["status"] for b in plan["blocks"]}
-    assert len(status) == 13 and status["rmsnorm"] == "not started"
+    assert len(status) == 19 and status["rmsnorm"] == "not started" and status["mla"] == "no spec"
     assert all((s == "no spec") == (name not in REGISTRY) for name, s in status.items())
     assert plan["facts"]["routed_experts"]["value"] == 896
     assert "assumed" in invoke("plan", "kimi-k3.1-pro").stdout.lower()

@@ -8,7 +8,7 @@ import board
 import pandas as pd
 import streamlit as st
 
-from workbench.models import list_models
+from workbench.models import DEFAULT_MODEL, list_models
 from workbench.operators import EVIDENCE
 from workbench.store.queries import STATUSES
 
@@ -19,7 +19,9 @@ cards = {card.name: card for card in list_models()}
 if not cards:
     st.warning("No model cards in workbench/models/*.yaml.")
     st.stop()
-model = st.selectbox("Model card", list(cards), format_func=lambda n: f"{n} · {cards[n].title}")
+names = list(cards)
+model = st.selectbox("Model card", names, index=names.index(DEFAULT_MODEL) if DEFAULT_MODEL in cards else 0,
+                     format_func=lambda n: f"{n} · {cards[n].title}")
 plan: pd.DataFrame = board.read("model_plan", str(settings.operators_dir), model)
 
 counts = plan["status"].value_counts()

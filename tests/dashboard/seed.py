@@ -1,5 +1,5 @@
 """A small, realistic store for the dashboard tests: a promoted rmsnorm run (a failing then a passing candidate, with
-checks and an operator), a blocked swiglu run, a running rmsnorm run, a loss replay and two CI jobs.
+checks and an operator), a blocked situ run, a running rmsnorm run, a loss replay and two CI jobs.
 
 Runs, steps, candidates and checks go through workbench.store.records; the loss replay and the CI jobs are added
 as rows, with the fixed timestamps the tests read back."""
@@ -179,16 +179,16 @@ def seed(tmp: Path, db_url: str | None = None) -> Seeded:
     add_step(engine, run, "record", "promoted")
     _backdate(engine, run, T0, finished=True)
 
-    # swiglu: a compile error, a runtime error, budget spent
-    blocked = start_run(engine, block="swiglu", budget=2, **common)
+    # situ: a compile error, a runtime error, budget spent
+    blocked = start_run(engine, block="situ", budget=2, **common)
     add_step(engine, blocked, "plan", "templates: rows (rank 1), flat (rank 2); budget 2 candidates")
-    broken = _candidate(engine, blocked, "swiglu", 1, "rows", {"BLOCK_N": 128}, "BLOCK = 'swiglu'\ndef run(:\n", work)
+    broken = _candidate(engine, blocked, "situ", 1, "rows", {"BLOCK_N": 128}, "BLOCK = 'situ'\ndef run(:\n", work)
     set_candidate_status(engine, broken, "compile_error", "SyntaxError: invalid syntax (line 2)")
     add_step(engine, blocked, "compile", "compile_error: SyntaxError: invalid syntax (line 2)")
     add_step(engine, blocked, "diagnose", "compile_error: the template's code is suspect; try another template")
-    crash = _candidate(engine, blocked, "swiglu", 2, "flat", {"BLOCK": 1024}, "BLOCK = 'swiglu'\ndef run(a, b):\n"
-                       "    raise RuntimeError('boom')\n", work)
-    _verify(engine, crash, "swiglu", "runtime_error", "RuntimeError: boom",
+    crash = _candidate(engine, blocked, "situ", 2, "flat", {"BLOCK_SIZE": 1024},
+                       "BLOCK = 'situ'\ndef run(gate_up, beta, linear_beta):\n    raise RuntimeError('boom')\n", work)
+    _verify(engine, crash, "situ", "runtime_error", "RuntimeError: boom",
             [Check(suite="smoke", shape="rows=4,N=64", dtype="float32", seed=0, direction="run", passed=False,
                    reason="RuntimeError: boom")])
     add_step(engine, blocked, "verify", "runtime_error: RuntimeError: boom (0.8 s)")

@@ -84,7 +84,7 @@ def test_overview_lists_every_block_of_the_card_with_its_status(seeded):
     assert list(plan["block"]) == list(card.blocks)
     engine = get_engine(seeded.db_url)
     statuses = dict(zip(plan["block"], plan["status"], strict=True))
-    assert statuses["rmsnorm"] == "promoted" and statuses["swiglu"] == "blocked"
+    assert statuses["rmsnorm"] == "promoted" and statuses["situ"] == "blocked"
     for name in card.blocks:
         assert statuses[name] == block_status(engine, seeded.operators_dir, name)[0]
     levels = dict(zip(plan["block"], plan["evidence"], strict=True))
@@ -94,7 +94,7 @@ def test_overview_lists_every_block_of_the_card_with_its_status(seeded):
         f"{on_targets} of {len(card.blocks)} blocks compile on every target")
     assert charts(at)
     links = {link.proto.label for link in at.get("page_link")}
-    assert {"rmsnorm", "swiglu"} <= links
+    assert {"rmsnorm", "situ"} <= links
 
 
 def test_overview_shows_the_latest_ci_job_and_the_running_runs(seeded):
@@ -167,21 +167,21 @@ def test_block_page_candidates_checks_diff_and_trace(seeded):
 
 
 def test_block_page_of_a_blocked_block(seeded):
-    at = open_app("block", block="swiglu")
+    at = open_app("block", block="situ")
     assert ":red-badge[blocked]" in at.markdown[0].value
     candidates = at.dataframe[0].value
     assert list(candidates["status"]) == ["compile_error", "runtime_error"]
     assert candidates["worst_ratio"].isna().all()
     assert "without error figures" in text_of(at)
-    assert at.selectbox(key="trace_run_swiglu").value == seeded.blocked_run
+    assert at.selectbox(key="trace_run_situ").value == seeded.blocked_run
     assert "budget of 2 candidates spent" in at.markdown[-1].value
 
 
 def test_block_page_switches_block(seeded):
     at = open_app("block")
     assert at.selectbox[0].value == "rmsnorm"
-    at.selectbox[0].set_value("swiglu").run()
-    assert at.title[0].value == "swiglu"
+    at.selectbox[0].set_value("situ").run()
+    assert at.title[0].value == "situ"
 
 
 # --- replays ------------------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def test_runs_page_shows_a_run_written_while_the_app_runs(seeded):
     assert len(at.dataframe[0].value) == 3
 
     engine = get_engine(seeded.db_url)
-    new_run = records.start_run(engine, block="swiglu", proposer="search", backend="interpreter", budget=3, config={})
+    new_run = records.start_run(engine, block="situ", proposer="search", backend="interpreter", budget=3, config={})
     records.add_step(engine, new_run, "plan", "a run started while the dashboard was open")
     records.add_step(engine, seeded.running_run, "compile", "ok: compiles (a step written live)")
     st.cache_data.clear()  # what the 1 s cache would do by the next 2 s refresh
@@ -257,7 +257,7 @@ def test_runs_page_shows_a_run_written_while_the_app_runs(seeded):
 
 def test_runs_waiting_for_approval_show_on_the_overview_and_the_runs_page(seeded):
     engine = get_engine(seeded.db_url)
-    waiting = records.start_run(engine, block="swiglu", proposer="llm", backend="interpreter", budget=3, config={})
+    waiting = records.start_run(engine, block="situ", proposer="llm", backend="interpreter", budget=3, config={})
     reason = f"waiting for approval to promote #2 llm (model=coder, call=2): `workbench approve {waiting}`"
     records.add_step(engine, waiting, "approve", reason)
     records.set_run_status(engine, waiting, "waiting_approval", reason)

@@ -140,7 +140,7 @@ def test_overview_then_block_page(page, server, seeded, shots):
     screenshot(page, shots, "1-overview")
     cells = grid_text(page)
     # a promoted block shows its strongest evidence beside its status (the seeded operator was never compiled).
-    # swiglu's status is read, not assumed: the live-run test (any order) starts a swiglu run in the shared store
+    # situ's status is read, not assumed: the live-run test (any order) starts a situ run in the shared store
     assert "rmsnorm | promoted | interpreter only" in cells
     engine = get_engine(seeded.db_url)
     for block in get_model(MODEL).blocks:  # every block the card needs, with the status the CLI would show
@@ -192,7 +192,7 @@ def test_runs_page_follows_a_run_while_it_runs(page, server, seeded, shots):
     records.add_step(engine, seeded.running_run, "compile", "ok: compiles, written while the page was open")
     expect(page.locator("li").filter(has_text="written while the page was open")).to_be_visible(timeout=15_000)
 
-    new_run = records.start_run(engine, block="swiglu", proposer="search", backend="interpreter", budget=3,
+    new_run = records.start_run(engine, block="situ", proposer="search", backend="interpreter", budget=3,
                                 config={}, model="kimi-k3.1-pro")
     records.add_step(engine, new_run, "plan", "templates: rows (rank 1), flat (rank 2); a brand-new run")
     expect(running.locator("[data-testid='stMetricValue']")).to_have_text("2", timeout=15_000)
