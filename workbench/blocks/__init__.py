@@ -1,30 +1,29 @@
-"""The block catalog: one module per architecture block, registered here by name."""
+"""The block catalog: one module per architecture block, each with a ``SPEC`` (workbench.blocks.base.BlockSpec),
+found here by walking this package: adding a block is adding its module. Modules whose names start with ``_`` hold
+shared helpers and are not blocks."""
 
 from __future__ import annotations
 
-from workbench.blocks import (
-    attnres,
-    dsa_indexer,
-    dsa_sparse_attention,
-    kda,
-    lora_linear,
-    moe_combine,
-    moe_grouped_gemm,
-    moe_permute,
-    moe_router,
-    rmsnorm,
-    seq_chunked_ce,
-    situ,
-    swiglu,
-    vocab_blockwise_ce,
-)
+import importlib
+import pkgutil
+
 from workbench.blocks.base import BlockSpec
 from workbench.errors import UnknownBlockError
 
-REGISTRY: dict[str, BlockSpec] = {spec.name: spec for spec in (
-    rmsnorm.SPEC, swiglu.SPEC, situ.SPEC, attnres.SPEC, seq_chunked_ce.SPEC, vocab_blockwise_ce.SPEC, lora_linear.SPEC,
-    dsa_indexer.SPEC, kda.SPEC, moe_router.SPEC, moe_permute.SPEC, moe_grouped_gemm.SPEC, moe_combine.SPEC,
-    dsa_sparse_attention.SPEC)}
+
+def _discover() -> dict[str, BlockSpec]:
+    specs = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_") or info.name == "base":
+            continue
+        spec = getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPEC", None)
+        if not isinstance(spec, BlockSpec) or spec.name != info.name:
+            raise ImportError(f"workbench/blocks/{info.name}.py must define SPEC = BlockSpec(name='{info.name}', ...)")
+        specs[spec.name] = spec
+    return specs
+
+
+REGISTRY: dict[str, BlockSpec] = _discover()
 
 
 def get_block(name: str) -> BlockSpec:

@@ -35,13 +35,14 @@ def reference(gate_up: torch.Tensor, beta: float, linear_beta: float) -> torch.T
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
-    """gate_up [rows, 2N]: gate ~ N(0, 36), up ~ N(0, 400), and every 17th element of each half 10x wider."""
+    """gate_up [rows, 2N]: gate ~ N(0, 36), up ~ N(0, 400), and about one element in 16 of each half 10x wider
+    (drawn, not at fixed places: a one-element case must not saturate for every seed, or all seeds agree)."""
     g = torch.Generator().manual_seed(seed)
     rows, n = shape["rows"], shape["N"]
     gate = 6 * torch.randn(rows, n, generator=g)
     up = 20 * torch.randn(rows, n, generator=g)
-    wide = torch.arange(rows * n).reshape(rows, n) % 17 == 0
-    gate, up = torch.where(wide, 10 * gate, gate), torch.where(wide, 10 * up, up)
+    gate = torch.where(torch.rand(rows, n, generator=g) < 1 / 16, 10 * gate, gate)
+    up = torch.where(torch.rand(rows, n, generator=g) < 1 / 16, 10 * up, up)
     gate_up = torch.cat([gate, up], dim=-1)
     return {"gate_up": gate_up.to(device, dtype), "beta": BETA, "linear_beta": LINEAR_BETA}
 

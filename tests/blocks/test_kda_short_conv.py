@@ -1,0 +1,108 @@
+"""kda_short_conv: the reference against causal_conv1d's own formulation (a grouped conv1d padded by W - 1 and cut
+to T, the reference of Tri Dao's causal-conv1d that fla's ShortConvolution matches), causality, hand cases, float64
+gradients against the closed forms of the block's docstring, the input factory and suites, the templates; both
+templates verified through the sandbox on the Triton interpreter, and one port through the agent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from template_checks import assert_templates_render_each_choice
+
+from workbench.blocks import get_block
+
+SPEC = get_block("kda_short_conv")
+ref = SPEC.reference
+
+
+def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """causal-conv1d's reference in the [B, T, D] layout: depthwise conv1d, padding W - 1, the first T outputs."""
+    d, w = weight.shape
+    out = F.conv1d(x.transpose(1, 2).double(), weight.double().unsqueeze(1), padding=w - 1, groups=d)
+    return F.silu(out[..., :x.shape[1]]).transpose(1, 2)
+
+
+@pytest.mark.parametrize("shape", [{"B": 2, "T": 9, "D": 5, "W": 4}, {"B": 1, "T": 2, "D": 3, "W": 4},
+                                   {"B": 3, "T": 7, "D": 6, "W": 2}])
+def test_reference_equals_causal_conv1d(shape):
+    inputs = SPEC.make_inputs(shape, torch.float64, 0)
+    torch.testing.assert_close(ref(**inputs), causal_conv1d_ref(**inputs), rtol=1e-12, atol=1e-12)
+
+
+def test_a_token_never_sees_a_later_one():
+    inputs = SPEC.make_inputs({"B": 1, "T": 12, "D": 4, "W": 4}, torch.float64, 1)
+    later = inputs["x"].clone()
+    later[:, 7:] += 100.0
+    torch.testing.assert_close(ref(later, inputs["weight"])[:, :7], ref(**inputs)[:, :7])
+    assert not torch.allclose(ref(later, inputs["weight"])[:, 7:], ref(**inputs)[:, 7:])
+
+
+def test_hand_case():
+    x = torch.tensor([[[1.0], [2.0], [3.0]]], dtype=torch.float64)  # B=1, T=3, D=1
+    weight = torch.tensor([[0.5, -1.0, 2.0]], dtype=torch.float64)  # taps for t-2, t-1, t
+    pre = torch.tensor([2.0 * 1, -1.0 * 1 + 2.0 * 2, 0.5 * 1 - 1.0 * 2 + 2.0 * 3], dtype=torch.float64)
+    torch.testing.assert_close(ref(x, weight).flatten(), F.silu(pre))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_returns_input_dtype(dtype):
+    inputs = SPEC.make_inputs({"B": 2, "T": 10, "D": 33, "W": 4}, dtype, 2)
+    y = ref(**inputs)
+    assert y.dtype == dtype
+    truth = causal_conv1d_ref(inputs["x"].double(), inputs["weight"].double())
+    assert (y.double() - truth).abs().max() <= 2 ** -7 * truth.abs().max()  # one rounding of the result
+
+
+def test_gradients_equal_the_closed_forms():
+    inputs = SPEC.make_inputs({"B": 2, "T": 6, "D": 3, "W": 4}, torch.float64, 3)
+    x, weight = inputs["x"].requires_grad_(), inputs["weight"].requires_grad_()
+    assert torch.autograd.gradcheck(ref, (x, weight))
+    dy = torch.randn(2, 6, 3, dtype=torch.float64)
+    dx, dweight = torch.autograd.grad(ref(x, weight), (x, weight), dy)
+    w = weight.shape[1]
+    padded = F.pad(x.detach(), (0, 0, w - 1, 0))
+    pre = sum(weight.detach()[:, i] * padded[:, i:i + 6] for i in range(w))
+    s = torch.sigmoid(pre)
+    dpre = dy * s * (1 + pre * (1 - s))
+    later = F.pad(dpre, (0, 0, 0, w - 1))  # dpre = 0 past T
+    torch.testing.assert_close(dx, sum(weight.detach()[:, i] * later[:, w - 1 - i:w - 1 - i + 6] for i in range(w)))
+    expected_dw = torch.stack([(dpre * padded[:, i:i + 6]).sum((0, 1)) for i in range(w)], dim=1)
+    torch.testing.assert_close(dweight, expected_dw)
+
+
+def test_make_inputs_and_suites():
+    inputs = SPEC.make_inputs({"B": 2, "T": 5, "D": 14, "W": 4}, torch.float16, 4)
+    assert inputs["x"].shape == (2, 5, 14) and inputs["weight"].shape == (14, 4)
+    assert inputs["x"].dtype == inputs["weight"].dtype == torch.float16
+    again = SPEC.make_inputs({"B": 2, "T": 5, "D": 14, "W": 4}, torch.float16, 4)
+    assert torch.equal(inputs["x"], again["x"]) and torch.equal(inputs["weight"], again["weight"])
+    edge = SPEC.shapes["edge"]
+    assert any(s["T"] < s["W"] for s in edge) and any(s["D"] == 1 for s in edge) and {s["W"] for s in edge} >= {2, 3, 4}
+
+
+def test_templates_render_each_choice_to_a_candidate():
+    assert_templates_render_each_choice("kda_short_conv")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("template", ["tiled", "seq_loop"])
+def test_each_template_verifies_on_the_interpreter(tmp_path, template):
+    from workbench.backends import get_backend
+    from workbench.templating import load_template
+    from workbench.verify.harness import verify_candidate
+
+    t = load_template("kda_short_conv", template)
+    path = tmp_path / f"kda_short_conv_{template}.py"
+    path.write_text(t.render(next(t.points())))
+    result = verify_candidate(path, backend=get_backend("interpreter"), seeds=1, base_seed=5)
+    assert result.passed, result.message
+    assert {c.direction for c in result.checks if c.suite != "integrity"} == {"forward:y", "grad:x", "grad:weight"}
+
+
+@pytest.mark.interpreter
+def test_port_promotes_a_candidate_that_verifies(settings):
+    from workbench.agent.run import port_block
+
+    outcome = port_block("kda_short_conv", settings, seeds=1, budget=3)
+    assert outcome.status == "promoted", outcome.reason
