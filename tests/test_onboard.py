@@ -71,13 +71,15 @@ def test_kimi_k3_from_its_published_config():
     assert card["facts"]["hidden_size"]["field"] == "text_config.hidden_size"  # read from the nested text_config
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
-                               "kda_short_conv"}
-    assert gaps(card) == {"kda_gate", "mla", "latent_moe", "quantized_weights", "vision_tower"}
-    assert {"situ", "kda_short_conv"} <= with_spec(card)  # gaps until the catalog had them: the same config, fewer
+                               "kda_short_conv", "kda_gate"}
+    assert gaps(card) == {"mla", "latent_moe", "quantized_weights", "vision_tower"}
+    assert {"situ", "kda_short_conv", "kda_gate"} <= with_spec(card)  # gaps until the catalog had them
     blocks = card["blocks"]
     assert blocks["kda"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "HV": 96, "K": 128, "V": 128, "h0": 1}]
     assert blocks["kda"]["layers"] == 69 and blocks["mla"]["layers"] == 24 and blocks["moe_router"]["layers"] == 92
-    assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4 and "-5.0" in blocks["kda_gate"]["gap"]
+    assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4
+    assert blocks["kda_gate"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "K": 128}]
+    assert "text_config.linear_attn_config.gate_lower_bound" in blocks["kda_gate"]["fields"]
     assert blocks["mla"]["shapes"][0] | {} == {"B": 1, "T": 8192, "H": 96, "D": 7168, "QL": 1536, "KVL": 512,
                                                 "NOPE": 128, "ROPE": 64, "V": 128, "gated": 1}
     assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, "k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0,

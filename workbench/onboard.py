@@ -201,8 +201,9 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
                        counts["kda"], [{"B": 1, "T": t, "D": kh * kd, "W": linear["short_conv_kernel_size"]}],
                        [f"{linear_field}.short_conv_kernel_size"], gap="KDA short convolution")
         if linear.get("use_full_rank_gate") or linear.get("gate_lower_bound") is not None:
-            card.block("kda_gate", "KDA's full-rank decay gate with its lower bound", counts["kda"],
-                       [{"T": t, "H": kh, "K": kd}],
+            card.block("kda_gate", f"KDA's full-rank decay gate, lower bound {linear.get('gate_lower_bound')}",
+                       counts["kda"],
+                       [{"B": 1, "T": t, "H": kh, "K": kd}],
                        [f"{linear_field}.use_full_rank_gate", f"{linear_field}.gate_lower_bound"],
                        gap=f"KDA full-rank gate (lower bound {linear.get('gate_lower_bound')})")
     elif isinstance(linear, dict) or cfg.field("layer_types")[0] is not None:
