@@ -37,6 +37,19 @@ def settings(tmp_path, monkeypatch) -> Settings:
     return Settings.load()
 
 
+@pytest.fixture
+def swiglu_card(tmp_path, monkeypatch):
+    """A model card of its own for swiglu, which no shipped card needs any more (Kimi K3 runs SiTU): it gives
+    swiglu a model suite, at the width of a SwiGLU dense layer."""
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "swiglu-model.yaml").write_text(
+        "name: swiglu-model\nblocks:\n  swiglu:\n    role: dense-layer activation\n"
+        "    shapes: [{rows: 8192, N: 18432}]\n")
+    monkeypatch.setenv("WORKBENCH_MODELS", str(cards))
+    return cards
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A throwaway PostgreSQL server for this test process (tests/pgserver.py); skipped with the reason where none

@@ -76,7 +76,7 @@ def test_the_k3_card_is_what_onboarding_the_published_config_gives():
 
     from workbench.onboard import onboard
 
-    card = onboard(Path(__file__).resolve().parents[2] / "shared" / "models" / "kimi-k3.config.json")
+    card = onboard(Path(models.__file__).parent / "configs" / "kimi-k3.config.json")
     assert card["blocks"] == get_model(K3).blocks and card["facts"] == get_model(K3).facts
 
 

@@ -1,4 +1,4 @@
-"""`workbench onboard`: model cards from the two published configs in ../shared/models and from small configs of
+"""`workbench onboard`: model cards from the two published configs in workbench/models/configs and from small configs of
 other families (DeepSeek-V3-style MLA + MoE, DeepSeek-V3.2 with DSA, dense Llama, Mixtral, an unknown family); the
 card's blocks, sizes, layer counts, sources and gaps, and `workbench plan` on the written card."""
 
@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import workbench.models
 from workbench.blocks import REGISTRY
 from workbench.cli import app
 from workbench.errors import WorkbenchError
 from workbench.models import get_model
 from workbench.onboard import onboard
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "models"
+SHARED = Path(workbench.models.__file__).parent / "configs"  # the published configs, kept in the repository
 runner = CliRunner()
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,

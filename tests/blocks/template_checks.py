@@ -30,3 +30,20 @@ def assert_templates_render_each_choice(block: str) -> None:
             kernels = re.findall(r"@triton\.jit\ndef (\w+)\(", source)
             assert kernels and all(re.fullmatch(rf"{block}_\w+_kernel", k) for k in kernels), kernels
             assert "{{" not in source and "{%" not in source
+
+
+def verify_first_point(tmp_path, block: str, template: str, base_seed: int):
+    """The template's first point rendered to tmp_path and fully verified through the sandbox on the Triton
+    interpreter (one seed); the VerificationResult."""
+    from workbench.backends import get_backend
+    from workbench.templating import load_template
+    from workbench.verify.harness import verify_candidate
+
+    t = load_template(block, template)
+    path = tmp_path / f"{block}_{template}.py"
+    path.write_text(t.render(next(t.points())))
+    return verify_candidate(path, backend=get_backend("interpreter"), seeds=1, base_seed=base_seed)
+
+
+def numeric_directions(result) -> set[str]:
+    return {c.direction for c in result.checks if c.suite != "integrity"}

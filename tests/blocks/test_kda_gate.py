@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from template_checks import assert_templates_render_each_choice
+from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import get_block
 from workbench.blocks.kda_gate import LOWER_BOUND
@@ -68,16 +68,9 @@ def test_templates_render_each_choice_to_a_candidate():
 @pytest.mark.interpreter
 @pytest.mark.parametrize("template", ["k_tiled", "flat"])
 def test_each_template_verifies_on_the_interpreter(tmp_path, template):
-    from workbench.backends import get_backend
-    from workbench.templating import load_template
-    from workbench.verify.harness import verify_candidate
-
-    t = load_template("kda_gate", template)
-    path = tmp_path / f"kda_gate_{template}.py"
-    path.write_text(t.render(next(t.points())))
-    result = verify_candidate(path, backend=get_backend("interpreter"), seeds=1, base_seed=7)
+    result = verify_first_point(tmp_path, "kda_gate", template, base_seed=7)
     assert result.passed, result.message
-    assert {c.direction for c in result.checks if c.suite != "integrity"} == \
+    assert numeric_directions(result) == \
         {"forward:g", "grad:f", "grad:A_log", "grad:dt_bias"}
 
 

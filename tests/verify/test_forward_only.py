@@ -24,7 +24,7 @@ def inference_swiglu(tmp_path):
     return path
 
 
-def test_forward_only_verifies_the_outputs_and_records_the_backward_as_not_verified(inference_swiglu):
+def test_forward_only_verifies_the_outputs_and_records_the_backward_as_not_verified(inference_swiglu, swiglu_card):
     interp = get_backend("interpreter")
     result = verify_candidate(inference_swiglu, backend=interp, forward_only=True, **FAST)
     assert result.verdict == "pass", result.message

@@ -17,7 +17,7 @@ THIRD_PARTY = Path(__file__).with_name("thirdparty")
 
 
 @pytest.mark.parametrize("name", ["liger_rmsnorm", "liger_swiglu"])
-def test_liger_kernels_as_shipped_pass_verification_and_compile_for_targets(name):
+def test_liger_kernels_as_shipped_pass_verification_and_compile_for_targets(name, swiglu_card):
     result = verify_candidate(THIRD_PARTY / f"{name}.py", backend=get_backend("interpreter"), seeds=1, base_seed=3,
                               targets=["sm_90a", "gfx942"])
     assert result.verdict == "pass", result.message
