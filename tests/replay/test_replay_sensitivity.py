@@ -19,10 +19,13 @@ MODEL = "kimi-k3.1-pro"
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> Settings:
-    """One store for the module, so the reference run is recorded once and every replay reads it."""
+    """One store for the module with the reference run recorded in it first, so that every replay, in any order,
+    reads it from the store."""
     root = tmp_path_factory.mktemp("sensitivity")
-    return Settings(db_url=f"sqlite:///{root / 'workbench.db'}", operators_dir=root / "operators",
-                    work_dir=root / "home", replays_dir=root / "replays")
+    settings = Settings(db_url=f"sqlite:///{root / 'workbench.db'}", operators_dir=root / "operators",
+                        work_dir=root / "home", replays_dir=root / "replays")
+    assert run_replay(MODEL, "scratch", settings, ops=["reference"]).reference_source == "run"
+    return settings
 
 
 def _loose_check(block: str, path) -> float:
@@ -77,4 +80,4 @@ def test_an_exact_operator_that_rounds_differently_stays_in_the_band(shared, tmp
     outcome = run_replay(MODEL, "scratch", shared, ops=["reference", f"attnres={path}"])
     assert outcome.status == "pass", outcome.reason
     assert outcome.left_band_step is None and outcome.checks["parameters"]["worst_error"] < 1e-4
-    assert outcome.reference_source == "store"  # recorded by the first replay of the module
+    assert outcome.reference_source == "store"  # recorded once, by the module's fixture
