@@ -64,7 +64,11 @@ def postgres():
     server.stop()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The PostgreSQL runs are whole-suite (`make test`) tests: `make test-fast` keeps the SQLite ones.
+STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(params=STORES)
 def store_url(request, tmp_path) -> str:
     """The URL of a fresh, empty store: a SQLite file, then a database on the throwaway PostgreSQL server."""
     if request.param == "sqlite":

@@ -26,7 +26,7 @@ from workbench.store.queries import block_status
 APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def seeded(request, tmp_path, monkeypatch):
     """The seeded store on a SQLite file, then on a PostgreSQL database: every page reads both."""
     url = request.getfixturevalue("postgres").new_database() if request.param == "postgresql" else None
