@@ -181,6 +181,7 @@ def _layer_list(cfg: Config, group: str, key: str) -> tuple[list[int] | None, st
 def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None, kv_heads: int | None,
                head_dim: int | None, t: int) -> dict[str, int]:
     """The attention blocks by layer kind; {kind: layer count}."""
+    heads_at = cfg.field("num_attention_heads", "n_head")[1]
     kda_layers, kda_field = _layer_list(cfg, "linear_attn_config", "kda_layers")
     full_layers, full_field = _layer_list(cfg, "linear_attn_config", "full_attn_layers")
     linear, linear_field = cfg.field("linear_attn_config")
@@ -224,7 +225,7 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
         shape = {"B": 1, "T": t, "H": heads, "D": d, "QL": q_rank or 0, "KVL": kv_rank, "NOPE": nope, "ROPE": rope,
                  "V": v_dim, "gated": int(bool(gate))}
         card.block("mla", "multi-head latent attention" + (" with an output gate" if gate else ""), counts["full"],
-                   [shape], [kv_rank_field, q_field, rope_field, nope_field, v_field, gate_field, heads_field(cfg)],
+                   [shape], [kv_rank_field, q_field, rope_field, nope_field, v_field, gate_field, heads_at],
                    gap="multi-head latent attention (MLA)")
         card.fact("kv_lora_rank", kv_rank, kv_rank_field)
         card.fact("q_lora_rank", q_rank, q_field)
@@ -235,10 +236,10 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
         card.block("dsa_indexer", "lightning indexer scoring and top-k selection", counts["full"],
                    [{"B": 1, "T": t, "HI": index_heads, "DI": index_dim, "topk": topk, "tie_free": 0}],
                    [topk_field, ih_field, id_field])
-        latent = (kv_rank or 0) + (cfg.integer("qk_rope_head_dim")[0] or 0)
+        latent = (kv_rank or 0) + (cfg.integer("qk_rope_head_dim")[0] or 0)  # MQA over the MLA latent
         card.block("dsa_sparse_attention", "sparse attention over the selected keys", counts["full"],
                    [{"B": 1, "T": t, "H": heads, "HKV": 1, "D": latent or head_dim, "topk": topk, "gated": 0}],
-                   [topk_field, kv_rank_field, heads_field(cfg)])
+                   [topk_field, kv_rank_field, heads_at])
     if not kv_rank and not topk and not heads:
         card.block("attention", "the full-attention layers", counts["full"], [], [],
                    gap="attention of an unrecognised kind (no num_attention_heads)")
@@ -246,13 +247,9 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
         card.block("softmax_attention", "softmax attention" + (f" (GQA, {kv_heads} KV heads)" if kv_heads and
                                                                kv_heads != heads else ""), counts["full"],
                    [{"B": 1, "T": t, "H": heads, "HKV": kv_heads or heads, "D": head_dim}],
-                   [heads_field(cfg), "num_key_value_heads" if kv_heads else None],
+                   [heads_at, "num_key_value_heads" if kv_heads else None],
                    gap="softmax attention (FlashAttention-style, causal)")
     return counts
-
-
-def heads_field(cfg: Config) -> str | None:
-    return cfg.field("num_attention_heads", "n_head")[1]
 
 
 def _experts(cfg: Config, card: _Card, d: int, layers: int, t: int) -> dict[str, int]:
