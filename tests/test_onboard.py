@@ -72,17 +72,19 @@ def test_kimi_k3_from_its_published_config():
     assert card["facts"]["hidden_size"]["field"] == "text_config.hidden_size"  # read from the nested text_config
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
-                               "kda_short_conv", "kda_gate"}
-    assert gaps(card) == {"mla", "latent_moe", "quantized_weights", "vision_tower"}
-    assert {"situ", "kda_short_conv", "kda_gate"} <= with_spec(card)  # gaps until the catalog had them
+                               "kda_short_conv", "kda_gate", "mla"}
+    assert gaps(card) == {"latent_moe", "quantized_weights", "vision_tower"}
+    assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
     blocks = card["blocks"]
     assert blocks["kda"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "HV": 96, "K": 128, "V": 128, "h0": 1}]
     assert blocks["kda"]["layers"] == 69 and blocks["mla"]["layers"] == 24 and blocks["moe_router"]["layers"] == 92
     assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4
     assert blocks["kda_gate"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "K": 128}]
     assert "text_config.linear_attn_config.gate_lower_bound" in blocks["kda_gate"]["fields"]
-    assert blocks["mla"]["shapes"][0] | {} == {"B": 1, "T": 8192, "H": 96, "D": 7168, "QL": 1536, "KVL": 512,
-                                                "NOPE": 128, "ROPE": 64, "V": 128, "gated": 1}
+    assert blocks["mla"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "R": 512, "DN": 128, "DR": 64, "DV": 128,
+                                        "gated": 1}]
+    assert "no rotary embedding" in blocks["mla"]["role"]  # mla_use_nope
+    assert {"rows": 8192, "N": 1536} in blocks["rmsnorm"]["shapes"]  # MLA's q latent norm (its kv one is 512)
     assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, "k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0,
                                                      "drop": 0}]
     assert "situ" in blocks["moe_grouped_gemm"]["differs"]  # the catalog's grouped GEMM is SwiGLU
@@ -99,7 +101,7 @@ def test_kimi_linear_from_its_published_config():
     blocks = card["blocks"]
     assert blocks["kda"]["layers"] == 20 and blocks["mla"]["layers"] == 7
     assert blocks["kda"]["shapes"][0]["H"] == 32 and blocks["kda"]["shapes"][0]["K"] == 72  # head_dim 72
-    assert gaps(card) == {"mla"}  # SwiGLU experts, no latent MoE, no short convolution in this config
+    assert gaps(card) == set()  # SwiGLU experts, no latent MoE, no short convolution in this config
     assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 1024}, {"rows": 8192, "N": 9216}]
     assert blocks["moe_grouped_gemm"]["shapes"][0]["D"] == 2304 and "differs" not in blocks["moe_grouped_gemm"]
 
@@ -107,7 +109,8 @@ def test_kimi_linear_from_its_published_config():
 def test_deepseek_v3_style_mla_and_moe(tmp_path):
     card = onboard(write(tmp_path, DEEPSEEK_V3))
     blocks = card["blocks"]
-    assert gaps(card) == {"mla", "mtp_head"}
+    assert gaps(card) == {"mtp_head"}
+    assert blocks["mla"]["shapes"][0]["DR"] == 64 and "no rotary" not in blocks["mla"]["role"]  # RoPE kept
     assert blocks["mla"]["layers"] == 61 and blocks["moe_router"]["layers"] == 58  # first 3 layers dense
     assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 7168, "E": 256, "k": 8, "mode": 0}]
     assert "route scale 2.5" in blocks["moe_router"]["differs"]
@@ -182,7 +185,8 @@ def test_the_written_card_is_planned_like_any_other(settings, tmp_path, monkeypa
     plan = runner.invoke(app, ["plan", "kimi-k3", "--json"])
     assert plan.exit_code == 0, plan.output
     rows = {r["block"]: r for r in json.loads(plan.output)["blocks"]}
-    assert rows["mla"]["status"] == "no spec" and "multi-head latent attention" in rows["mla"]["detail"]
+    assert rows["latent_moe"]["status"] == "no spec" and "latent MoE" in rows["latent_moe"]["detail"]
+    assert rows["mla"]["status"] == "not started" and rows["mla"]["layers"] == 24
     assert rows["kda"]["status"] == "not started" and rows["kda"]["layers"] == 69
     assert "differs: route scale 1.0" in rows["moe_router"]["detail"]
     assert get_model("kimi-k3.1-pro")  # the workbench's own cards are still found
@@ -192,4 +196,4 @@ def test_name_and_out_options(tmp_path):
     result = runner.invoke(app, ["onboard", str(SHARED / "kimi-linear-48b-a3b.config.json"), "--name", "kl",
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "kl.yaml").is_file() and "1 without" in result.output
+    assert (tmp_path / "kl.yaml").is_file() and "11 blocks with a spec, 0 without" in result.output

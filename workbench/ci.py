@@ -20,7 +20,7 @@ from typing import Any
 from sqlmodel import Session, select
 
 from workbench.config import Settings
-from workbench.operators import list_promoted
+from workbench.operators import is_forward_only, newest_promoted
 from workbench.store import CIJob, get_engine, session_scope
 from workbench.store.models import utcnow
 from workbench.verify.harness import verify_candidate
@@ -155,17 +155,15 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         s.add(job)
         s.flush()
         job_id = job.id
-    newest: dict[str, dict] = {}
-    for manifest in list_promoted(settings.operators_dir):
-        newest.setdefault(manifest["block"], manifest)
     reports = []
-    for block, manifest in sorted(newest.items()):
-        known = baseline.get(block)
+    for key, manifest in newest_promoted(settings.operators_dir).items():
+        known = baseline.get(key)
         if changed_only and known and known.get("source_hash") == manifest.get("source_hash"):
             continue
-        result = verify_candidate(manifest["path"], block=block, seeds=seeds, base_seed=CI_SEED,
-                                  timeout_s=timeout_s, targets=targets)
-        report = summarize(block, result)
+        result = verify_candidate(manifest["path"], block=manifest["block"], seeds=seeds, base_seed=CI_SEED,
+                                  timeout_s=timeout_s, targets=targets,
+                                  forward_only=is_forward_only(manifest))
+        report = summarize(key, result)
         report.regressions = regressions(report, known)
         reports.append(report)
         if on_report:

@@ -435,23 +435,26 @@ def targets(
     paths: Annotated[list[Path] | None, typer.Argument(help="candidate files (default: every promoted operator)")]
     = None,
     targets: TargetsOption = None,
+    forward_only: Annotated[bool, typer.Option(
+        "--forward-only", help="the named files' forward launches only (inference kernels without a backward)")]
+    = False,
     operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """The target matrix: each kernel's launches at the model card's sizes, compiled for every GPU target (no GPU
     needed): registers, spilled bytes, shared memory, occupancy, tensor cores, or the compiler's error. Exit 1 when
     a kernel fails to compile for a target."""
-    from workbench.operators import list_promoted
+    from workbench.operators import is_forward_only, newest_promoted
     from workbench.verify.harness import target_report
 
     settings = Settings.load(None, operators)
-    files = [(None, p) for p in paths] if paths else \
-        [(m["block"], Path(m["path"])) for m in _newest_promoted(list_promoted(settings.operators_dir))]
+    files = [(None, p, forward_only) for p in paths] if paths else \
+        [(m["block"], Path(m["path"]), is_forward_only(m)) for m in newest_promoted(settings.operators_dir).values()]
     if not files:
         raise WorkbenchError(f"no candidates: name files, or promote operators into {settings.operators_dir}")
     results = []
-    for block, path in files:
+    for block, path, forward in files:
         with console.status(f"capturing and compiling {path.name}...") if not as_json else _nullcontext():
-            results.append(target_report(path, block=block, targets=_targets(targets)))
+            results.append(target_report(path, block=block, targets=_targets(targets), forward_only=forward))
     builds = [{**b, "operator": r.block} for r in results for b in r.builds]
     if as_json:
         _emit_json([{"block": r.block, "candidate": r.candidate, "verdict": r.verdict, "message": r.message,
@@ -467,13 +470,6 @@ def targets(
         console.print(f"{ok} of {len(builds)} kernel x target builds compiled; "
                       f"{sum(1 for b in builds if b['ok'] and b['spilled_bytes'])} spill")
     raise typer.Exit(0 if all(r.passed for r in results) else 1)
-
-
-def _newest_promoted(manifests: list[dict]) -> list[dict]:
-    newest: dict[str, dict] = {}
-    for manifest in manifests:
-        newest.setdefault(manifest["block"], manifest)
-    return [newest[b] for b in sorted(newest)]
 
 
 @command

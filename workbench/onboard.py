@@ -222,10 +222,14 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
         nope, nope_field = cfg.integer("qk_nope_head_dim")
         v_dim, v_field = cfg.integer("v_head_dim")
         gate, gate_field = cfg.field("mla_use_output_gate")
-        shape = {"B": 1, "T": t, "H": heads, "D": d, "QL": q_rank or 0, "KVL": kv_rank, "NOPE": nope, "ROPE": rope,
-                 "V": v_dim, "gated": int(bool(gate))}
-        card.block("mla", "multi-head latent attention" + (" with an output gate" if gate else ""), counts["full"],
-                   [shape], [kv_rank_field, q_field, rope_field, nope_field, v_field, gate_field, heads_at],
+        no_rope, no_rope_field = cfg.field("mla_use_nope")
+        # the block is the attention from the latent; the q/kv down-projections' norms are rmsnorm's shapes
+        shape = {"B": 1, "T": t, "H": heads, "R": kv_rank, "DN": nope or head_dim, "DR": rope or 0,
+                 "DV": v_dim or nope or head_dim, "gated": int(bool(gate))}
+        role = ("multi-head latent attention" + (" with an output gate" if gate else "") +
+                (", no rotary embedding (mla_use_nope)" if no_rope else ""))
+        card.block("mla", role, counts["full"], [shape],
+                   [kv_rank_field, q_field, rope_field, nope_field, v_field, gate_field, no_rope_field, heads_at],
                    gap="multi-head latent attention (MLA)")
         card.fact("kv_lora_rank", kv_rank, kv_rank_field)
         card.fact("q_lora_rank", q_rank, q_field)

@@ -33,6 +33,23 @@ def list_promoted(operators_dir: Path, block: str | None = None) -> list[dict[st
     return sorted(found, key=lambda m: m.get("promoted_at", ""), reverse=True)
 
 
+FORWARD_ONLY_SUFFIX = ":forward-only"
+"""The key of a block's operator promoted by a forward-only port (a decode kernel), kept apart from its training one."""
+
+
+def is_forward_only(manifest: dict[str, Any]) -> bool:
+    return bool(manifest.get("verification", {}).get("forward_only"))
+
+
+def newest_promoted(operators_dir: Path) -> dict[str, dict[str, Any]]:
+    """The newest promoted operator of each block, and of each block's forward-only ports apart, by key (the block's
+    name, or the name and FORWARD_ONLY_SUFFIX), in key order."""
+    newest: dict[str, dict[str, Any]] = {}
+    for manifest in list_promoted(operators_dir):
+        newest.setdefault(manifest["block"] + (FORWARD_ONLY_SUFFIX if is_forward_only(manifest) else ""), manifest)
+    return dict(sorted(newest.items()))
+
+
 EVIDENCE = ("interpreter only", "compiles on every target", "spill-free on every target", "verified on a GPU")
 """What a promoted operator has shown, weakest first: verified on the interpreter only (or compiled for some
 targets); its kernels compiled for every required target; and without spills at the model suite; verified on a

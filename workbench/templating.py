@@ -5,6 +5,8 @@ each shape it will run on.
 Sidecar fields:
     summary: one line; tradeoffs: when to prefer this template
     rank: search order among the block's templates (lower first)
+    forward_only: true for an inference form whose backward raises (a decode kernel): only a port with
+        ``--forward-only`` proposes it
     params: {NAME: {choices: [...], doc: "..."}}; choices are listed in order of preference
     constraints: ["python expression over the params", ...]
     requires: ["python expression over the params and a shape's dims", ...]
@@ -51,6 +53,7 @@ class Template:
     params: dict[str, dict[str, Any]]
     constraints: list[str] = field(default_factory=list)
     requires: list[str] = field(default_factory=list)
+    forward_only: bool = False
 
     @property
     def ref(self) -> str:
@@ -133,7 +136,8 @@ def load_template(block: str, name: str) -> Template:
                 raise TemplateError(f"{sidecar.name}: parameter {pname} has no list of choices")
         return Template(block=block, name=name, path=path, summary=str(meta.get("summary", "")),
                         tradeoffs=str(meta.get("tradeoffs", "")), rank=int(meta.get("rank", 100)), params=params,
-                        constraints=list(meta.get("constraints", [])), requires=list(meta.get("requires", [])))
+                        constraints=list(meta.get("constraints", [])), requires=list(meta.get("requires", [])),
+                        forward_only=bool(meta.get("forward_only", False)))
     except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TemplateError(f"template {block}/{name}: malformed sidecar {sidecar.name}: "
                             f"{type(exc).__name__}: {one_line(exc)}") from None

@@ -144,6 +144,23 @@ def test_ops_words_choose_each_blocks_implementation(tmp_path):
     assert [replay_mode_for(b) for b in ("lora_linear", "kda", "seq_chunked_ce")] == ["lora", "scratch", "scratch"]
 
 
+def test_training_never_picks_an_operator_promoted_by_a_forward_only_port(tmp_path):
+    """A decode kernel promoted after the training one is the block's newest, but its backward raises: the replay
+    keeps the training operator, and the listing of the newest keeps both apart."""
+    from workbench.operators import FORWARD_ONLY_SUFFIX, newest_promoted, promote_file
+    from workbench.replay.ops import resolve_ops
+
+    ops = tmp_path / "operators"
+    for name, stamp, forward_only in (("rmsnorm_train.py", "1", False), ("rmsnorm_decode.py", "2", True)):
+        (tmp_path / name).write_text("BLOCK = 'rmsnorm'\n")
+        promote_file(tmp_path / name, ops, "rmsnorm", {"block": "rmsnorm", "promoted_at": stamp,
+                                                      "verification": {"forward_only": forward_only}})
+    assert resolve_ops(None, ops)["rmsnorm"] == str(ops / "rmsnorm" / "rmsnorm_train.py")
+    newest = newest_promoted(ops)
+    assert list(newest) == ["rmsnorm", "rmsnorm" + FORWARD_ONLY_SUFFIX]
+    assert newest["rmsnorm" + FORWARD_ONLY_SUFFIX]["path"].endswith("rmsnorm_decode.py")
+
+
 def test_training_in_process_leaves_torch_global_state_as_it_was():
     """A replay trained in the test process (or any in-process caller) must not leave deterministic-algorithms mode
     on or the global RNG reseeded for whatever runs after it."""

@@ -15,7 +15,7 @@ from typing import Any
 from workbench.templating import Template
 from workbench.vocabulary import NUMERIC_VERDICTS, FailureClass, Verdict
 
-LOW_PRECISION = ("float16", "bfloat16")
+LOW_PRECISION = ("float16", "bfloat16", "input")  # "input": the input dtype, low for half inputs
 
 
 def parse_shape(label: str) -> dict[str, int]:

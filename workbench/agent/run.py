@@ -161,14 +161,15 @@ def _find(engine, run_id: str):
 def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, proposer: str, config: dict[str, Any],
              *, on_event: EventHook | None, chat=None) -> PortContext:
     """The nodes' context from a run's recorded config (the same for a new, a resumed and an approved run)."""
-    templates = {t.name: t for t in list_templates(spec.name)}
+    # a training port never proposes a forward-only (decode) template: its backward raises
+    templates = {t.name: t for t in list_templates(spec.name) if config.get("forward_only") or not t.forward_only}
     if not templates and proposer != "llm":
         raise WorkbenchError(f"block {spec.name} has no templates (templates/{spec.name}/*.py.j2)")
     # A promoted operator meets every suite (the model card's sizes too, even where only a GPU verifies them) and
     # hidden shapes drawn between them: the proposer plans for all of them, not just the suites verified here.
     shapes = [shape for suite in SUITES for shape in suite_shapes(spec, suite)]
     search = SearchProposer(list(templates.values()), shapes)
-    start = _start_point(spec.name, config["start"]) if config.get("start") else None
+    start = _start_point(spec.name, config["start"], bool(config.get("forward_only"))) if config.get("start") else None
     chosen: Proposer = search
     if proposer != "search":
         first = start or (search.first() if templates else None)
@@ -235,9 +236,12 @@ def _drive(ctx: PortContext, run_id: str, budget: int, given: dict | Command | N
                        operator_path=values.get("operator_path"), attempts=values.get("attempt", 0))
 
 
-def _start_point(block: str, text: str) -> Proposal:
+def _start_point(block: str, text: str, forward_only: bool) -> Proposal:
     name, params = parse_point(text)
     template = load_template(block, name)
+    if template.forward_only and not forward_only:
+        raise TemplateError(f"template {template.ref} is forward only (its backward raises): port it with "
+                            f"--forward-only")
     unknown = sorted(set(params) - set(template.params))
     if unknown:
         raise TemplateError(f"unknown parameter '{unknown[0]}' for template {template.ref} "

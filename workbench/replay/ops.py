@@ -14,7 +14,7 @@ from pathlib import Path
 
 from workbench.blocks import REGISTRY, get_block
 from workbench.errors import WorkbenchError
-from workbench.operators import list_promoted
+from workbench.operators import is_forward_only, list_promoted
 
 REFERENCE = "reference"
 
@@ -43,7 +43,8 @@ def resolve_ops(words: list[str] | None, operators_dir: Path) -> dict[str, str]:
             chosen = dict(REFERENCE_OPS)
         elif word == "promoted":
             for block in chosen:
-                found = list_promoted(operators_dir, block)
+                # training needs the backward: an operator promoted by a forward-only port is never chosen
+                found = [m for m in list_promoted(operators_dir, block) if not is_forward_only(m)]
                 chosen[block] = found[0]["path"] if found else REFERENCE
         elif "=" in word:
             block, _, target = word.partition("=")

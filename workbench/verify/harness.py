@@ -363,20 +363,24 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
 
 
 def target_report(path: str | Path, *, block: str | None = None, targets: list[str] | None = None,
-                  compile_cache: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> VerificationResult:
+                  compile_cache: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                  forward_only: bool = False) -> VerificationResult:
     """The model-suite launches of a candidate, captured in the sandbox without running anything, compiled for
     ``targets``: a VerificationResult with builds and findings only (verdict pass, or target_compile_error, or the
-    sandbox's verdict). What ``workbench targets`` tabulates; no numerics are verified here."""
+    sandbox's verdict). What ``workbench targets`` tabulates; no numerics are verified here. forward_only: the
+    forward's launches only (an inference kernel without a backward)."""
     started = time.monotonic()
     path = Path(path).resolve()
     named_block, source = read_candidate(path)
     spec = get_block(block or named_block)
     required = get_targets(default_target_names() if targets is None else targets)
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
-                                backend="capture", verdict="pass", message="", targets=[t.name for t in required])
+                                backend="capture", verdict="pass", message="", targets=[t.name for t in required],
+                                forward_only=forward_only)
     captures, result.findings = build_captures(spec)
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
-           "trials": [], "captures": captures, "device": "cpu", "token": secrets.token_hex(16)}
+           "trials": [], "captures": captures, "device": "cpu", "token": secrets.token_hex(16),
+           "forward_only": forward_only}
     job_dir = Path(tempfile.mkdtemp(prefix="capture-"))
     try:
         outcome = run_job(job_dir, job, INTERPRETER.env, timeout_s, DEFAULT_MEMORY_BYTES)
