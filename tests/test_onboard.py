@@ -86,8 +86,8 @@ def test_kimi_k3_from_its_published_config():
     assert "no rotary embedding" in blocks["mla"]["role"]  # mla_use_nope
     assert {"rows": 8192, "N": 1536} in blocks["rmsnorm"]["shapes"]  # MLA's q latent norm (its kv one is 512)
     assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, "k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0,
-                                                     "drop": 0}]
-    assert "situ" in blocks["moe_grouped_gemm"]["differs"]  # the catalog's grouped GEMM is SwiGLU
+                                                     "drop": 0, "act": 1}]  # SiTU experts
+    assert "differs" not in blocks["moe_grouped_gemm"]  # it differed while the grouped GEMM was SwiGLU only
     assert "route scale 1.0" in blocks["moe_router"]["differs"]
     assert blocks["situ"]["shapes"] == [{"rows": 8192, "N": 6144}, {"rows": 8192, "N": 33792}]  # shared, dense
     assert blocks["situ"]["layers"] == 93  # 92 MoE layers' shared experts and the one dense layer
@@ -142,6 +142,10 @@ def test_mixtral_routes_with_softmax(tmp_path):
     assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 4096, "E": 8, "k": 2, "mode": 1}]
     assert blocks["moe_grouped_gemm"]["shapes"][0]["F"] == 14336  # Mixtral's experts are intermediate_size wide
     assert blocks["moe_router"]["layers"] == 32 and "swiglu" not in blocks  # no dense layers, no shared experts
+    assert blocks["moe_grouped_gemm"]["shapes"][0]["act"] == 0 and "differs" not in blocks["moe_grouped_gemm"]
+    gelu = onboard(write(tmp_path, {**MIXTRAL, "hidden_act": "gelu"}))["blocks"]["moe_grouped_gemm"]
+    assert gelu["differs"] == "the catalog's grouped GEMM computes swiglu or situ; the config's experts use gelu " \
+                              "(hidden_act)"
 
 
 def test_an_unknown_family_gives_a_card_with_gaps(tmp_path):

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from workbench.blocks import REGISTRY
+from workbench.blocks.moe_grouped_gemm import ACTIVATIONS as EXPERT_ACTIVATIONS
 from workbench.errors import WorkbenchError
 
 TOKENS = 8192  # tokens per step of the model suite: not in a config
@@ -296,10 +297,12 @@ def _experts(cfg: Config, card: _Card, d: int, layers: int, t: int) -> dict[str,
         card.block(block, role, moe_layers, [{"N": t, "D": dx, "E": experts, "k": k, "hot": 0, "drop": 0}],
                    [e_field, k_field, latent_field])
     activation = GATED_ACTIVATIONS.get(str(act).lower()) if act else "swiglu"
-    differs = "" if activation == "swiglu" else f"the catalog's grouped GEMM computes SwiGLU; the config's experts " \
-                                                f"use {act} ({act_field})"
+    known = activation in EXPERT_ACTIVATIONS
+    differs = "" if known else f"the catalog's grouped GEMM computes {' or '.join(EXPERT_ACTIVATIONS)}; the " \
+                               f"config's experts use {act} ({act_field})"
     card.block("moe_grouped_gemm", f"per-expert gated FFN ({act or 'silu'}) over contiguous row groups", moe_layers,
-               [{"N": t, "k": k, "D": dx, "F": width, "E": experts, "hot": 0, "drop": 0}],
+               [{"N": t, "k": k, "D": dx, "F": width, "E": experts, "hot": 0, "drop": 0,
+                 "act": EXPERT_ACTIVATIONS.index(activation) if known else 0}],
                [e_field, k_field, width_field, latent_field, act_field], differs=differs)
     if latent:
         norm, norm_field = cfg.field("latent_moe_use_norm")

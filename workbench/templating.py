@@ -90,7 +90,9 @@ class Template:
     def render(self, point: Mapping[str, Any]) -> str:
         """Python source of the candidate; the header names the template and the parameters."""
         self.validate(point)
-        env = jinja2.Environment(loader=jinja2.FileSystemLoader(self.path.parent), undefined=jinja2.StrictUndefined,
+        # the block's own macros by name ("_conv.j2"), another block's by its folder ("situ/_math.j2")
+        loader = jinja2.FileSystemLoader([self.path.parent, self.path.parent.parent])
+        env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined,
                                  keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
         header = (f'"""{self.block} candidate rendered from templates/{self.ref}.py.j2.\n\n'
                   f"{self.summary}\nparams: {format_point(point)}\n\"\"\"\n")

@@ -58,7 +58,7 @@ def loop_reference(x, wr, bias, w1, w3, w2):
 def candidate_layer(mods, x, wr, bias, w1, w3, w2):
     weights, ids, counts = mods["moe_router"].run(x, wr, bias, K, "sigmoid", None, True, SCALE)
     x_perm, _token_of_row, row_of_slot, counts2, offsets = mods["moe_permute"].run(x, ids, E)
-    y = mods["moe_grouped_gemm"].run(x_perm, offsets, w1, w3, w2)
+    y = mods["moe_grouped_gemm"].run(x_perm, offsets, w1, w3, w2, "swiglu", 4.0, 25.0)
     out = mods["moe_combine"].run(y, weights, row_of_slot)
     return out, ids, counts, counts2
 

@@ -1,5 +1,6 @@
-"""moe_grouped_gemm: the reference against a dense gather-the-expert formulation and a hand-computed case,
-gradients, the input factory, and ports on the interpreter (the agent's pick, and small tiles of the tile map)."""
+"""moe_grouped_gemm: the reference against a dense gather-the-expert formulation (SwiGLU and SiTU) and a
+hand-computed case, SiTU inputs that reach its caps, gradients, the input factory, and ports on the interpreter (the
+agent's pick, and small tiles of the tile map)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ SPEC = get_block("moe_grouped_gemm")
 ALL_SHAPES = SPEC.shapes["smoke"] + SPEC.shapes["edge"]
 
 
-def dense_formulation(x, offsets, w1, w3, w2):
+def dense_formulation(x, offsets, w1, w3, w2, activation, beta, linear_beta):
     """Every row gathers its own expert's weights (group found by searchsorted), all in float64, one einsum per
-    projection; rows past offsets[E] are masked to zero."""
+    projection, the activation written out; rows past offsets[E] are masked to zero."""
     x, w1, w3, w2 = x.double(), w1.double(), w3.double(), w2.double()
     rows = torch.arange(x.shape[0])
     group = torch.searchsorted(offsets[1:], rows, right=True)
@@ -26,7 +27,11 @@ def dense_formulation(x, offsets, w1, w3, w2):
     g = group.clamp(max=w1.shape[0] - 1)
     a = torch.einsum("md,mfd->mf", x, w1[g])
     b = torch.einsum("md,mfd->mf", x, w3[g])
-    y = torch.einsum("mf,mdf->md", a * torch.sigmoid(a) * b, w2[g])
+    if activation == "swiglu":
+        h = a * torch.sigmoid(a) * b
+    else:
+        h = beta * torch.tanh(a / beta) * torch.sigmoid(a) * linear_beta * torch.tanh(b / linear_beta)
+    y = torch.einsum("mf,mdf->md", h, w2[g])
     return y * inside[:, None]
 
 
@@ -48,18 +53,38 @@ def test_hand_case_with_an_empty_expert_and_a_tail_row():
         return v / (1 + math.exp(-v))
 
     expected = [3 * silu(1) * 2, 3 * silu(2) * 4, 2 * silu(-3) * 3, 0.0]
-    torch.testing.assert_close(reference(x, offsets, w1, w3, w2).flatten(),
+    torch.testing.assert_close(reference(x, offsets, w1, w3, w2, "swiglu", 4.0, 25.0).flatten(),
                                torch.tensor(expected, dtype=torch.float64))
+    with pytest.raises(ValueError, match="unknown activation 'gelu'"):
+        reference(x, offsets, w1, w3, w2, "gelu", 4.0, 25.0)
+
+
+def test_situ_inputs_reach_both_caps_and_leave_swiglu():
+    shape = {"N": 64, "k": 2, "D": 64, "F": 64, "E": 2, "hot": 0, "drop": 0, "act": 1}
+    inputs = make_inputs(shape, torch.float64, seed=2)
+    assert inputs["activation"] == "situ" and (inputs["beta"], inputs["linear_beta"]) == (4.0, 25.0)
+    rows = inputs["offsets"][1]
+    a, b = inputs["x"][:rows] @ inputs["w1"][0].T, inputs["x"][:rows] @ inputs["w3"][0].T
+    assert (a.abs() > 4).float().mean() > 0.1 and (b.abs() > 25).float().mean() > 0.05
+    situ_y = reference(**inputs)
+    swiglu_y = reference(**{**inputs, "activation": "swiglu"})
+    assert (situ_y - swiglu_y).abs().max() > 0.1 * swiglu_y.abs().max()  # the caps change the result
 
 
 def test_gradcheck_float64_including_an_empty_expert_and_tail_rows():
     inputs = make_inputs({"N": 4, "k": 2, "D": 3, "F": 2, "E": 4, "hot": 1, "drop": 1}, torch.float64, seed=0)
     offsets = inputs["offsets"]
+    act = (inputs["activation"], inputs["beta"], inputs["linear_beta"])
     counts = offsets.diff()
     assert (counts == 0).any() and offsets[-1] < 8  # the case exercises an empty group and a tail
     leaves = [inputs[n].clone().requires_grad_(True) for n in ("x", "w1", "w3", "w2")]
-    assert torch.autograd.gradcheck(lambda x, a, b, c: reference(x, offsets, a, b, c), leaves)
-    y = reference(leaves[0], offsets, *leaves[1:])
+    assert torch.autograd.gradcheck(lambda x, a, b, c: reference(x, offsets, a, b, c, *act), leaves)
+    situ_inputs = make_inputs({"N": 4, "k": 2, "D": 3, "F": 2, "E": 4, "hot": 1, "drop": 1, "act": 1},
+                              torch.float64, seed=0)
+    situ_leaves = [situ_inputs[n].clone().requires_grad_(True) for n in ("x", "w1", "w3", "w2")]
+    assert torch.autograd.gradcheck(lambda x, a, b, c: reference(x, offsets, a, b, c, "situ", 4.0, 25.0),
+                                    situ_leaves)
+    y = reference(leaves[0], offsets, *leaves[1:], *act)
     dx, dw1 = torch.autograd.grad(y.sum(), leaves[:2])
     assert (dx[int(offsets[-1]):] == 0).all()  # no gradient reaches the tail rows
     for ex in torch.nonzero(counts == 0).flatten().tolist():
@@ -77,7 +102,7 @@ def test_low_precision_output_dtype_and_accuracy():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_make_inputs_shapes_dtypes_and_determinism(dtype):
-    shape = {"N": 21, "k": 3, "D": 40, "F": 24, "E": 6, "hot": 0, "drop": 1}
+    shape = {"N": 21, "k": 3, "D": 40, "F": 24, "E": 6, "hot": 0, "drop": 1, "act": 0}
     a, b = make_inputs(shape, dtype, seed=3), make_inputs(shape, dtype, seed=3)
     assert a["x"].shape == (63, 40) and a["x"].dtype == dtype
     assert a["w1"].shape == a["w3"].shape == (6, 24, 40) and a["w2"].shape == (6, 40, 24)

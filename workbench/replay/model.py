@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.blocks.situ import BETA as SITU_BETA
+from workbench.blocks.situ import LINEAR_BETA as SITU_LINEAR_BETA
 from workbench.replay.presets import Preset
 
 EPS = 1e-6
@@ -155,7 +157,8 @@ class MoE(nn.Module):
                                                  self.route_scale)
         self.last_counts = counts.detach()
         x_perm, _token_of_row, row_of_slot, _counts, offsets = ops["moe_permute"](x, ids, self.experts)
-        y = ops["moe_grouped_gemm"](x_perm, offsets, self.w1, self.w3, self.w2)
+        y = ops["moe_grouped_gemm"](x_perm, offsets, self.w1, self.w3, self.w2, "swiglu", SITU_BETA,
+                                    SITU_LINEAR_BETA)
         routed = ops["moe_combine"](y, weights, row_of_slot)
         shared = ops["swiglu"](self.shared_gate(x, ops), self.shared_up(x, ops))
         return routed + self.shared_down(shared, ops)
