@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,7 @@ class TargetReport:
 
     builds: list[KernelBuild] = field(default_factory=list)
     capture_errors: list[str] = field(default_factory=list)
+    integrity: list[tuple[str, str]] = field(default_factory=list)  # (verdict, reason) from the compile children
 
     def failures(self) -> list[KernelBuild]:
         return [b for b in self.builds if not b.ok]
@@ -147,13 +149,16 @@ def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict],
     by_target = [group for group in by_target if group]
     done: dict[int, dict] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(len(by_target), os.cpu_count() or 1))) as pool:
-        for records in pool.map(lambda group: _run_compiles(candidate, items, group, item_timeout_s), by_target):
+        for records, integrity in pool.map(lambda group: _run_compiles(candidate, items, group, item_timeout_s),
+                                           by_target):
             done.update(records)
+            report.integrity += [i for i in integrity if i not in report.integrity]
     for build_id, record in sorted(done.items()):
         launch, target, key = items[build_id]
         build = _build(launch, target, record)
         report.builds.append(build)
-        if cache_dir is not None and "crash" not in record:  # a crash or hang may be the machine's: no cache
+        # a crash or hang may be the machine's, and a child the candidate tampered with reports nothing: no cache
+        if cache_dir is not None and "crash" not in record and not report.integrity:
             cache_dir.mkdir(parents=True, exist_ok=True)
             partial = cache_dir / f"{key}.{os.getpid()}.tmp"  # whole files only: readers in other processes
             partial.write_text(json.dumps(build.to_dict()))
@@ -173,12 +178,17 @@ def _build(launch: dict, target: Target, record: dict) -> KernelBuild:
     return build
 
 
-def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout_s: float) -> dict[int, dict]:
-    """{item id: the worker's record}. A child that dies mid-item (crash, hang) gives that item its verdict and a
-    new child takes the rest."""
+def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout_s: float
+                  ) -> tuple[dict[int, dict], list[tuple[str, str]]]:
+    """({item id: the worker's record}, [(integrity verdict, reason)]). A child that dies mid-item (crash, hang)
+    gives that item its verdict and a new child takes the rest. Only lines with the job's token are the worker's;
+    a line without it, an audit event or a patched namespace is an integrity verdict, and no item of that child
+    keeps a result."""
     done: dict[int, dict] = {}
+    integrity: list[tuple[str, str]] = []
     while pending:
-        job = {"candidate": str(candidate), "item_timeout_s": item_timeout_s,
+        token = secrets.token_hex(16)
+        job = {"candidate": str(candidate), "item_timeout_s": item_timeout_s, "token": token,
                "items": [{"id": i, "launch": items[i][0], "target": _target_json(items[i][1])} for i in pending]}
         job_dir = Path(tempfile.mkdtemp(prefix="compile-"))
         # Triton's own cache inside the job folder: the only place the (isolated) child may write
@@ -189,17 +199,21 @@ def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout
                                 COMPILE_MEMORY_BYTES, [candidate.parent])
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
-        started = None
-        for line in outcome.payload.decode("utf-8", "replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+        lines = _records(outcome.payload)
+        started, refused = None, _refusals(lines, token)
+        for record in lines:
+            if record.pop("token", None) != token:
                 continue
             if "start" in record:
                 started = record["start"]
             elif record.get("id") in pending:
                 done[record["id"]] = record
                 started = None
+        if refused:
+            integrity += refused
+            for i in pending:
+                done[i] = {"ok": False, "error": f"{refused[0][0]}: {refused[0][1]}"}
+            break
         if outcome.status == "ok":
             for i in pending:
                 done.setdefault(i, {"ok": False, "error": "the compile worker sent no result for this launch"})
@@ -212,7 +226,34 @@ def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout
                                 "error": f"compiler {why}: {outcome.message} ({outcome.output_tail.strip()[-200:]})"
                                 if why == "crashed" else f"compiler did not finish within {item_timeout_s:g} s"}
         pending = [i for i in pending if i not in done]
-    return done
+    return done, integrity
+
+
+def _records(payload: bytes) -> list[dict]:
+    """The JSON objects of a compile child's output, one per line (a line cut short by a crash is skipped)."""
+    records = []
+    for line in payload.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        records.append(record if isinstance(record, dict) else {"not an object": record})
+    return records
+
+
+def _refusals(records: list[dict], token: str) -> list[tuple[str, str]]:
+    """The integrity verdicts a compile child's output shows: lines the worker did not write (no token), and the
+    audit events and patched namespaces its last line reports."""
+    found: list[tuple[str, str]] = []
+    for record in records:
+        if record.get("token") != token:
+            found.append(("forged_report", "a compile result did not come from the compile worker"))
+            continue
+        if record.get("end"):
+            found += [(e["kind"], f"{e['event']} {e.get('detail', '')}".strip()[:200]) for e in record["events"]]
+            if record["patched"]:
+                found.append(("monkeypatch", f"changed during the compile: {', '.join(record['patched'][:5])}"))
+    return list(dict.fromkeys(found))
 
 
 def _target_json(target: Target) -> dict:

@@ -9,9 +9,17 @@ compiler produced: dynamic shared memory from the metadata, registers and stack 
 lines of the AMDGCN, whether the TTIR has a ``tt.dot`` and whether the PTX / AMDGCN has tensor-core instructions.
 
 Every item is one JSON line on RESULT_FD: ``{"start": id}`` before it compiles, then ``{"id", "ok", "error",
-"registers", "spilled_bytes", "shared_bytes", "num_warps", "num_stages", "uses_dot", "tensor_cores", "seconds"}``.
-Each compile runs under SIGALRM (the default action ends the process), so a compiler that hangs dies and the parent
-knows which item it was from the last ``start``.
+"registers", "spilled_bytes", "shared_bytes", "num_warps", "num_stages", "uses_dot", "tensor_cores", "seconds"}``;
+the last line is ``{"end": true, "events", "patched"}``. Every line carries the job's token, which the candidate
+never sees (job.json is deleted once read, the arguments cleared), so a line the candidate writes itself is not
+taken for the worker's. Each compile runs under SIGALRM (the default action ends the process), so a compiler that
+hangs dies and the parent knows which item it was from the last ``start``.
+
+The candidate is imported under the sandbox worker's guards (worker.py, loaded by path: this process imports nothing
+of the workbench): its audit hook refuses and records introspection, ctypes, processes, sockets, imports of the
+workbench and writes outside the job's scratch folder made by the candidate's code; the namespaces the report is
+made with (triton, json, os, subprocess, builtins, sys) are snapshotted, and a change to them ends the compiles
+with ``patched`` set, so a candidate cannot forge the registers or spills it is judged by.
 """
 
 from __future__ import annotations
@@ -106,14 +114,40 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message[:sentence + 1] if sentence > 40 else message}"[:400]
 
 
-def main(job_dir: str, result_fd: int) -> int:
-    import triton
+def load_guard():
+    """The sandbox worker's module (its audit hook, import refusal and snapshot), by path."""
+    spec = importlib.util.spec_from_file_location("sandbox_guard", Path(__file__).with_name("worker.py"))
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    return guard
 
-    job = json.loads((Path(job_dir) / "job.json").read_text())
+
+def main(job_dir: str, result_fd: int) -> int:
+    import builtins
+
+    import torch  # noqa: F401 - imported before the guard, as in the verification worker: the candidate's own
+    import triton  # imports of torch and triton then read nothing (a first import opens /proc/self/maps)
+    import triton.compiler
+    import triton.language  # noqa: F401
+
+    job_file = Path(job_dir) / "job.json"
+    job = json.loads(job_file.read_text())
+    job_file.unlink()  # the candidate never reads the job, nor the token that authenticates each line
+    token = job.pop("token")
+    del sys.argv[1:]
     cuobjdump = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    guard = load_guard()
+    watched = {"triton": triton, "triton.compiler": triton.compiler, "json": json, "os": os, "subprocess": subprocess,
+               "builtins": builtins, "sys": sys, "worker": sys.modules[__name__]}
+    before = guard._snapshot(watched)
+    events: list[dict] = []
+    sys.meta_path.insert(0, guard.RefuseWorkbench())
+    (Path(job_dir) / "scratch").mkdir(exist_ok=True)
+    sys.addaudithook(guard.make_audit_hook(job["candidate"], job_dir, events, guard_writes=True))
+    dumps = json.dumps  # bound before the candidate runs
     with os.fdopen(result_fd, "w", buffering=1) as channel:
         def send(record: dict) -> None:
-            channel.write(json.dumps(record) + "\n")
+            channel.write(dumps({**record, "token": token}) + "\n")
             channel.flush()
 
         signal.alarm(int(job["item_timeout_s"]))  # an import that hangs ends like a compile that does
@@ -125,8 +159,10 @@ def main(job_dir: str, result_fd: int) -> int:
         except BaseException as exc:  # noqa: BLE001 - every item fails with the import's message
             for item in job["items"]:
                 send({"id": item["id"], "ok": False, "error": f"import without the interpreter: {first_line(exc)}"})
+            send({"end": True, "events": events, "patched": guard._patched(before, watched)})
             return 0
-        for item in job["items"]:
+        patched = guard._patched(before, watched)
+        for item in job["items"] if not patched else []:
             send({"start": item["id"]})
             started = time.monotonic()
             signal.alarm(int(job["item_timeout_s"]))
@@ -136,6 +172,10 @@ def main(job_dir: str, result_fd: int) -> int:
                 record = {"ok": False, "error": first_line(exc), "trace": traceback.format_exc(limit=3)[-1500:]}
             signal.alarm(0)
             send({"id": item["id"], "seconds": round(time.monotonic() - started, 3), **record})
+            patched = guard._patched(before, watched)
+            if patched:
+                break
+        send({"end": True, "events": events, "patched": patched})
     return 0
 
 

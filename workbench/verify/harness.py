@@ -354,6 +354,10 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     result.findings += [f"cannot be resident: {b.target} {b.kernel} needs {b.shared_bytes} B shared memory, "
                         f"{b.registers} registers x {b.num_warps} warps ({b.suite} suite)"
                         for b in report.builds if b.ok and b.ctas_per_sm == 0]
+    refused = [Check(suite="integrity", shape="-", dtype="-", seed=0, direction=f"integrity:{kind}", passed=False,
+                     reason=f"in the compile child: {reason}") for kind, reason in report.integrity]
+    if refused:  # nothing that child reported can be trusted: the builds say why they have no figures
+        return refused
     failed: dict[tuple[str, str], Check] = {}
     for b in report.failures():
         failed.setdefault((b.target, b.kernel), Check(suite="target", shape=b.target, dtype=b.suite, seed=0,
