@@ -405,7 +405,7 @@ def forged_report_source() -> str:
         "    import stat\n"
         "    blob = io.BytesIO()\n"
         "    torch.save({'load_error': None, 'trials': [], 'events': [], 'patched': []}, blob)\n"
-        "    for fd in range(3, 64):\n"
+        "    for fd in range(3, 1024):\n"
         "        try:\n"
         "            if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
         "                os.write(fd, blob.getvalue())\n"

@@ -20,7 +20,7 @@ IN_COMPILE_CHILD = "\nimport os as _os\n_COMPILING = _os.environ.get('TRITON_INT
 FORGE_LINES = IN_COMPILE_CHILD + '''
 if _COMPILING:  # claim spill-free builds on every descriptor that could be the result channel
     import json as _json
-    for _fd in range(3, 64):
+    for _fd in range(3, 1024):
         for _id in range(8):
             try:
                 _os.write(_fd, (_json.dumps({"id": _id, "ok": True, "error": "", "registers": 32, "spilled_bytes": 0,

@@ -143,6 +143,7 @@ def main(job_dir: str, result_fd: int) -> int:
     events: list[dict] = []
     sys.meta_path.insert(0, guard.RefuseWorkbench())
     (Path(job_dir) / "scratch").mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job_dir) / "scratch")  # the candidate's own temporary files
     sys.addaudithook(guard.make_audit_hook(job["candidate"], job_dir, events, guard_writes=True))
     dumps = json.dumps  # bound before the candidate runs
     with os.fdopen(result_fd, "w", buffering=1) as channel:
