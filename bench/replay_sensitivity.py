@@ -35,7 +35,7 @@ CASES = [  # (block, what, template, fields)
     ("vocab_blockwise_ce", "d h x 0.98", GRAD_SCALED, {"index": 0, "factor": 0.98}),
     ("attnres", "output rounded up to 8 bits", ROUNDED_UP, {"bits": 8}),
     ("kda", "output rounded up to 8 bits", ROUNDED_UP, {"bits": 8}),
-    ("swiglu", "output rounded up to 8 bits", ROUNDED_UP, {"bits": 8}),
+    ("situ", "output rounded up to 8 bits", ROUNDED_UP, {"bits": 8}),
     ("attnres", "exact, float64 inside", FLOAT64, {}),
     ("kda", "exact, float64 inside", FLOAT64, {}),
 ]

@@ -35,29 +35,32 @@ def main() -> None:
 
     from workbench.backends import get_backend
     from workbench.config import Settings
-    from workbench.replay.ops import REFERENCE, REFERENCE_OPS, resolve_ops
+    from workbench.replay.arch import architecture
+    from workbench.replay.ops import REFERENCE, reference_ops, resolve_ops
     from workbench.replay.presets import get_preset
     from workbench.replay.runner import ensure_base, launch, training_job
 
     settings = Settings(db_url="sqlite://", operators_dir=Path(args.operators), work_dir=ROOT / ".workbench",
                         replays_dir=ROOT / "replays")
     preset, backend = get_preset(args.preset), get_backend()
-    base = ensure_base(settings, args.model, preset, backend, 3600.0) if args.mode == "lora" else None
-    reference = REFERENCE_OPS
-    promoted = resolve_ops(["promoted"], settings.operators_dir)
+    arch = architecture(args.model, preset.layers)
+    base = ensure_base(settings, args.model, preset, arch, backend, 3600.0) if args.mode == "lora" else None
+    reference = reference_ops(arch.blocks)
+    promoted = resolve_ops(["promoted"], settings.operators_dir, arch.blocks)
     rows = [("every block on its reference", reference)]
     rows += [(f"{block}: {Path(path).name}", {**reference, block: path})
              for block, path in promoted.items() if path != REFERENCE]
     rows.append(("every promoted operator", promoted))
 
     print(f"$ python {' '.join(shlex.quote(a) for a in sys.argv)}")
-    print(f"preset {preset.name} ({preset.layers}, D {preset.hidden}, V {preset.vocab}, {preset.tokens_per_step} "
-          f"tokens a step), mode {args.mode}, {args.steps} steps a row, backend {backend.name}, "
-          f"{platform.processor() or platform.machine()}")
+    print(f"{args.model}, preset {preset.name} ({arch.layers}, D {preset.hidden}, V {preset.vocab}, "
+          f"{preset.tokens_per_step} tokens a step), mode {args.mode}, {args.steps} steps a row, "
+          f"backend {backend.name}, {platform.processor() or platform.machine()}")
     print(f"{'ops':72s} {'s/step':>8s} {'x ref':>8s} {'final loss':>11s}")
     ref_seconds = None
     for label, ops in rows:
-        result = launch(training_job("train", preset, args.mode, args.steps, 0, ops, backend, base), backend, 3600.0)
+        job = training_job("train", preset, arch, args.mode, args.steps, 0, ops, backend, base)
+        result = launch(job, backend, 3600.0)
         ref_seconds = ref_seconds or result.seconds_per_step
         print(f"{label:72s} {result.seconds_per_step:8.3f} {result.seconds_per_step / ref_seconds:8.1f} "
               f"{result.curve[-1]:11.5f}", flush=True)

@@ -80,9 +80,11 @@ def test_ci_replays_the_loss_curves_with_every_promoted_operator(settings, tmp_p
     result = runner.invoke(app, ["ci", "--changed-only", "--junit", str(junit), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert [(r["mode"], r["status"]) for r in report["replays"]] == [("scratch", "pass"), ("lora", "pass")]
+    assert [(r["model"], r["mode"], r["status"]) for r in report["replays"]] == [
+        (model, mode, "pass") for model in ("kimi-k3", "kimi-k3.1-pro") for mode in ("scratch", "lora")]
     replays = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("classname") == "replays"]
-    assert [c.get("name") for c in replays] == ["scratch tiny 4 steps", "lora tiny 3 steps"]
+    assert [c.get("name") for c in replays] == [f"{model} {name}" for model in ("kimi-k3", "kimi-k3.1-pro")
+                                                for name in ("scratch tiny 4 steps", "lora tiny 3 steps")]
     assert all(c.find("failure") is None for c in replays)
 
 

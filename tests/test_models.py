@@ -14,7 +14,7 @@ KIMI = "kimi-k3.1-pro"
 K3 = "kimi-k3"
 K3_BLOCKS = {
     "kda", "kda_short_conv", "kda_gate", "mla", "attnres", "moe_router", "moe_permute", "moe_grouped_gemm",
-    "moe_combine", "latent_moe", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "rmsnorm",
+    "moe_combine", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "rmsnorm",
     "quantized_weights", "vision_tower",
 }
 KIMI_BLOCKS = K3_BLOCKS | {"dsa_indexer", "dsa_sparse_attention"}
@@ -26,7 +26,8 @@ CONFIG_FACTS = {  # the published Kimi K3 config, through the kimi-k3 card
     "num_layers": 93,
     "kda_layers": 69,
     "full_attention_layers": 24,
-    "expert_width": 3584,
+    "expert_width": 3584,  # latent MoE: a fact (its norm is rmsnorm's, its projections dense GEMMs), not a block
+    "latent_moe_norm": True,
     "expert_ffn_size": 3072,
     "hidden_size": 7168,
 }

@@ -73,7 +73,8 @@ def test_kimi_k3_from_its_published_config():
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
                                "kda_short_conv", "kda_gate", "mla"}
-    assert gaps(card) == {"latent_moe", "quantized_weights", "vision_tower"}
+    assert gaps(card) == {"quantized_weights", "vision_tower"}
+    assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
     assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
     blocks = card["blocks"]
     assert blocks["kda"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "HV": 96, "K": 128, "V": 128, "h0": 1}]
@@ -189,7 +190,7 @@ def test_the_written_card_is_planned_like_any_other(settings, tmp_path, monkeypa
     plan = runner.invoke(app, ["plan", "kimi-k3", "--json"])
     assert plan.exit_code == 0, plan.output
     rows = {r["block"]: r for r in json.loads(plan.output)["blocks"]}
-    assert rows["latent_moe"]["status"] == "no spec" and "latent MoE" in rows["latent_moe"]["detail"]
+    assert rows["quantized_weights"]["status"] == "no spec" and "mxfp4" in rows["quantized_weights"]["detail"]
     assert rows["mla"]["status"] == "not started" and rows["mla"]["layers"] == 24
     assert rows["kda"]["status"] == "not started" and rows["kda"]["layers"] == 69
     assert "differs: route scale 1.0" in rows["moe_router"]["detail"]

@@ -29,7 +29,7 @@ from workbench.vocabulary import SANDBOX_VERDICTS, JobStatus, ReplayStatus, Verd
 
 BASELINE_FILE = "ci_baseline.json"
 CI_SEED = 20261129  # fixed inputs in CI, so that figures compare across commits
-CI_REPLAY_MODEL = "kimi-k3.1-pro"
+CI_REPLAY_MODELS = ("kimi-k3", "kimi-k3.1-pro")  # the shipped cards: K3's replay has MLA, K3.1 Pro's gated DSA
 CI_REPLAYS = (("scratch", 4), ("lora", 3))  # (mode, steps) on the tiny preset: a few steps each on the interpreter
 CI_REPLAY_TIMEOUT_S = 1800.0
 
@@ -108,6 +108,7 @@ def regressions(report: OperatorReport, baseline: dict | None) -> list[str]:
 
 @dataclass
 class ReplayReport:
+    model: str
     mode: str
     steps: int
     status: str
@@ -117,21 +118,23 @@ class ReplayReport:
 
     @property
     def name(self) -> str:
-        return f"{self.mode} tiny {self.steps} steps"
+        return f"{self.model} {self.mode} tiny {self.steps} steps"
 
 
 def run_replays(settings: Settings, replays: tuple[tuple[str, int], ...], timeout_s: float) -> list[ReplayReport]:
-    """Each (mode, steps) replayed with every promoted operator against the stored reference."""
+    """Each (mode, steps) replayed for each of CI_REPLAY_MODELS with every promoted operator against the stored
+    reference."""
     import time
 
     from workbench.replay.runner import run_replay
 
     reports = []
-    for mode, steps in replays:
-        start = time.perf_counter()
-        outcome = run_replay(CI_REPLAY_MODEL, mode, settings, steps=steps, ops=["promoted"], timeout_s=timeout_s)
-        reports.append(ReplayReport(mode, steps, outcome.status, outcome.reason, outcome.replay_id,
-                                    round(time.perf_counter() - start, 1)))
+    for model in CI_REPLAY_MODELS:
+        for mode, steps in replays:
+            start = time.perf_counter()
+            outcome = run_replay(model, mode, settings, steps=steps, ops=["promoted"], timeout_s=timeout_s)
+            reports.append(ReplayReport(model, mode, steps, outcome.status, outcome.reason, outcome.replay_id,
+                                        round(time.perf_counter() - start, 1)))
     return reports
 
 

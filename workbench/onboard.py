@@ -28,6 +28,9 @@ TOKENS = 8192  # tokens per step of the model suite: not in a config
 LORA_RANK = 64  # the fine-tuning adapters' rank: not in a config
 ROUTER_MODES = {("sigmoid", True): 0, ("softmax", True): 1, ("softmax", False): 3}  # workbench.blocks.moe_router
 ROUTER_SCALES = {0: 2.827, 1: 1.0, 3: 16.0}
+LATENT_MOE = ("latent MoE: the routed experts run at this width, between a down projection from the hidden size with "
+              "its RMSNorm and an up projection back; the norm is the rmsnorm block at this width, the projections "
+              "dense GEMMs like every projection of the model: no block of its own")
 GATED_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "situ": "situ"}
 READ_ELSEWHERE = {"architectures", "model_type", "torch_dtype", "transformers_version", "bos_token_id",
                   "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "tie_word_embeddings",
@@ -280,7 +283,8 @@ def _experts(cfg: Config, card: _Card, d: int, layers: int, t: int) -> dict[str,
     for fact, value, field in (("routed_experts", experts, e_field), ("active_experts", k, k_field),
                                ("moe_layers", moe_layers, fd_field or None), ("expert_ffn_size", width, width_field),
                                ("expert_width", latent, latent_field), ("route_scale", scale, scale_field)):
-        note = {"moe_layers": "the layers from first_k_dense_replace on" if field else "every layer"}
+        note = {"moe_layers": "the layers from first_k_dense_replace on" if field else "every layer",
+                "expert_width": LATENT_MOE}
         card.fact(fact, value, field, note.get(fact, ""))
     mode = ROUTER_MODES.get((func, renorm))
     router_fields = [e_field, k_field, func_field, renorm_field, scale_field]
@@ -306,9 +310,7 @@ def _experts(cfg: Config, card: _Card, d: int, layers: int, t: int) -> dict[str,
                [e_field, k_field, width_field, latent_field, act_field], differs=differs)
     if latent:
         norm, norm_field = cfg.field("latent_moe_use_norm")
-        card.block("latent_moe", f"latent MoE: {d} -> {latent}" + (", RMSNorm" if norm else "") +
-                   f", experts, {latent} -> {d}", moe_layers, [{"N": t, "D": d, "DL": latent, "norm": int(bool(norm))}],
-                   [latent_field, norm_field], gap="latent MoE down/up projection around the routed experts")
+        card.fact("latent_moe_norm", bool(norm), norm_field, "the RMSNorm after the down projection (rmsnorm's shape)")
     shared, shared_field = cfg.integer("num_shared_experts", "n_shared_experts")
     card.fact("shared_experts", shared, shared_field)
     if shared and width:

@@ -146,9 +146,10 @@ REPLAY_MODEL = "kimi-k3.1-pro"
 
 
 def _replay_op(folder: Path, name: str, prelude: str) -> Path:
-    """A swiglu operator file that computes the reference, after ``prelude`` runs at import."""
+    """A situ operator file (the replay's shared expert) that computes the reference, after ``prelude`` runs at
+    import."""
     return write_op(folder, name, HEADER + "{prelude}\n\ndef run(*args):\n    return _reference(*args)\n",
-                    block="swiglu", prelude=prelude)
+                    block="situ", prelude=prelude)
 
 
 @pytest.mark.parametrize("mode", ["auto", "audit"])
@@ -158,13 +159,13 @@ def test_a_tampering_operator_in_a_replay_changes_nothing_on_disk(settings, tmp_
     monkeypatch.setenv("WORKBENCH_ISOLATION", mode)
     victim = operators / "swiglu" / "swiglu_op.json"
     before = _digest(operators)
-    quiet = _replay_op(tmp_path, "swiglu_quiet", TAMPER.format(operators=str(operators), victim=str(victim)))
-    outcome = run_replay(REPLAY_MODEL, "scratch", settings, ops=[f"swiglu={quiet}"], steps=2)
+    quiet = _replay_op(tmp_path, "situ_quiet", TAMPER.format(operators=str(operators), victim=str(victim)))
+    outcome = run_replay(REPLAY_MODEL, "scratch", settings, ops=[f"situ={quiet}"], steps=2)
     assert outcome.status == "pass", outcome.reason
     assert _digest(operators) == before and not (Path.cwd() / "tampered.txt").exists()
 
-    loud = _replay_op(tmp_path, "swiglu_loud", f"open({str(operators / 'loud.txt')!r}, 'w').write('was here')")
-    outcome = run_replay(REPLAY_MODEL, "scratch", settings, ops=[f"swiglu={loud}"], steps=2)
+    loud = _replay_op(tmp_path, "situ_loud", f"open({str(operators / 'loud.txt')!r}, 'w').write('was here')")
+    outcome = run_replay(REPLAY_MODEL, "scratch", settings, ops=[f"situ={loud}"], steps=2)
     assert outcome.status == "error" and "refused by the replay sandbox" in outcome.reason, outcome.reason
     assert str(operators / "loud.txt") in outcome.reason and not (operators / "loud.txt").exists()
     assert _digest(operators) == before

@@ -1,5 +1,5 @@
-"""The replay model and its training loop, on reference blocks (in process, fast): structure, LoRA, determinism,
-learning, and the judgement of a curve against its reference."""
+"""The replay model and its training loop, on reference blocks (in process, fast): the architecture each card gives,
+structure, LoRA, determinism, learning, and the judgement of a curve against its reference."""
 
 from __future__ import annotations
 
@@ -9,39 +9,65 @@ import math
 import pytest
 import torch
 
+from workbench.errors import WorkbenchError
+from workbench.replay.arch import architecture, replay_model_for
 from workbench.replay.compare import judge
-from workbench.replay.model import GatedDSA, KDAAttention, Projection, ReplayModel
-from workbench.replay.ops import MODEL_BLOCKS, load_ops
+from workbench.replay.model import GatedDSA, KDAAttention, LatentAttention, Projection, ReplayModel
+from workbench.replay.ops import load_ops, reference_ops
 from workbench.replay.presets import PRESETS, get_preset
 from workbench.replay.train import make_base, train
 
 TINY = get_preset("tiny")
-REFERENCE_OPS = load_ops({b: "reference" for b in MODEL_BLOCKS})
+K3 = architecture("kimi-k3", TINY.layers)
+PRO = architecture("kimi-k3.1-pro", TINY.layers)
+REFERENCE_OPS = load_ops(reference_ops(PRO.blocks))
 
 
 @pytest.fixture(scope="module")
 def scratch():
     torch.set_num_threads(1)
-    return train(TINY, "scratch", TINY.steps, 0, REFERENCE_OPS)
+    return train(TINY, PRO, "scratch", TINY.steps, 0, REFERENCE_OPS)
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     path = tmp_path_factory.mktemp("base") / "base.pt"
-    make_base(dataclasses.replace(TINY, base_steps=60), 0, REFERENCE_OPS, path)
+    make_base(dataclasses.replace(TINY, base_steps=60), PRO, 0, REFERENCE_OPS, path)
     return path
 
 
 def test_every_preset_keeps_the_target_structure():
     for preset in PRESETS.values():
         kda = preset.layers.count("K") / len(preset.layers)
-        assert "D" in preset.layers and "K" in preset.layers
+        assert set(preset.layers) == {"K", "F"}
         assert preset.vocab >= 8 * preset.hidden  # a vocabulary much larger than the hidden size
         assert 0.5 <= kda <= 0.75
-    model = ReplayModel(TINY)
+    model = ReplayModel(TINY, PRO)
     kinds = [type(m) for m in model.attention]
     assert kinds == [KDAAttention, GatedDSA]
+    assert [type(m) for m in ReplayModel(TINY, K3).attention] == [KDAAttention, LatentAttention]
     assert len(model.mix) == 2 * len(TINY.layers) + 1  # AttnRes before every sub-layer and before the head
+
+
+def test_each_card_gives_its_architecture():
+    """kimi-k3 (from its published config): KDA with its short convolution and bounded gate, MLA, latent MoE with
+    SiTU experts and a SiTU shared expert; kimi-k3.1-pro the same with gated DSA in the full-attention layer (MLA in
+    the second one of a longer schedule)."""
+    assert (K3.layers, PRO.layers) == ("KM", "KD")
+    assert K3.short_conv and K3.bounded_gate and K3.latent and (K3.experts, K3.shared) == ("situ", "situ")
+    assert {"kda_short_conv", "kda_gate", "mla", "situ"} <= set(K3.blocks) and "swiglu" not in K3.blocks
+    assert {"dsa_indexer", "dsa_sparse_attention"} <= set(PRO.blocks) and "mla" not in PRO.blocks
+    assert architecture("kimi-k3.1-pro", "KKKFKKKF").layers == "KKKDKKKM"
+    assert replay_model_for("mla", "kimi-k3.1-pro", TINY.layers) == "kimi-k3"  # not in K3.1 Pro's tiny replay
+    assert replay_model_for("dsa_indexer", "kimi-k3.1-pro", TINY.layers) == "kimi-k3.1-pro"
+
+
+def test_a_card_the_replay_cannot_be_built_from_is_one_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "dense.yaml").write_text("name: dense\ntitle: dense\nfacts: {}\nblocks:\n  rmsnorm: {shapes: []}\n")
+    monkeypatch.setenv("WORKBENCH_MODELS", str(tmp_path))
+    with pytest.raises(WorkbenchError, match="model dense: the replay model has routed MoE layers"):
+        architecture("dense", TINY.layers)
+    assert replay_model_for("rmsnorm", "dense", TINY.layers) == "kimi-k3"  # skipped, the next card serves
 
 
 def _recording(name: str, fn, called: set):
@@ -51,14 +77,15 @@ def _recording(name: str, fn, called: set):
     return run
 
 
-def test_every_catalog_block_of_the_model_is_called():
+@pytest.mark.parametrize("arch", [K3, PRO], ids=["kimi-k3", "kimi-k3.1-pro"])
+def test_every_catalog_block_of_the_model_is_called(arch):
     called = set()
-    ops = {name: _recording(name, fn, called) for name, fn in REFERENCE_OPS.items()}
-    model = ReplayModel(TINY)
+    ops = {name: _recording(name, fn, called) for name, fn in load_ops(reference_ops(arch.blocks)).items()}
+    model = ReplayModel(TINY, arch)
     tokens = torch.randint(0, TINY.vocab, (TINY.batch, TINY.seq_len))
     loss = model.loss(tokens, tokens, ops)
     loss.backward()
-    assert called == set(MODEL_BLOCKS) - {"lora_linear"}
+    assert called == set(arch.blocks) - {"lora_linear"}
     model.add_lora(TINY.lora_rank, TINY.lora_alpha, seed=0)
     called.clear()
     model.loss(tokens, tokens, ops)
@@ -67,7 +94,7 @@ def test_every_catalog_block_of_the_model_is_called():
 
 def test_lora_freezes_the_base_and_starts_from_its_outputs():
     torch.manual_seed(0)
-    model = ReplayModel(TINY)
+    model = ReplayModel(TINY, PRO)
     tokens = torch.randint(0, TINY.vocab, (TINY.batch, TINY.seq_len))
     with torch.no_grad():
         before = model.loss(tokens, tokens, REFERENCE_OPS)
@@ -90,18 +117,18 @@ def test_a_scratch_run_learns_from_about_ln_vocab(scratch):
 
 
 def test_the_reference_run_repeated_is_bit_identical(scratch):
-    again = train(TINY, "scratch", TINY.steps, 0, REFERENCE_OPS)
+    again = train(TINY, PRO, "scratch", TINY.steps, 0, REFERENCE_OPS)
     assert again.curve == scratch.curve
     assert again.fingerprints == scratch.fingerprints and again.topk_values == scratch.topk_values
-    other_seed = train(TINY, "scratch", 3, 1, REFERENCE_OPS)
+    other_seed = train(TINY, PRO, "scratch", 3, 1, REFERENCE_OPS)
     assert other_seed.curve != scratch.curve[:3]
 
 
 def test_a_lora_run_starts_from_the_base_and_trains_only_adapters(base):
-    run = train(TINY, "lora", 8, 0, REFERENCE_OPS, base=base)
+    run = train(TINY, PRO, "lora", 8, 0, REFERENCE_OPS, base=base)
     assert all(name.endswith(("lora_a", "lora_b")) for name in run.fingerprints)
     assert run.curve[-1] < run.curve[0]
-    again = train(TINY, "lora", 8, 0, REFERENCE_OPS, base=base)
+    again = train(TINY, PRO, "lora", 8, 0, REFERENCE_OPS, base=base)
     assert again.curve == run.curve
 
 
@@ -128,20 +155,22 @@ def test_judge_fails_nan_short_curves_and_drifted_parameters_or_topk(scratch):
 
 def test_ops_words_choose_each_blocks_implementation(tmp_path):
     from workbench.operators import promote_file
-    from workbench.replay.ops import REFERENCE, replay_mode_for, resolve_ops
+    from workbench.replay.ops import REFERENCE, resolve_ops
 
     source = tmp_path / "rmsnorm_candidate.py"
     source.write_text("BLOCK = 'rmsnorm'\n")
     promoted = promote_file(source, tmp_path / "operators", "rmsnorm", {"block": "rmsnorm", "promoted_at": "1"})
-    chosen = resolve_ops(None, tmp_path / "operators")  # default: promoted where there is one
+    chosen = resolve_ops(None, tmp_path / "operators", PRO.blocks)  # default: promoted where there is one
     assert chosen["rmsnorm"] == str(promoted) and chosen["kda"] == REFERENCE
-    assert set(resolve_ops(["reference"], tmp_path / "operators").values()) == {REFERENCE}
+    assert set(resolve_ops(["reference"], tmp_path / "operators", PRO.blocks).values()) == {REFERENCE}
     loss = tmp_path / "loss.py"
     loss.write_text("")
-    chosen = resolve_ops(["promoted", f"seq_chunked_ce={loss}", "rmsnorm=reference"], tmp_path / "operators")
+    chosen = resolve_ops(["promoted", f"seq_chunked_ce={loss}", "rmsnorm=reference"], tmp_path / "operators",
+                         PRO.blocks)
     assert chosen["seq_chunked_ce"] == str(loss) and "vocab_blockwise_ce" not in chosen  # one loss head
     assert chosen["rmsnorm"] == REFERENCE  # later words win
-    assert [replay_mode_for(b) for b in ("lora_linear", "kda", "seq_chunked_ce")] == ["lora", "scratch", "scratch"]
+    with pytest.raises(WorkbenchError, match="block 'mla' is not part of the replay model"):
+        resolve_ops([f"mla={loss}"], tmp_path / "operators", PRO.blocks)
 
 
 def test_training_never_picks_an_operator_promoted_by_a_forward_only_port(tmp_path):
@@ -155,7 +184,7 @@ def test_training_never_picks_an_operator_promoted_by_a_forward_only_port(tmp_pa
         (tmp_path / name).write_text("BLOCK = 'rmsnorm'\n")
         promote_file(tmp_path / name, ops, "rmsnorm", {"block": "rmsnorm", "promoted_at": stamp,
                                                       "verification": {"forward_only": forward_only}})
-    assert resolve_ops(None, ops)["rmsnorm"] == str(ops / "rmsnorm" / "rmsnorm_train.py")
+    assert resolve_ops(None, ops, PRO.blocks)["rmsnorm"] == str(ops / "rmsnorm" / "rmsnorm_train.py")
     newest = newest_promoted(ops)
     assert list(newest) == ["rmsnorm", "rmsnorm" + FORWARD_ONLY_SUFFIX]
     assert newest["rmsnorm" + FORWARD_ONLY_SUFFIX]["path"].endswith("rmsnorm_decode.py")
@@ -167,6 +196,6 @@ def test_training_in_process_leaves_torch_global_state_as_it_was():
     torch.use_deterministic_algorithms(False)
     torch.manual_seed(1234)
     before = torch.get_rng_state()
-    train(TINY, "scratch", 2, 0, REFERENCE_OPS)
+    train(TINY, PRO, "scratch", 2, 0, REFERENCE_OPS)
     assert not torch.are_deterministic_algorithms_enabled()
     assert torch.equal(torch.get_rng_state(), before)

@@ -12,6 +12,7 @@ from faulty_ops import CRASHING, HANGING
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
+from workbench.ci import CI_REPLAY_MODELS
 from workbench.cli import app
 from workbench.replay.faults import write_op
 from workbench.replay.presets import get_preset
@@ -19,6 +20,7 @@ from workbench.replay.runner import base_path, reference_file, run_replay
 from workbench.store import LossReplay, get_engine
 
 MODEL = "kimi-k3.1-pro"
+CARDS = CI_REPLAY_MODELS  # the shipped cards, each with its replay references in replays/
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
@@ -88,40 +90,46 @@ def test_a_crashing_operator_ends_the_replay_as_an_error_with_its_reason(setting
 
 def test_a_hanging_operator_is_killed_at_the_timeout(settings, tmp_path):
     run_replay(MODEL, "scratch", settings, ops=["reference"], steps=2)  # the reference first, without a timeout
-    hang = write_op(tmp_path, "swiglu_hang", HANGING, block="swiglu")
-    outcome = run_replay(MODEL, "scratch", settings, ops=[f"swiglu={hang}"], steps=2, timeout_s=15)
+    hang = write_op(tmp_path, "situ_hang", HANGING, block="situ")
+    outcome = run_replay(MODEL, "scratch", settings, ops=[f"situ={hang}"], steps=2, timeout_s=15)
     assert outcome.status == "error" and "timed out after 15 s (at step 0)" in outcome.reason
     assert _rows(settings)[-1].status == "error"
 
 
 @pytest.mark.interpreter
 @pytest.mark.slow
-def test_promoted_operators_on_the_interpreter_stay_in_the_band(settings):
-    """Every promoted operator of the repository at once, through the Triton interpreter (a few steps)."""
+@pytest.mark.parametrize("model", CARDS)
+def test_promoted_operators_on_the_interpreter_stay_in_the_band(settings, model):
+    """Every promoted operator of the repository at once, through the Triton interpreter (a few steps): kimi-k3's
+    tiny model runs KDA (with its short convolution and bounded gate) and MLA, kimi-k3.1-pro's KDA and gated DSA,
+    both latent MoE with SiTU experts and a SiTU shared expert."""
     shutil.copytree(REPO / "operators", settings.operators_dir)
-    outcome = run_replay(MODEL, "scratch", settings, steps=2)
+    outcome = run_replay(model, "scratch", settings, steps=2)
     assert outcome.status == "pass", outcome.reason
     used = {k: v for k, v in _rows(settings)[-1].ops.items() if k != "band"}
     assert all(v != "reference" for v in used.values())
 
 
-def test_the_references_kept_in_the_repository_match_the_code():
+@pytest.mark.parametrize("model", CARDS)
+def test_the_references_kept_in_the_repository_match_the_code(model):
     """replays/ holds the reference runs CI compares against: each file's key must be what the code computes now
     (a change to the replay model, the data or a block's reference makes them stale: re-record them with
     `workbench replay <model> --mode <mode> --steps <n> --ops reference --rerun-reference --export-reference`)."""
     from workbench.ci import CI_REPLAYS
     from workbench.config import Settings
+    from workbench.replay.arch import architecture
     from workbench.replay.runner import BASE_SEED, reference_key
 
     repo = Settings(db_url="sqlite://", operators_dir=REPO / "operators", work_dir=REPO / ".workbench",
                     replays_dir=REPO / "replays")
     tiny = get_preset("tiny")
-    base = base_path(repo, MODEL, tiny)
+    arch = architecture(model, tiny.layers)
+    base = base_path(repo, model, tiny)
     meta = json.loads(base.with_suffix(".json").read_text())
-    assert meta["key"] == reference_key(tiny, "base", tiny.base_steps, BASE_SEED, None), "stale base checkpoint"
+    assert meta["key"] == reference_key(tiny, arch, "base", tiny.base_steps, BASE_SEED, None), "stale base checkpoint"
     wanted = {(mode, steps) for mode, steps in CI_REPLAYS} | {(m, tiny.default_steps(m)) for m in ("scratch", "lora")}
     for mode, steps in sorted(wanted):
-        shipped = json.loads(reference_file(repo, MODEL, tiny, mode, steps, 0).read_text())
-        assert shipped["key"] == reference_key(tiny, mode, steps, 0, base if mode == "lora" else None), \
+        shipped = json.loads(reference_file(repo, model, tiny, mode, steps, 0).read_text())
+        assert shipped["key"] == reference_key(tiny, arch, mode, steps, 0, base if mode == "lora" else None), \
             f"stale reference {mode} {steps} steps"
         assert len(shipped["result"]["curve"]) == steps

@@ -237,19 +237,21 @@ def build_graph(ctx: PortContext, checkpointer=None):
         return {"proposal": proposal, "reason": "" if proposal else message}
 
     def replay_gate(state: PortState) -> dict:
-        from workbench.replay.ops import replay_mode_for
+        from workbench.replay.arch import replay_model_for
+        from workbench.replay.presets import get_preset
         from workbench.replay.runner import run_replay
 
         ranked = sorted(state["passing"], key=lambda a: a["worst_ratio"])
-        mode = replay_mode_for(ctx.spec.name)
+        model = replay_model_for(ctx.spec.name, ctx.replay_model, get_preset("tiny").layers)
+        mode = ("lora" if ctx.spec.name == "lora_linear" else "scratch") if model else None
         if not ctx.replay_steps or mode is None or ctx.forward_only:
-            why = "off" if not ctx.replay_steps else f"{ctx.spec.name} is not part of the replay model" \
-                if mode is None else "off for a forward-only port (training needs the backward)"
+            why = "off" if not ctx.replay_steps else "off for a forward-only port (training needs the backward)" \
+                if ctx.forward_only else f"{ctx.spec.name} is not part of any card's replay model"
             ctx.emit(state["run_id"], "replay", f"replay gate {why}")
             return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
         failures = []
         for attempt in ranked:
-            outcome = run_replay(ctx.replay_model, mode, ctx.settings, steps=ctx.replay_steps,
+            outcome = run_replay(model, mode, ctx.settings, steps=ctx.replay_steps,
                                  ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
             ctx.emit(state["run_id"], "replay",
                      f"#{attempt['iteration']} {outcome.status}: {outcome.reason} (replay #{outcome.replay_id}, "
@@ -258,7 +260,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
                       "status": outcome.status, "left_band_step": outcome.left_band_step})
             if outcome.status == "pass":
                 return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
-                                 "model": ctx.replay_model, "mode": mode, "steps": ctx.replay_steps}}
+                                 "model": model, "mode": mode, "steps": ctx.replay_steps}}
             failures.append(f"#{attempt['iteration']} {outcome.reason}")
         return {"gate": {"candidate_id": None}, "status": RunStatus.BLOCKED,
                 "reason": f"every passing candidate failed the replay gate: {'; '.join(failures)}"}

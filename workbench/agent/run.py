@@ -13,11 +13,14 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
+from workbench import vocabulary
 from workbench.agent.graph import PortContext, Proposer, build_graph, gated_candidate, recursion_limit
 from workbench.agent.llm import HybridProposer, LLMConfig, LLMProposer, require_client, resolve_model
 from workbench.agent.search import SearchProposer
@@ -193,6 +196,13 @@ def _thread(run_id: str, budget: int) -> dict:
     return {"configurable": {"thread_id": run_id}, "recursion_limit": recursion_limit(budget)}
 
 
+# The state's own types, allowed by name when a checkpoint is read back (LangGraph warns about, and will refuse,
+# any other type it did not list as safe).
+CHECKPOINT_SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
+    ("workbench.vocabulary", name) for name, value in vars(vocabulary).items()
+    if isinstance(value, type) and issubclass(value, StrEnum) and value is not StrEnum])
+
+
 @contextmanager
 def _checkpointed(ctx: PortContext) -> Iterator[Any]:
     """The compiled graph with its checkpoints in their own SQLite file (SqliteSaver turns on WAL)."""
@@ -200,7 +210,7 @@ def _checkpointed(ctx: PortContext) -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(str(path), check_same_thread=False)
     try:
-        yield build_graph(ctx, checkpointer=SqliteSaver(conn))
+        yield build_graph(ctx, checkpointer=SqliteSaver(conn, serde=CHECKPOINT_SERDE))
     finally:
         conn.close()
 

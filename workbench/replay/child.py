@@ -33,6 +33,7 @@ def _send(event: dict) -> None:
 def main() -> None:
     import torch
 
+    from workbench.replay.arch import Architecture
     from workbench.replay.ops import REFERENCE, load_ops
     from workbench.replay.presets import get_preset
     from workbench.replay.train import make_base, train
@@ -43,7 +44,7 @@ def main() -> None:
     chosen = {block: f if f == REFERENCE else os.path.abspath(f) for block, f in job["ops"].items()}
     install_write_guard([f for f in chosen.values() if f != REFERENCE], job.get("writable", []), "the replay sandbox")
     try:
-        preset = get_preset(job["preset"])
+        preset, arch = get_preset(job["preset"]), Architecture(**job["arch"])
         ops = load_ops(chosen)
         base = Path(job["base"]) if job.get("base") else None
 
@@ -51,9 +52,9 @@ def main() -> None:
             _send({"event": "step", "step": step, "loss": loss, "seconds": seconds})
 
         if job["task"] == "base":
-            result = make_base(preset, job["seed"], ops, base, job["device"], on_step)
+            result = make_base(preset, arch, job["seed"], ops, base, job["device"], on_step)
         else:
-            result = train(preset, job["mode"], job["steps"], job["seed"], ops, job["device"], base, on_step)
+            result = train(preset, arch, job["mode"], job["steps"], job["seed"], ops, job["device"], base, on_step)
         _send({"event": "done", "result": asdict(result)})
     except Exception as exc:  # reported to the parent as one line; the traceback goes to stderr
         traceback.print_exc()

@@ -1,14 +1,16 @@
-"""The replay model: a small model of the target architecture assembled from the block catalog.
+"""The replay model: a small model of the card's architecture (workbench/replay/arch.py) assembled from the block
+catalog.
 
     x_0 = embed(tokens)                                                       sources = [x_0]
-    per layer (KDA or gated DSA attention), per sub-layer (attention, then MoE):
+    per layer (KDA, MLA or gated DSA attention), per sub-layer (attention, then MoE):
         h = rmsnorm(attnres(stack(sources)))                                  AttnRes mixing over depth, pre-norm
         sources.append(sublayer(h))
     logits head: loss = <loss block>(rmsnorm(attnres(stack(sources))), W_lm, targets)
 
 Every catalog block is called through ``ops`` (its reference or an operator with the same signature); the glue
 between blocks (projections, L2 norms of q and k, gates) is plain torch. In LoRA mode the attention projections
-(q, k, v, output) and the shared expert's projections run through the lora_linear block with the base weights frozen.
+(q, k, v, output), MLA's, the latent MoE's and the shared expert's projections run through the lora_linear block with
+the base weights frozen.
 Shapes: tokens, targets [B, T] int64; hidden states [B*T, D] in the preset's dtype.
 """
 
@@ -21,13 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.blocks.kda_gate import LOWER_BOUND
 from workbench.blocks.situ import BETA as SITU_BETA
 from workbench.blocks.situ import LINEAR_BETA as SITU_LINEAR_BETA
+from workbench.replay.arch import Architecture
 from workbench.replay.presets import Preset
 
 EPS = 1e-6
 GATE_NORMALIZER = 16.0  # KDA log-decay = logsigmoid(x W_g) / 16 (GLA's normalizer): decays of a few percent per token
 INIT_STD = 0.02
+CONV_WIDTH = 4  # KDA's short_conv_kernel_size
 
 
 def _param(*shape: int, std: float = INIT_STD, fill: float | None = None) -> nn.Parameter:
@@ -79,10 +84,11 @@ class AttnResNorm(nn.Module):
 
 
 class KDAAttention(nn.Module):
-    """Kimi Delta Attention: q, k L2-normalized per head, per-channel log decay g, beta = sigmoid; the output is
-    RMS-normed per head and gated by sigmoid(x W_og) (Kimi Linear's output gate)."""
+    """Kimi Delta Attention: q, k, v through the causal short convolution with SiLU (when the card has it), q, k
+    L2-normalized per head, per-channel log decay g (the bounded full-rank gate, or logsigmoid / 16), beta = sigmoid;
+    the output is RMS-normed per head and gated by sigmoid(x W_og) (Kimi Linear's output gate)."""
 
-    def __init__(self, p: Preset):
+    def __init__(self, p: Preset, arch: Architecture):
         super().__init__()
         d, hk = p.hidden, p.heads * p.head_dim
         self.heads, self.head_dim = p.heads, p.head_dim
@@ -91,14 +97,28 @@ class KDAAttention(nn.Module):
         self.w_beta = _param(p.heads, d, std=1 / math.sqrt(d))
         self.w_out_gate = _param(hk, d, std=1 / math.sqrt(d))
         self.o_norm = _param(p.head_dim, fill=1.0)
+        # fla's ShortConvolution: one depthwise filter per channel, Conv1d's default init (std of U(-1/2, 1/2))
+        self.conv = nn.ParameterList(_param(hk, CONV_WIDTH, std=0.29) for _ in range(3)) if arch.short_conv else None
+        if arch.bounded_gate:  # fla's KDA gate parameters: A_log = log U(1, 16) per head, dt_bias per channel
+            self.a_log = nn.Parameter(torch.log(1 + 15 * torch.rand(p.heads)))
+            self.dt_bias = _param(p.heads, p.head_dim, std=0.1)
+        else:
+            self.a_log = self.dt_bias = None
+
+    def _inputs(self, x: torch.Tensor, batch: int, ops: dict[str, Callable]) -> list[torch.Tensor]:
+        """q, k, v [B, T, H*K]: the projections, each through its short convolution when there is one."""
+        n = x.shape[0]
+        qkv = [proj(x, ops).view(batch, n // batch, -1) for proj in (self.q, self.k, self.v)]
+        return [ops["kda_short_conv"](t, w) for t, w in zip(qkv, self.conv, strict=True)] if self.conv else qkv
 
     def forward(self, x: torch.Tensor, batch: int, ops: dict[str, Callable]) -> torch.Tensor:
         n, _ = x.shape
         shape = (batch, n // batch, self.heads, self.head_dim)
-        q = F.normalize(self.q(x, ops).view(shape), dim=-1)
-        k = F.normalize(self.k(x, ops).view(shape), dim=-1)
-        v = self.v(x, ops).view(shape)
-        g = F.logsigmoid(x @ self.w_gate.T).view(shape) / GATE_NORMALIZER
+        q, k, v = (t.view(shape) for t in self._inputs(x, batch, ops))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        f = (x @ self.w_gate.T).view(shape)
+        g = ops["kda_gate"](f, self.a_log, self.dt_bias, LOWER_BOUND) if self.a_log is not None else \
+            F.logsigmoid(f) / GATE_NORMALIZER
         beta = torch.sigmoid(x @ self.w_beta.T).view(shape[:3])
         o, _state = ops["kda"](q, k, v, g, beta, self.head_dim ** -0.5, None)
         o = ops["rmsnorm"](o.reshape(-1, self.head_dim), self.o_norm, EPS).view(n, -1)
@@ -137,18 +157,54 @@ class GatedDSA(nn.Module):
         return self.o(o.reshape(n, -1), ops)
 
 
-class MoE(nn.Module):
-    """Sigmoid top-k routing with an aux-loss-free selection bias (a buffer, updated by the trainer), permute,
-    grouped SwiGLU experts, weighted combine; plus one shared SwiGLU expert through the swiglu block."""
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (MLA) with Kimi's output gate: c_q = RMSNorm(x W_dq) (rank = hidden), q = c_q W_uq
+    per head (nope part head_dim, rope part head_dim / 2); c_kv = RMSNorm(x W_dkv) (rank ``mla_rank``), one rope key
+    x W_kr for every head, the per-head up-projections W_uk, W_uv inside the mla block; no rotary embedding."""
 
     def __init__(self, p: Preset):
         super().__init__()
+        d, h, dn = p.hidden, p.heads, p.head_dim
+        self.heads, self.dn, self.dr, self.rank = h, dn, dn // 2, p.mla_rank
+        self.q_down, self.q_up = Projection(d, d), Projection(d, h * (dn + self.dr))
+        self.kv_down, self.k_rope = Projection(d, self.rank), Projection(d, self.dr)
+        self.q_norm, self.kv_norm = _param(d, fill=1.0), _param(self.rank, fill=1.0)
+        self.w_uk = _param(h, dn, self.rank, std=1 / math.sqrt(self.rank))
+        self.w_uv = _param(h, dn, self.rank, std=1 / math.sqrt(self.rank))
+        self.w_gate = _param(h * dn, d, std=1 / math.sqrt(d))
+        self.o = Projection(h * dn, d)
+
+    def forward(self, x: torch.Tensor, batch: int, ops: dict[str, Callable]) -> torch.Tensor:
+        n, _ = x.shape
+        t = n // batch
+        c_q = ops["rmsnorm"](self.q_down(x, ops), self.q_norm, EPS)
+        q = self.q_up(c_q, ops).view(batch, t, self.heads, self.dn + self.dr)
+        c_kv = ops["rmsnorm"](self.kv_down(x, ops), self.kv_norm, EPS).view(batch, t, self.rank)
+        k_rope = self.k_rope(x, ops).view(batch, t, self.dr)
+        gate = (x @ self.w_gate.T).view(batch, t, self.heads, self.dn)
+        o = ops["mla"](q, c_kv, k_rope, self.w_uk, self.w_uv, gate, (self.dn + self.dr) ** -0.5)
+        return self.o(o.reshape(n, -1), ops)
+
+
+class MoE(nn.Module):
+    """Sigmoid top-k routing with an aux-loss-free selection bias (a buffer, updated by the trainer), permute,
+    grouped experts (SwiGLU or SiTU), weighted combine; in latent MoE the experts run at half the width, between a
+    down projection with its RMSNorm and an up projection; plus one shared expert through the swiglu or situ block."""
+
+    def __init__(self, p: Preset, arch: Architecture):
+        super().__init__()
         d, f, e = p.hidden, p.expert_ffn, p.experts
+        dx = d // 2 if arch.latent else d  # the experts' width
         self.experts, self.active, self.route_scale = e, p.active, p.route_scale
+        self.expert_act, self.shared_act = arch.experts, arch.shared
         self.router = _param(e, d, std=1 / math.sqrt(d))
         self.register_buffer("bias", torch.zeros(e, dtype=torch.float32))
-        self.w1, self.w3 = _param(e, f, d, std=1 / math.sqrt(d)), _param(e, f, d, std=1 / math.sqrt(d))
-        self.w2 = _param(e, d, f, std=1 / math.sqrt(f))
+        self.w1, self.w3 = _param(e, f, dx, std=1 / math.sqrt(dx)), _param(e, f, dx, std=1 / math.sqrt(dx))
+        self.w2 = _param(e, dx, f, std=1 / math.sqrt(f))
+        if arch.latent:
+            self.down, self.up, self.latent_norm = Projection(d, dx), Projection(dx, d), _param(dx, fill=1.0)
+        else:
+            self.down = self.up = self.latent_norm = None
         self.shared_gate, self.shared_up, self.shared_down = Projection(d, f), Projection(d, f), Projection(f, d)
         self.last_counts: torch.Tensor | None = None
 
@@ -156,26 +212,31 @@ class MoE(nn.Module):
         weights, ids, counts = ops["moe_router"](x, self.router, self.bias, self.active, "sigmoid", None, True,
                                                  self.route_scale)
         self.last_counts = counts.detach()
-        x_perm, _token_of_row, row_of_slot, _counts, offsets = ops["moe_permute"](x, ids, self.experts)
-        y = ops["moe_grouped_gemm"](x_perm, offsets, self.w1, self.w3, self.w2, "swiglu", SITU_BETA,
+        xe = ops["rmsnorm"](self.down(x, ops), self.latent_norm, EPS) if self.down is not None else x
+        x_perm, _token_of_row, row_of_slot, _counts, offsets = ops["moe_permute"](xe, ids, self.experts)
+        y = ops["moe_grouped_gemm"](x_perm, offsets, self.w1, self.w3, self.w2, self.expert_act, SITU_BETA,
                                     SITU_LINEAR_BETA)
         routed = ops["moe_combine"](y, weights, row_of_slot)
-        shared = ops["swiglu"](self.shared_gate(x, ops), self.shared_up(x, ops))
+        if self.up is not None:
+            routed = self.up(routed, ops)
+        gate, up = self.shared_gate(x, ops), self.shared_up(x, ops)
+        shared = ops["swiglu"](gate, up) if self.shared_act == "swiglu" else \
+            ops["situ"](torch.cat([gate, up], dim=-1), SITU_BETA, SITU_LINEAR_BETA)
         return routed + self.shared_down(shared, ops)
 
 
 class ReplayModel(nn.Module):
-    """Token embedding, the preset's layers (attention + MoE, each behind AttnRes + RMSNorm), final AttnRes + RMSNorm,
-    and the large-vocabulary loss head (W_lm [V, D], not tied)."""
+    """Token embedding, the architecture's layers (attention + MoE, each behind AttnRes + RMSNorm), final AttnRes +
+    RMSNorm, and the large-vocabulary loss head (W_lm [V, D], not tied)."""
 
-    def __init__(self, p: Preset):
+    def __init__(self, p: Preset, arch: Architecture):
         super().__init__()
-        self.preset = p
+        self.preset, self.arch = p, arch
         self.embed = _param(p.vocab, p.hidden, std=1.0)
-        attention = {"K": KDAAttention, "D": GatedDSA}
-        self.attention = nn.ModuleList(attention[kind](p) for kind in p.layers)
-        self.moe = nn.ModuleList(MoE(p) for _ in p.layers)
-        self.mix = nn.ModuleList(AttnResNorm(p.hidden) for _ in range(2 * len(p.layers) + 1))
+        attention = {"K": lambda: KDAAttention(p, arch), "D": lambda: GatedDSA(p), "M": lambda: LatentAttention(p)}
+        self.attention = nn.ModuleList(attention[kind]() for kind in arch.layers)
+        self.moe = nn.ModuleList(MoE(p, arch) for _ in arch.layers)
+        self.mix = nn.ModuleList(AttnResNorm(p.hidden) for _ in range(2 * len(arch.layers) + 1))
         self.lm_head = _param(p.vocab, p.hidden, std=1 / math.sqrt(p.hidden))
 
     def hidden(self, tokens: torch.Tensor, ops: dict[str, Callable]) -> torch.Tensor:
@@ -197,8 +258,8 @@ class ReplayModel(nn.Module):
         return torch.log_softmax((self.hidden(tokens, ops) @ self.lm_head.T).float(), dim=-1)
 
     def add_lora(self, rank: int, alpha: float, seed: int) -> dict[str, nn.Parameter]:
-        """Freeze every parameter, attach adapters to the attention and shared-expert projections; returns them
-        by name ("<projection>.lora_a" / ".lora_b")."""
+        """Freeze every parameter, attach adapters to every projection (attention, latent MoE, shared expert);
+        returns them by name ("<projection>.lora_a" / ".lora_b")."""
         for param in self.parameters():
             param.requires_grad_(False)
         g = torch.Generator().manual_seed(seed)

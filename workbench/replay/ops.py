@@ -15,32 +15,21 @@ from pathlib import Path
 from workbench.blocks import REGISTRY, get_block
 from workbench.errors import WorkbenchError
 from workbench.operators import is_forward_only, list_promoted
+from workbench.replay.arch import LOSS_BLOCKS
 
 REFERENCE = "reference"
 
-# The blocks the replay model calls, by the role it calls them in.
-MODEL_BLOCKS = ("attnres", "rmsnorm", "kda", "dsa_indexer", "dsa_sparse_attention", "moe_router", "moe_permute",
-                "moe_grouped_gemm", "moe_combine", "swiglu", "lora_linear", "vocab_blockwise_ce")
-# Either loss block is the model's loss head (vocab_blockwise_ce unless the other is named).
-LOSS_BLOCKS = ("vocab_blockwise_ce", "seq_chunked_ce")
+def reference_ops(blocks: tuple[str, ...]) -> dict[str, str]:
+    """Every block of the model on its reference."""
+    return {b: REFERENCE for b in blocks}
 
 
-def replay_mode_for(block: str) -> str | None:
-    """The replay mode that exercises ``block`` (lora_linear runs only in LoRA replays); None if none does."""
-    if block == "lora_linear":
-        return "lora"
-    return "scratch" if block in MODEL_BLOCKS or block in LOSS_BLOCKS else None
-
-
-REFERENCE_OPS = {b: REFERENCE for b in MODEL_BLOCKS}  # every block of the model on its reference
-
-
-def resolve_ops(words: list[str] | None, operators_dir: Path) -> dict[str, str]:
-    """{block: "reference" | path of the operator file} for every block of the model."""
-    chosen = dict(REFERENCE_OPS)
+def resolve_ops(words: list[str] | None, operators_dir: Path, blocks: tuple[str, ...]) -> dict[str, str]:
+    """{block: "reference" | path of the operator file} for every one of ``blocks`` (the model's)."""
+    chosen = reference_ops(blocks)
     for word in words or ["promoted"]:
         if word == REFERENCE:
-            chosen = dict(REFERENCE_OPS)
+            chosen = reference_ops(blocks)
         elif word == "promoted":
             for block in chosen:
                 # training needs the backward: an operator promoted by a forward-only port is never chosen
@@ -50,8 +39,8 @@ def resolve_ops(words: list[str] | None, operators_dir: Path) -> dict[str, str]:
             block, _, target = word.partition("=")
             if block not in REGISTRY:
                 raise WorkbenchError(f"unknown block '{block}' in --ops {word}")
-            if block not in MODEL_BLOCKS and block not in LOSS_BLOCKS:
-                raise WorkbenchError(f"block '{block}' is not part of the replay model ({', '.join(MODEL_BLOCKS)})")
+            if block not in blocks and block not in LOSS_BLOCKS:
+                raise WorkbenchError(f"block '{block}' is not part of the replay model ({', '.join(blocks)})")
             if target != REFERENCE and not Path(target).is_file():
                 raise WorkbenchError(f"--ops {word}: no such file {target}")
             if block in LOSS_BLOCKS:  # the model has one loss head: naming a loss block selects it

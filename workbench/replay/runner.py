@@ -1,10 +1,11 @@
 """Run a replay: find or record the reference run, train with the chosen ops in a child process, hold the curve
 against the reference, record everything in the store and draw the plot.
 
-Reference runs are keyed by everything that determines them (preset, mode, steps, seed, the source of the replay
-model and of the blocks' references, the torch version and, for LoRA, the base checkpoint's bytes). A reference is
-taken from the store, else from the repository file ``replays/<model>/<preset>/<mode>-s<steps>-seed<seed>.json``,
-else run now: twice, and the two runs must be bit-identical.
+Reference runs are keyed by everything that determines them (preset, the architecture read from the model card,
+mode, steps, seed, the source of the replay model and of the blocks' references, the torch version and, for LoRA,
+the base checkpoint's bytes). A reference is taken from the store, else from the repository file
+``replays/<model>/<preset>/<mode>-s<steps>-seed<seed>.json``, else run now: twice, and the two runs must be
+bit-identical.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from workbench.blocks import get_block
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
 from workbench.models import get_model
+from workbench.replay import arch as arch_module
 from workbench.replay import data as data_module
 from workbench.replay import model as model_module
 from workbench.replay import train as train_module
+from workbench.replay.arch import CALLABLE, Architecture, architecture
 from workbench.replay.child import MARK
 from workbench.replay.compare import Judgement, judge
-from workbench.replay.ops import REFERENCE_OPS, describe, resolve_ops
+from workbench.replay.ops import describe, reference_ops, resolve_ops
 from workbench.replay.presets import Preset, check_mode, get_preset
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
@@ -80,31 +83,30 @@ def base_path(settings: Settings, model: str, preset: Preset) -> Path:
 
 @cache
 def _code_digest() -> str:
-    """The replay code and the blocks' references, as sources: computed once per process."""
-    from workbench.replay.ops import LOSS_BLOCKS, MODEL_BLOCKS
-
+    """The replay code and the references of every block a replay model may call, as sources: computed once per
+    process."""
     h = hashlib.sha256()
-    for module in (data_module, model_module, train_module):
+    for module in (arch_module, data_module, model_module, train_module):
         h.update(inspect.getsource(module).encode())
-    for block in sorted(set(MODEL_BLOCKS) | set(LOSS_BLOCKS)):
+    for block in CALLABLE:
         h.update(get_block(block).reference_source().encode())
     h.update(torch.__version__.encode())
     return h.hexdigest()
 
 
-def reference_key(preset: Preset, mode: str, steps: int, seed: int, base: Path | None) -> str:
-    h = hashlib.sha256(json.dumps([preset.to_dict(), mode, steps, seed], sort_keys=True).encode())
+def reference_key(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, base: Path | None) -> str:
+    h = hashlib.sha256(json.dumps([preset.to_dict(), arch.to_dict(), mode, steps, seed], sort_keys=True).encode())
     h.update(_code_digest().encode())
     if base is not None:
         h.update(base.read_bytes())
     return h.hexdigest()[:32]
 
 
-def training_job(task: str, preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, str],
-                 backend: Backend, base: Path | None) -> dict:
+def training_job(task: str, preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
+                 ops: dict[str, str], backend: Backend, base: Path | None) -> dict:
     """The job a training process reads (see workbench.replay.child)."""
-    return {"task": task, "preset": preset.name, "mode": mode, "steps": steps, "seed": seed, "ops": ops,
-            "device": backend.device, "base": str(base) if base else None}
+    return {"task": task, "preset": preset.name, "arch": arch.to_dict(), "mode": mode, "steps": steps, "seed": seed,
+            "ops": ops, "device": backend.device, "base": str(base) if base else None}
 
 
 def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int, float, float], None] | None = None
@@ -165,30 +167,31 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
         raise ReplayError(f"the training process died (exit {code}) at step {last_step + 1}: {tail[0][:300]}")
 
 
-def ensure_base(settings: Settings, model: str, preset: Preset, backend: Backend, timeout_s: float,
-                on_event: Event | None = None) -> Path:
+def ensure_base(settings: Settings, model: str, preset: Preset, arch: Architecture, backend: Backend,
+                timeout_s: float, on_event: Event | None = None) -> Path:
     """The LoRA base checkpoint: trained once with reference blocks (preset.base_steps scratch steps) and kept beside
     the reference curves, so a replay needs no download."""
     path = base_path(settings, model, preset)
     meta = path.with_suffix(".json")
-    key = reference_key(preset, "base", preset.base_steps, BASE_SEED, None)
+    key = reference_key(preset, arch, "base", preset.base_steps, BASE_SEED, None)
     if path.is_file() and meta.is_file() and json.loads(meta.read_text()).get("key") == key:
         return path
     if on_event:
         on_event("base", {"path": str(path), "steps": preset.base_steps})
-    job = training_job("base", preset, "scratch", preset.base_steps, BASE_SEED, REFERENCE_OPS, backend, path)
+    job = training_job("base", preset, arch, "scratch", preset.base_steps, BASE_SEED, reference_ops(arch.blocks),
+                       backend, path)
     result = launch(job, backend, timeout_s)
     meta.write_text(json.dumps({"key": key, "steps": preset.base_steps, "final_loss": result.curve[-1],
                                 "curve": result.curve}, indent=1) + "\n")
     return path
 
 
-def reference_run(settings: Settings, model: str, preset: Preset, mode: str, steps: int, seed: int,
-                  backend: Backend, timeout_s: float, *, rerun: bool = False, on_event: Event | None = None
-                  ) -> tuple[RunResult, str, dict]:
+def reference_run(settings: Settings, model: str, preset: Preset, arch: Architecture, mode: str, steps: int,
+                  seed: int, backend: Backend, timeout_s: float, *, rerun: bool = False,
+                  on_event: Event | None = None) -> tuple[RunResult, str, dict]:
     """(result, where it came from: store | file | run, facts: key and, for a run, the repeat check)."""
-    base = ensure_base(settings, model, preset, backend, timeout_s, on_event) if mode == "lora" else None
-    key = reference_key(preset, mode, steps, seed, base)
+    base = ensure_base(settings, model, preset, arch, backend, timeout_s, on_event) if mode == "lora" else None
+    key = reference_key(preset, arch, mode, steps, seed, base)
     engine = get_engine(settings.db_url)
     if not rerun:
         stored = records.find_reference_replay(engine, model, key)
@@ -203,7 +206,7 @@ def reference_run(settings: Settings, model: str, preset: Preset, mode: str, ste
                 return RunResult(**shipped["result"]), "file", {"key": key}
     if on_event:
         on_event("reference", {"steps": steps})
-    job = training_job("train", preset, mode, steps, seed, REFERENCE_OPS, backend, base)
+    job = training_job("train", preset, arch, mode, steps, seed, reference_ops(arch.blocks), backend, base)
     first = launch(job, backend, timeout_s)
     second = launch(job, backend, timeout_s)
     identical = _same(first, second)
@@ -244,6 +247,7 @@ class ReplayPlan:
     model: str
     mode: str
     preset: Preset
+    arch: Architecture
     steps: int
     seed: int
     chosen: dict[str, str]
@@ -256,11 +260,12 @@ def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tin
     get_model(model)
     check_mode(mode)
     p = get_preset(preset)
+    arch = architecture(model, p.layers)
     steps = steps or p.default_steps(mode)
     if steps < 1:
         raise WorkbenchError("--steps must be at least 1")
-    chosen = resolve_ops(ops, settings.operators_dir)
-    return ReplayPlan(model, mode, p, steps, seed, chosen, backend or get_backend())
+    chosen = resolve_ops(ops, settings.operators_dir, arch.blocks)
+    return ReplayPlan(model, mode, p, arch, steps, seed, chosen, backend or get_backend())
 
 
 def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
@@ -278,10 +283,11 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
             on_event: Event | None = None) -> ReplayOutcome:
     """Replay ``plan`` against the reference. on_event(kind, data): "base" (the LoRA base is trained), "reference"
     (a reference run starts), "start" (replay_id, ops, reference_source), "step" (step, loss, reference, seconds)."""
-    model, mode, p, steps, seed, backend = plan.model, plan.mode, plan.preset, plan.steps, plan.seed, plan.backend
+    model, mode, p, arch = plan.model, plan.mode, plan.preset, plan.arch
+    steps, seed, backend = plan.steps, plan.seed, plan.backend
     engine = get_engine(settings.db_url)
     records.mark_replays_interrupted(engine)
-    reference, source, facts = reference_run(settings, model, p, mode, steps, seed, backend, timeout_s,
+    reference, source, facts = reference_run(settings, model, p, arch, mode, steps, seed, backend, timeout_s,
                                              rerun=rerun_reference, on_event=on_event)
     if export:
         facts["exported"] = str(export_reference(settings, model, p, mode, steps, seed, facts["key"], reference))
@@ -300,7 +306,7 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
             on_event("step", {"step": step, "loss": loss, "reference": ref, "seconds": seconds})
 
     base = base_path(settings, model, p) if mode == "lora" else None
-    job = training_job("train", p, mode, steps, seed, plan.chosen, backend, base)
+    job = training_job("train", p, arch, mode, steps, seed, plan.chosen, backend, base)
     detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step}
     try:
         result = launch(job, backend, timeout_s, on_step)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from workbench.blocks.moe_router import update_bias
+from workbench.replay.arch import Architecture
 from workbench.replay.data import batches
 from workbench.replay.model import ReplayModel
 from workbench.replay.presets import Preset
@@ -55,10 +56,10 @@ def _cast_parameters(model: ReplayModel, dtype: torch.dtype) -> None:
         param.data = param.data.to(dtype)
 
 
-def build_model(preset: Preset, seed: int, device: str, base: Path | None = None) -> ReplayModel:
-    """The model initialized from ``seed`` (scratch) or loaded from the base checkpoint ``base``."""
+def build_model(preset: Preset, arch: Architecture, seed: int, device: str, base: Path | None = None) -> ReplayModel:
+    """The model of ``arch`` initialized from ``seed`` (scratch) or loaded from the base checkpoint ``base``."""
     torch.manual_seed(seed)
-    model = ReplayModel(preset)
+    model = ReplayModel(preset, arch)
     if base is not None:
         model.load_state_dict(torch.load(base, map_location="cpu", weights_only=True))
     _cast_parameters(model, getattr(torch, preset.dtype))
@@ -74,10 +75,11 @@ def fingerprint(name: str, param: torch.Tensor) -> list[float]:
     return [float(flat.norm()), float(flat @ signs)]
 
 
-def train(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callable], device: str = "cpu",
-          base: Path | None = None, on_step: Callable[[int, float, float], None] | None = None) -> RunResult:
+def train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
+          device: str = "cpu", base: Path | None = None, on_step: Callable[[int, float, float], None] | None = None
+          ) -> RunResult:
     """Train ``steps`` steps; on_step(step, loss, seconds) after each. mode "lora" needs ``base``."""
-    return _fit(preset, mode, steps, seed, ops, device, base, on_step)[1]
+    return _fit(preset, arch, mode, steps, seed, ops, device, base, on_step)[1]
 
 
 @contextlib.contextmanager
@@ -98,16 +100,17 @@ def _deterministic_and_seeded() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
-def _fit(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callable], device: str,
-         base: Path | None, on_step: Callable[[int, float, float], None] | None) -> tuple[ReplayModel, RunResult]:
+def _fit(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
+         device: str, base: Path | None, on_step: Callable[[int, float, float], None] | None
+         ) -> tuple[ReplayModel, RunResult]:
     with _deterministic_and_seeded():
-        return _fit_steps(preset, mode, steps, seed, ops, device, base, on_step)
+        return _fit_steps(preset, arch, mode, steps, seed, ops, device, base, on_step)
 
 
-def _fit_steps(preset: Preset, mode: str, steps: int, seed: int, ops: dict[str, Callable], device: str,
-               base: Path | None, on_step: Callable[[int, float, float], None] | None
+def _fit_steps(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
+               device: str, base: Path | None, on_step: Callable[[int, float, float], None] | None
                ) -> tuple[ReplayModel, RunResult]:
-    model = build_model(preset, seed, device, base if mode == "lora" else None)
+    model = build_model(preset, arch, seed, device, base if mode == "lora" else None)
     if mode == "lora":
         trainable = model.add_lora(preset.lora_rank, preset.lora_alpha, seed)
         lr, corpus = preset.lora_lr, "finetune"
@@ -159,10 +162,10 @@ def _evaluate(model: ReplayModel, preset: Preset, corpus: str, seed: int, ops: d
     result.topk_values, result.topk_ids = values.cpu().tolist(), ids.cpu().tolist()
 
 
-def make_base(preset: Preset, seed: int, ops: dict[str, Callable], path: Path, device: str = "cpu",
+def make_base(preset: Preset, arch: Architecture, seed: int, ops: dict[str, Callable], path: Path, device: str = "cpu",
               on_step: Callable[[int, float, float], None] | None = None) -> RunResult:
     """Train the scratch run that LoRA replays start from (``preset.base_steps`` steps) and save its state dict."""
-    model, result = _fit(preset, "scratch", preset.base_steps, seed, ops, device, None, on_step)
+    model, result = _fit(preset, arch, "scratch", preset.base_steps, seed, ops, device, None, on_step)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in model.state_dict().items()}
     torch.save(state, path)
