@@ -30,6 +30,7 @@ def _rows(settings) -> list[LossReplay]:
         return list(s.exec(select(LossReplay).order_by(LossReplay.id)))
 
 
+@pytest.mark.slow  # training child processes, 17-51 s each: the whole suite's
 def test_cli_records_the_reference_once_and_holds_a_replay_against_it(settings, tmp_path):
     first = runner.invoke(app, ["replay", MODEL, "--ops", "reference", "--steps", "4", "--json"])
     assert first.exit_code == 0, first.output
@@ -46,6 +47,7 @@ def test_cli_records_the_reference_once_and_holds_a_replay_against_it(settings, 
     assert rows[1].ops["band"] == get_preset("tiny").band_rtol and rows[1].detail["checks"]["band"]["passed"]
 
 
+@pytest.mark.slow  # training child processes, 17-51 s each: the whole suite's
 def test_an_exported_reference_serves_a_fresh_store(settings, tmp_path):
     run_replay(MODEL, "scratch", settings, ops=["reference"], steps=3, export=True)
     exported = reference_file(settings, MODEL, get_preset("tiny"), "scratch", 3, 0)
@@ -55,6 +57,7 @@ def test_an_exported_reference_serves_a_fresh_store(settings, tmp_path):
     assert run_replay(MODEL, "scratch", fresh, ops=["reference"], steps=3).reference_source == "file"
 
 
+@pytest.mark.slow  # training child processes, 17-51 s each: the whole suite's
 def test_a_lora_replay_trains_its_base_checkpoint_once(settings):
     outcome = run_replay(MODEL, "lora", settings, ops=["reference"], steps=3)
     base = base_path(settings, MODEL, get_preset("tiny"))
@@ -79,6 +82,7 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_recorded(settings, args, 
     assert _rows(settings) == []
 
 
+@pytest.mark.slow  # training child processes, 17-51 s each: the whole suite's
 def test_a_crashing_operator_ends_the_replay_as_an_error_with_its_reason(settings, tmp_path):
     crash = write_op(tmp_path, "kda_crash", CRASHING, block="kda")
     result = runner.invoke(app, ["replay", MODEL, "--steps", "2", "--ops", f"kda={crash}"])
@@ -88,6 +92,7 @@ def test_a_crashing_operator_ends_the_replay_as_an_error_with_its_reason(setting
     assert replay.kind == "operators" and replay.status == "error" and replay.finished_at is not None
 
 
+@pytest.mark.slow  # training child processes, 17-51 s each: the whole suite's
 def test_a_hanging_operator_is_killed_at_the_timeout(settings, tmp_path):
     run_replay(MODEL, "scratch", settings, ops=["reference"], steps=2)  # the reference first, without a timeout
     hang = write_op(tmp_path, "situ_hang", HANGING, block="situ")

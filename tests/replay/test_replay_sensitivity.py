@@ -62,6 +62,7 @@ FAULTY = [
 ]
 
 
+@pytest.mark.slow  # a training child process per fault, 7-27 s each: the whole suite's
 @pytest.mark.parametrize(("block", "name", "template", "fields"), FAULTY, ids=[f"{b}-{n}" for b, n, *_ in FAULTY])
 def test_a_small_systematic_error_passes_a_loose_check_and_fails_the_replay(shared, tmp_path, block, name, template,
                                                                           fields):

@@ -437,6 +437,7 @@ def test_times_are_stored_in_utc_whatever_the_servers_time_zone(postgres):
         get_engine.cache_clear()
 
 
+@pytest.mark.slow  # several processes racing, 18 s: the whole suite's
 def test_processes_starting_together_on_a_new_database_all_get_their_tables(store_url):
     """Four processes open one new store at the same moment (two ports and a dashboard, started together): each
     gets the tables and none fails on another's CREATE TABLE."""

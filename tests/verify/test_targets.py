@@ -86,6 +86,7 @@ def _dot_launch(block: int, dtype: str) -> dict:
             "constexprs": {"BLOCK": block}, "options": {"num_warps": 4}}
 
 
+@pytest.mark.slow  # compiles for every GPU target, 10-21 s: the whole suite's
 def test_a_kernel_no_sm_can_hold_compiles_and_is_a_finding(tmp_path):
     """float32 256 x 256 operands staged in shared memory: 512 KB, past an H200 SM's 228 KB. ptxas accepts it; a
     launch would fail for resources, so the result names it."""
@@ -155,6 +156,7 @@ def test_a_compiled_kernel_reports_registers_shared_memory_and_occupancy_and_is_
     assert [b.registers for b in again.builds] == [b.registers for b in first.builds]
 
 
+@pytest.mark.slow  # compiles for every GPU target, 10-21 s: the whole suite's
 def test_a_dot_kernel_gets_tensor_core_instructions_on_each_target(tmp_path):
     path = tmp_path / "dot.py"
     path.write_text(textwrap.dedent('''
@@ -178,6 +180,7 @@ def test_a_dot_kernel_gets_tensor_core_instructions_on_each_target(tmp_path):
     assert all(0 < b.registers <= (512 if b.target.startswith("gfx") else 255) for b in report.builds)
 
 
+@pytest.mark.slow  # compiles for every GPU target, 10-21 s: the whole suite's
 def test_a_compiler_that_hangs_is_a_verdict_on_that_launch(tmp_path):
     """A static loop of 2^22 iterations is unrolled by the code generator: it does not finish. The compile child
     is killed at the per-launch limit; the launch fails with the reason and the next one still compiles."""
