@@ -32,6 +32,7 @@ import torch
 
 from workbench.blocks._dsa import causal_mask
 from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.rmsnorm import reference as rmsnorm
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -82,10 +83,6 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float = 100
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
-def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
 def layer_reference(x: torch.Tensor, weights: dict[str, torch.Tensor], heads: int, dn: int, dr: int, *,
                     rope: bool, eps: float = 1e-5, attention=reference) -> torch.Tensor:
     """A whole MLA layer before its output projection: x [B, T, D] -> [B, T, H, DV], with ``attention`` (this
@@ -94,9 +91,9 @@ def layer_reference(x: torch.Tensor, weights: dict[str, torch.Tensor], heads: in
     weights: w_dq [QL, D], q_norm [QL], w_uq [H * (DN + DR), QL], w_dkv [R, D], kv_norm [R], w_kr [DR, D],
     w_uk [H, DN, R], w_uv [H, DV, R], and w_g [H * DV, D] for the output gate (absent: no gate)."""
     b, t, _ = x.shape
-    c_q = _rmsnorm(x @ weights["w_dq"].T, weights["q_norm"], eps)
+    c_q = rmsnorm(x @ weights["w_dq"].T, weights["q_norm"], eps)
     q = (c_q @ weights["w_uq"].T).view(b, t, heads, dn + dr)
-    c_kv = _rmsnorm(x @ weights["w_dkv"].T, weights["kv_norm"], eps)
+    c_kv = rmsnorm(x @ weights["w_dkv"].T, weights["kv_norm"], eps)
     k_rope = x @ weights["w_kr"].T
     if rope:
         positions = torch.arange(t, device=x.device)

@@ -84,13 +84,13 @@ def architecture(model: str, schedule: str) -> Architecture:
     act = (card.blocks["moe_grouped_gemm"].get("shapes") or [{}])[0].get("act", 0)
     return Architecture(layers="".join(layers), short_conv="kda_short_conv" in has, bounded_gate="kda_gate" in has,
                         experts=ACTIVATIONS[act], shared="situ" if "situ" in has else "swiglu",
-                        latent=_latent_width(card) is not None)
+                        latent=_is_latent(card))
 
 
-def _latent_width(card) -> int | None:
-    """The routed experts' width where it differs from the hidden size (latent MoE), else None."""
+def _is_latent(card) -> bool:
+    """Latent MoE: the routed experts' width differs from the hidden size."""
     width, hidden = (card.facts.get(name, {}).get("value") for name in ("expert_width", "hidden_size"))
-    return width if width and hidden and width != hidden else None
+    return bool(width and hidden and width != hidden)
 
 
 def replay_model_for(block: str, preferred: str, schedule: str) -> str | None:
