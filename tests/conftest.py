@@ -38,6 +38,25 @@ def settings(tmp_path, monkeypatch) -> Settings:
 
 
 @pytest.fixture
+def copied_templates(tmp_path, monkeypatch):
+    """copy(block) -> the block's folder in a templates root of this test's own ($WORKBENCH_TEMPLATES), with the
+    host-code macros every template may import (templates/_*.j2), for a test that edits templates."""
+    from workbench.templating import templates_dir
+
+    root = tmp_path / "templates"
+    root.mkdir()
+    for shared in templates_dir().glob("_*.j2"):
+        shutil.copy(shared, root / shared.name)
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(root))
+
+    def copy(block: str):
+        shutil.copytree(templates_dir() / block, root / block)
+        return root / block
+
+    return copy
+
+
+@pytest.fixture
 def swiglu_card(tmp_path, monkeypatch):
     """A model card of its own for swiglu, which no shipped card needs any more (Kimi K3 runs SiTU): it gives
     swiglu a model suite, at the width of a SwiGLU dense layer."""

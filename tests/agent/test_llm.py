@@ -4,7 +4,6 @@ whole client path against a local server speaking the OpenAI chat API, and endpo
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import sqlite3
 
@@ -23,7 +22,7 @@ from workbench.cli import app
 from workbench.errors import WorkbenchError
 from workbench.store import get_engine
 from workbench.store.queries import candidate_checks, find_run, run_candidates, run_steps
-from workbench.templating import list_templates, templates_dir
+from workbench.templating import list_templates
 
 FAST = {"seeds": 1, "suites": ["smoke"], "dtypes": ["float32"]}
 
@@ -228,13 +227,11 @@ def test_hybrid_searches_while_a_repair_rule_applies_and_asks_the_model_otherwis
 
 
 @pytest.mark.interpreter
-def test_hybrid_port_asks_the_model_when_the_template_does_not_compile(settings, tmp_path, monkeypatch):
-    root = tmp_path / "templates"
-    shutil.copytree(templates_dir() / "rmsnorm", root / "rmsnorm")
+def test_hybrid_port_asks_the_model_when_the_template_does_not_compile(settings, copied_templates):
+    folder = copied_templates("rmsnorm")
     for name in ("row_block", "col_tiled"):
-        broken = root / "rmsnorm" / f"{name}.py.j2"
+        broken = folder / f"{name}.py.j2"
         broken.write_text(broken.read_text().replace("def run(x, weight, eps):", "def run(x, weight, eps)"))
-    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(root))
     chat, recorder = scripted(FIXED_REPLY)
     outcome = port_block("rmsnorm", settings, proposer="hybrid", chat=chat, llm=fake_config(), budget=4, **FAST)
     assert outcome.status == "promoted", outcome.reason

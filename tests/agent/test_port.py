@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from workbench.agent.run import port_block
 from workbench.store import get_engine
 from workbench.store.queries import find_run, run_candidates, run_steps
-from workbench.templating import templates_dir
 from workbench.verify.harness import verify_candidate
 
 pytestmark = pytest.mark.interpreter
@@ -55,13 +53,9 @@ def test_budget_runs_out_and_the_run_ends_blocked(settings):
     assert not (settings.operators_dir / "rmsnorm").exists()
 
 
-def test_template_rendering_invalid_python_is_diagnosed_and_the_next_template_promoted(settings, tmp_path,
-                                                                                       monkeypatch):
-    root = tmp_path / "templates"
-    shutil.copytree(templates_dir() / "rmsnorm", root / "rmsnorm")
-    broken = root / "rmsnorm" / "row_block.py.j2"
+def test_template_rendering_invalid_python_is_diagnosed_and_the_next_template_promoted(settings, copied_templates):
+    broken = copied_templates("rmsnorm") / "row_block.py.j2"
     broken.write_text(broken.read_text().replace("def run(x, weight, eps):", "def run(x, weight, eps)"))
-    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(root))
     outcome = port_block("rmsnorm", settings, seeds=1, dtypes=["float32"], suites=["smoke"], budget=3)
     assert outcome.status == "promoted"
     engine = get_engine(settings.db_url)
@@ -74,18 +68,15 @@ def test_template_rendering_invalid_python_is_diagnosed_and_the_next_template_pr
 
 
 def test_a_template_only_the_interpreter_accepts_is_refused_on_the_target_and_the_next_template_promoted(
-        settings, tmp_path, monkeypatch):
+        settings, copied_templates):
     """row_block's forward kernel reads a module-level float that is not a tl.constexpr: it passes on the
     interpreter and sm_90a's compiler rejects it, so the run refuses it as target_compile_error, goes to the other
     template, and the promoted operator's manifest says where it compiles."""
-    root = tmp_path / "templates"
-    shutil.copytree(templates_dir() / "rmsnorm", root / "rmsnorm")
-    broken = root / "rmsnorm" / "row_block.py.j2"
+    broken = copied_templates("rmsnorm") / "row_block.py.j2"
     source = broken.read_text()
     assert source.count("/ N + eps)") == 1
     broken.write_text(source.replace("/ N + eps)", "/ N + eps * ONE)").replace(
         "import triton.language as tl\n", "import triton.language as tl\n\nONE = 1.0\n", 1))
-    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(root))
     outcome = port_block("rmsnorm", settings, seeds=1, dtypes=["float32"], suites=["smoke"], budget=3,
                          targets=["sm_90a"])
     assert outcome.status == "promoted", outcome.reason

@@ -51,11 +51,11 @@ IMPORTS = "import triton.language as tl\n"
 R_KERNEL_SIG = "def rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, BLOCK_N: tl.constexpr):\n"
 R_STORE = "    tl.store(Y + row * stride_y + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)\n"
 R_LAUNCH = ("            rmsnorm_fwd_kernel[(rows,)](x2, weight, y, rstd, x2.stride(0), y.stride(0), n, eps, "
-            "BLOCK_N=BLOCK_N,\n                                        num_warps=4)\n")
+            "BLOCK_N=block,\n                                        num_warps=warps)\n")
 R_EMPTY_Y = "        y = torch.empty_like(x2)\n"
 R_SAVE = "        ctx.save_for_backward(x2, weight, rstd)\n"
 R_BWD_LAUNCH_END = ("                                            dx.stride(0), rows, n, rows_per_program, "
-                    "BLOCK_N=BLOCK_N,\n                                            num_warps=4)\n")
+                    "BLOCK_N=block,\n                                            num_warps=warps)\n")
 R_RUN = "    return RMSNormFunction.apply(x, weight, eps)\n"
 S_STORE_Y = "    tl.store(Y + offs, (a * s * b).to(Y.dtype.element_ty), mask=mask)\n"
 S_STORE_DB = "    tl.store(DB + offs, (dy * a * s).to(DB.dtype.element_ty), mask=mask)\n"

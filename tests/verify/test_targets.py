@@ -10,6 +10,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import jinja2
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from workbench.errors import WorkbenchError
 from workbench.models import model_shapes
 from workbench.templating import load_template
 from workbench.verify.aot import compile_for_targets, select_launches
-from workbench.verify.harness import verify_candidate
+from workbench.verify.harness import target_report, verify_candidate
 
 
 def test_default_targets_are_the_five_gpu_architectures():
@@ -247,3 +248,47 @@ def test_verification_captures_the_model_suite_launches_without_running_them():
     assert all(b["ok"] for b in result.builds)
     assert template.name in path.name
     assert json.dumps(result.builds)  # plain data, recorded as it is
+
+
+def _per_target_situ(tmp_path: Path) -> Path:
+    """situ flat with the shared launch settings: 8 warps on NVIDIA targets, 4 elsewhere."""
+    template = load_template("situ", "flat")
+    source = template.render(next(template.points()))
+    shared = jinja2.Environment(keep_trailing_newline=True).from_string(
+        (template.path.parent.parent / "_launch.j2").read_text()).render()
+    source = source.replace("import triton.language as tl\n", "import triton.language as tl\n" + shared +
+                            'LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}\n', 1)
+    assert source.count("num_warps=4)") == 2
+    source = source.replace("num_warps=4)", "num_warps=target_settings(gate_up.device)['num_warps'])", 1)
+    path = tmp_path / "situ_per_target.py"
+    path.write_text(source)
+    return path
+
+
+@pytest.mark.interpreter
+def test_each_target_compiles_the_launches_its_own_settings_choose(tmp_path):
+    """The host code picks its launch settings per target; the model suite is captured once per target, so what
+    is compiled for sm_90a is what an H200 would launch (8 warps) and gfx942 gets its own (4)."""
+    result = target_report(_per_target_situ(tmp_path), targets=["sm_90a", "gfx942"],
+                           compile_cache=tmp_path / "cache")
+    assert result.verdict == "pass", result.message
+    forward = {b["target"]: b["specialization"]["options"]["num_warps"] for b in result.builds
+               if b["kernel"].endswith("fwd_kernel") and b["suite"] == "model"}
+    assert forward == {"sm_90a": 8, "gfx942": 4}
+
+
+@pytest.mark.interpreter
+def test_two_shapes_of_one_block_get_their_own_settings_from_one_operator(tmp_path):
+    """One rmsnorm operator, two model-suite widths: the hidden size (7168) runs a 8192-wide block on 16 warps,
+    the q/k norm (128) a 128-wide block on 4, both chosen per call by the host code."""
+    template = load_template("rmsnorm", "row_block")
+    point = {"BLOCK_N": 8192, "ACC_DTYPE": "float32", "num_warps": 16, "BWD_PROGRAMS": 128}
+    path = tmp_path / "rmsnorm_rows.py"
+    path.write_text(template.render(point))
+    result = target_report(path, targets=["sm_90a"], compile_cache=tmp_path / "cache")
+    assert result.verdict == "pass", result.message
+    settings = {(b["specialization"]["constexprs"]["BLOCK_N"], b["specialization"]["options"]["num_warps"])
+                for b in result.builds if b["kernel"] == "rmsnorm_fwd_kernel"}
+    widths = {shape["N"] for shape in model_shapes("rmsnorm")}
+    assert {7168, 128} <= widths
+    assert {(8192, 16), (128, 4)} <= settings

@@ -101,8 +101,10 @@ class TargetReport:
                                                          if b.target == t and b.suite == "model")]
 
 
-def select_launches(launches: list[dict]) -> list[dict]:
-    """Every distinct model-suite launch; for a kernel with none, the first launch per argument types x options."""
+def select_launches(launches: list[dict], target: str | None = None) -> list[dict]:
+    """The launches to compile for ``target``: every distinct model-suite launch recorded for it (or for no target
+    in particular); for a kernel with none, the first launch per argument types x options."""
+    launches = [x for x in launches if x.get("target") in (None, target)]
     at_model = {x["kernel"] for x in launches if x["suite"] == "model"}
     chosen, seen = [], set()
     for launch in launches:
@@ -134,8 +136,8 @@ def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict],
     """Compile the selected launches for every target; cached results are reused (``cached`` set)."""
     report = TargetReport()
     items, pending = [], []
-    for launch in select_launches(launches):
-        for target in targets:
+    for target in targets:
+        for launch in select_launches(launches, target.name):
             build_id = len(items)
             key = _cache_key(source_hash, launch, target)
             items.append((launch, target, key))

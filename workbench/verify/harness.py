@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.backends import INTERPRETER, Backend, get_backend, get_targets
+from workbench.backends import INTERPRETER, Backend, Target, get_backend, get_targets
 from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, BlockSpec, Shape, shape_label
 from workbench.config import Settings
@@ -175,9 +175,10 @@ def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: l
 CAPTURE_DTYPE = torch.bfloat16  # the model suite's dtype on the GPU targets
 
 
-def build_captures(spec: BlockSpec) -> tuple[list[dict], list[str]]:
-    """(captures sent to the sandbox, problems): the model suite's shapes as meta inputs in CAPTURE_DTYPE, whose
-    launches the worker records without running them."""
+def build_captures(spec: BlockSpec, targets: list[Target]) -> tuple[list[dict], list[str]]:
+    """(captures sent to the sandbox, problems): the model suite's shapes as meta inputs in CAPTURE_DTYPE, once per
+    target (the host code chooses its launch settings per target), whose launches the worker records without
+    running them."""
     captures, problems = [], []
     for shape in suite_shapes(spec, "model"):
         try:
@@ -185,7 +186,8 @@ def build_captures(spec: BlockSpec) -> tuple[list[dict], list[str]]:
         except Exception as exc:  # noqa: BLE001 - a block whose inputs cannot be made abstract: said, not fatal
             problems.append(f"model suite not captured at [{shape_label(shape)}]: {type(exc).__name__}: {exc}"[:300])
             continue
-        captures.append({"id": len(captures), "suite": "model", "shape": shape_label(shape), "inputs": inputs})
+        captures += [{"id": len(captures) + i, "suite": "model", "shape": shape_label(shape), "target": t.name,
+                      "inputs": inputs} for i, t in enumerate(targets)]
     return captures, problems
 
 
@@ -297,7 +299,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed, forward_only)
     if not trials:
         raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")
-    captures, result.findings = build_captures(spec) if required else ([], [])
+    captures, result.findings = build_captures(spec, required) if required else ([], [])
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
            "trials": trials, "captures": captures, "device": backend.device, "token": secrets.token_hex(16),
            "forward_only": forward_only}
@@ -381,7 +383,7 @@ def target_report(path: str | Path, *, block: str | None = None, targets: list[s
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
                                 backend="capture", verdict="pass", message="", targets=[t.name for t in required],
                                 forward_only=forward_only)
-    captures, result.findings = build_captures(spec)
+    captures, result.findings = build_captures(spec, required)
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
            "trials": [], "captures": captures, "device": "cpu", "token": secrets.token_hex(16),
            "forward_only": forward_only}

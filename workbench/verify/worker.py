@@ -23,8 +23,8 @@ the host code reads back (``.item()``, ``.tolist()``, ``.cpu()``) answered with 
 
 Reads JOB_DIR/job.pt; writes the result as one torch.save blob to RESULT_FD (a pipe): ``{"load_error",
 "trials": [{id, outputs, grads, error, launches_fwd, launches_bwd, ops, aliasing, mutated, subclass, seconds}],
-"captures": [{id, error}], "launches": [{kernel, module, file, suite, signature, constexprs, options}],
-"events", "patched"}``.
+"captures": [{id, error}], "launches": [{kernel, module, file, suite, target, signature, constexprs, options}],
+"events", "patched"}`` (a launch's target: the GPU target its capture recorded it for, None in the trials).
 """
 
 from __future__ import annotations
@@ -222,6 +222,7 @@ class Launches:
         self.records: list[dict] = []
         self.seen: set[str] = set()
         self.suite = ""
+        self.target = None  # the GPU target whose launches a capture records (None: the trials' own launches)
         self.skip = False
         self.candidate = candidate
 
@@ -259,7 +260,8 @@ class Launches:
         options = {k: v for k, v in kwargs.items() if k not in params and k not in self.LAUNCH_KEYWORDS
                    and isinstance(v, int | float | bool | str)}
         entry = {"kernel": fn.__name__, "module": fn.__module__, "file": inspect.getsourcefile(fn) or "",
-                 "suite": self.suite, "signature": signature, "constexprs": constexprs, "options": options}
+                 "suite": self.suite, "target": self.target, "signature": signature, "constexprs": constexprs,
+                 "options": options}
         key = json.dumps({k: v for k, v in entry.items() if k != "suite"}, sort_keys=True, default=str)
         if key not in self.seen:
             self.seen.add(key)
@@ -508,12 +510,16 @@ def make_abstract_mode():
     return Abstract
 
 
-def capture(run, job_capture: dict, job: dict, launches: Launches, safe) -> dict:
-    """Call ``run`` and its backward on the capture's meta inputs, recording (not executing) every launch under
-    the capture's suite. {id, error}: error when the host code failed at these sizes."""
+def capture(module, job_capture: dict, job: dict, launches: Launches, safe) -> dict:
+    """Call ``module.run`` and its backward on the capture's meta inputs, recording (not executing) every launch
+    under the capture's suite and target; a module with per-target launch settings reads the target from its
+    LAUNCH_TARGET. {id, error}: error when the host code failed at these sizes."""
     import torch
 
-    launches.suite, launches.skip = job_capture["suite"], True
+    run, target = module.run, job_capture.get("target")
+    launches.suite, launches.target, launches.skip = job_capture["suite"], target, True
+    if hasattr(module, "LAUNCH_TARGET"):
+        module.LAUNCH_TARGET = target
     args, leaves = [], []
     for name in job["arg_names"]:
         value = job_capture["inputs"][name]
@@ -532,7 +538,9 @@ def capture(run, job_capture: dict, job: dict, launches: Launches, safe) -> dict
     except Exception as exc:  # noqa: BLE001 - recorded: the launches of these sizes are incomplete
         error = classify(exc, job["candidate"])
     finally:
-        launches.skip = False
+        launches.skip, launches.target = False, None
+        if hasattr(module, "LAUNCH_TARGET"):
+            module.LAUNCH_TARGET = None
     return {"id": job_capture["id"], "error": error}
 
 
@@ -615,7 +623,7 @@ def main(job_dir: str, result_fd: int) -> int:
                 results["patched"] = patched
                 break
         if not results["patched"]:
-            results["captures"] = [capture(module.run, c, job, launches, safe) for c in job.get("captures", [])]
+            results["captures"] = [capture(module, c, job, launches, safe) for c in job.get("captures", [])]
             results["patched"] = _patched(before, watched)
     results["token"] = token
     blob = io.BytesIO()

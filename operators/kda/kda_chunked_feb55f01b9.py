@@ -18,8 +18,40 @@ BT = 64  # chunk length: the WY transform runs within a chunk, the state is carr
 BC = 16  # sub-chunk: pairs in different sub-chunks use tl.dot, pairs within one use exact per-pair decays
 BV = 32  # value columns per program of the state passes
 KC = 32  # key columns per tile of the intra-chunk kernels (capped at K rounded up to a power of two)
-NUM_WARPS = 4
-DOT = tl.constexpr("ieee")  # float32 products: tf32 would carry ~1e-3 relative error into every product
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# tl.dot operand precision per target: float32-accurate everywhere (the delta rule's inverse and the state carried
+# over thousands of chunks amplify operand rounding; plain tf32 or bf16 operands lose ~1e-3 per product). On GPUs
+# that accuracy comes from the tensor cores through split operands: 3xTF32 on NVIDIA, 6xBF16 on AMD (CDNA has no
+# TF32 split); the interpreter multiplies in float32 itself.
+LAUNCH_SETTINGS = {
+    "default": {"num_warps": 4, "state_warps": 8, "state_stages": 1},
+    "interpreter": {"DOT": "ieee"},
+    "cuda": {"DOT": "tf32x3"},
+    "hip": {"DOT": "bf16x6"},
+}
 
 
 # Layouts. Inputs: q, k [B, T, H, K]; v, o [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]. Everything the kernels
@@ -52,7 +84,7 @@ def kda_chunk_prep_kernel(q, k, g, qs, ks, gc, scale, T, H, HV, K, TP, BT: tl.co
 
 @triton.jit
 def kda_chunk_intra_fwd_kernel(qs, ks, gc, aa, aqk, H, HV, TP, BT: tl.constexpr, BC: tl.constexpr,
-                               BK: tl.constexpr, KC: tl.constexpr):
+                               BK: tl.constexpr, KC: tl.constexpr, DOT: tl.constexpr):
     """Per chunk, the gated key-key and query-key products, written below the diagonal (aa and aqk start zeroed):
         aa[i, j]  = sum_d k_i k_j exp(G_i - G_j)          j < i
         aqk[i, j] = sum_d q~_i k_j exp(G_i - G_j)         j <= i
@@ -104,7 +136,7 @@ def kda_chunk_intra_fwd_kernel(qs, ks, gc, aa, aqk, H, HV, TP, BT: tl.constexpr,
 
 @triton.jit
 def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, BT: tl.constexpr,
-                           LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                           LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     """Per chunk: M = (I + L)^-1 with L = diag(beta) aa (strictly lower), then with Tm = M diag(beta):
     w = Tm (exp(G) k) and u = Tm v; M is kept for the backward.
     The inverse doubles its diagonal blocks: X starts as I (1 x 1 blocks); with blocks of s rows inverted, each pair
@@ -121,7 +153,7 @@ def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, B
     b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
     b_l = tl.load(aa + o_tt) * b_beta[:, None]
     b_m = tl.where(oc[:, None] == oc[None, :], 1.0, 0.0)
-    for lvl in tl.static_range(LOG_BT):
+    for lvl in range(LOG_BT):  # a loop, not unrolled: six unrolled rounds took ptxas minutes
         pair = (oc // (2 << lvl))[:, None] == (oc // (2 << lvl))[None, :]
         below = (oc // (1 << lvl))[:, None] > (oc // (1 << lvl))[None, :]
         b_p = tl.where(pair & below, b_l, 0.0)
@@ -141,7 +173,7 @@ def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, B
 
 @triton.jit
 def kda_chunk_state_fwd_kernel(qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, T, H, HV, K, V, TP, NT,
-                               HAS_H0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                               HAS_H0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     """One (V tile, batch x value head) per program, chunk after chunk, the state S [BK, BV] (float32) in registers:
         U = u - w S;  o = (q~ exp(G)) S + aqk U;  S = exp(G_last) S + (exp(G_last - G) k)^T U
     Keeps the state before each chunk (hs) and U (vn) for the backward."""
@@ -182,7 +214,7 @@ def kda_chunk_state_fwd_kernel(qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, T, H, H
 @triton.jit
 def kda_chunk_state_bwd_kernel(qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, B, T, H, HV,
                                K, V, TP, NT, STORE_DH0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                               BV: tl.constexpr):
+                               BV: tl.constexpr, DOT: tl.constexpr):
     """Chunks last to first, the state gradient dS [BK, BV] (float32) in registers. With S0 the chunk's initial state:
         dU = aqk^T do + (exp(G_last - G) k) dS;  dS = exp(G_last) dS + (q~ exp(G))^T do - w^T dU
     du [B*HV, TP, V] is exact per V tile; this tile's shares of dQh = do S0^T, dw = -dU S0^T, dKb = U dS^T
@@ -236,7 +268,7 @@ def kda_chunk_state_bwd_kernel(qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw,
 
 @triton.jit
 def kda_chunk_wy_bwd_kernel(v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, B, T, H, HV, V, TP, NV,
-                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
     """Per chunk, back through u = Tm v, w = Tm (exp(G) k), Tm = M diag(beta), M = (I + diag(beta) aa)^-1:
         dTm = dU v^T + dw (exp(G) k)^T;  dv = Tm^T dU;  dKh = Tm^T dw;  dM = dTm diag(beta)
         dL = -(M^T dM M^T) below the diagonal;  dbeta_j = sum_i dTm[i, j] M[i, j] + sum_j' dL[j, j'] aa[j, j']
@@ -280,7 +312,7 @@ def kda_chunk_wy_bwd_kernel(v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da,
 @triton.jit
 def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part, dk_part, dg, scale, B, T, H, HV,
                                K, TP, NT, NV, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                               KC: tl.constexpr):
+                               KC: tl.constexpr, DOT: tl.constexpr):
     """Per (chunk, batch x value head, tile of KC key columns; every term is separate per key column), sub-chunk
     blocks last to first: gradients of q, k and the gate cumsum G, then dg = the suffix sum of dG within the chunk.
     With x = q~ (dA = daqk) or k (dA = da), y = k and A[i, j] = sum_d x_i y_j exp(G_i - G_j):
@@ -420,6 +452,8 @@ class KDAChunkFunction(torch.autograd.Function):
         h0 = initial_state.contiguous() if has_h0 else v
         # the state's dtype: initial_state's, else float32 (float64 for float64 inputs)
         state_dtype = initial_state.dtype if has_h0 else torch.float64 if v.dtype == torch.float64 else torch.float32
+        settings = target_settings(v.device)
+        dot, warps = settings["DOT"], settings["num_warps"]
         bk = max(16, triton.next_power_of_2(dk))
         nt = triton.cdiv(t_len, BT)
         tp = nt * BT
@@ -439,14 +473,14 @@ class KDAChunkFunction(torch.autograd.Function):
         if b * hv > 0:
             grid = (nt, b * hv)
             kda_chunk_prep_kernel[grid](q, k, g, qs, ks, gc, scale, t_len, h, hv, dk, tp, BT=BT, BK=bk,
-                                        num_warps=NUM_WARPS)
+                                        num_warps=warps)
             kda_chunk_intra_fwd_kernel[grid](qs, ks, gc, aa, aqk, h, hv, tp, BT=BT, BC=BC, BK=bk, KC=min(KC, bk),
-                                             num_warps=NUM_WARPS)
+                                             DOT=dot, num_warps=warps)
             kda_chunk_solve_kernel[grid](v, beta, ks, gc, aa, mm, w, u, t_len, h, hv, dv, tp, triton.cdiv(dv, BV),
-                                         BT=BT, LOG_BT=BT.bit_length() - 1, BK=bk, BV=BV, num_warps=NUM_WARPS)
+                                         BT=BT, LOG_BT=BT.bit_length() - 1, BK=bk, BV=BV, DOT=dot, num_warps=warps)
             kda_chunk_state_fwd_kernel[(triton.cdiv(dv, BV), b * hv)](
                 qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, t_len, h, hv, dk, dv, tp, nt, HAS_H0=has_h0, BT=BT, BK=bk,
-                BV=BV, num_warps=NUM_WARPS)
+                BV=BV, DOT=dot, num_warps=settings["state_warps"], num_stages=settings["state_stages"])
         ctx.save_for_backward(qs, ks, v, beta, gc, aa, aqk, mm, w, vn, hs)
         ctx.scale, ctx.has_h0, ctx.state_dtype, ctx.dims = scale, has_h0, state_dtype, (b, t_len, h, dk, q.dtype)
         return o, ht
@@ -458,6 +492,8 @@ class KDAChunkFunction(torch.autograd.Function):
         b, t_len, h, dk, qk_dtype = ctx.dims
         hv, dv_ = v.shape[2], v.shape[3]
         nt, tp, bk = hs.shape[1], gc.shape[1], gc.shape[2]
+        settings = target_settings(v.device)
+        dot, warps = settings["DOT"], settings["num_warps"]
         nv = triton.cdiv(dv_, BV)
         f32 = dict(dtype=torch.float32, device=v.device)
         du = torch.empty(b * hv, tp, dv_, **f32)
@@ -477,13 +513,14 @@ class KDAChunkFunction(torch.autograd.Function):
         if b * hv > 0:
             kda_chunk_state_bwd_kernel[(nv, b * hv)](
                 qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, b, t_len, h, hv, dk, dv_, tp,
-                nt, STORE_DH0=ctx.has_h0, BT=BT, BK=bk, BV=BV, num_warps=NUM_WARPS)
+                nt, STORE_DH0=ctx.has_h0, BT=BT, BK=bk, BV=BV, DOT=dot, num_warps=settings["state_warps"],
+                num_stages=settings["state_stages"])
             kda_chunk_wy_bwd_kernel[(nt, b * hv)](v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, b, t_len, h, hv,
-                                                  dv_, tp, nv, BT=BT, BK=bk, BV=BV, num_warps=NUM_WARPS)
+                                                  dv_, tp, nv, BT=BT, BK=bk, BV=BV, DOT=dot, num_warps=warps)
             kc = min(KC, bk)
             kda_chunk_intra_bwd_kernel[(nt, b * hv, bk // kc)](qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part,
                                                                dk_part, dg, ctx.scale, b, t_len, h, hv, dk, tp, nt, nv,
-                                                               BT=BT, BC=BC, BK=bk, KC=kc, num_warps=NUM_WARPS)
+                                                               BT=BT, BC=BC, BK=bk, KC=kc, DOT=dot, num_warps=warps)
         group = hv // h
         dq = _reduce(dq_part, torch.empty(b, t_len, h, dk, dtype=qk_dtype, device=v.device), b * t_len * h, group, dk)
         dk_ = _reduce(dk_part, torch.empty(b, t_len, h, dk, dtype=qk_dtype, device=v.device), b * t_len * h, group, dk)

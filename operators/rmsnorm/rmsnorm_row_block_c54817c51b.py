@@ -1,7 +1,7 @@
 """rmsnorm candidate rendered from templates/rmsnorm/row_block.py.j2.
 
 one program per row, the whole row in one block of registers; one pass forward, one pass backward
-params: BLOCK_N=8192, ACC_DTYPE=float32, num_warps=4, BWD_PROGRAMS=128
+params: BLOCK_N=8192, ACC_DTYPE=float32, num_warps=16, BWD_PROGRAMS=128
 """
 import torch
 import triton
@@ -9,8 +9,20 @@ import triton.language as tl
 
 BLOCK = "rmsnorm"
 TEMPLATE = "row_block"
-BLOCK_N = 8192
+BLOCK_N = 8192  # the widest row this operator takes; each call's block is its own width's power of two
+NUM_WARPS = 16  # the most warps a program gets (at the widest blocks)
 BWD_PROGRAMS = 128
+
+
+def row_launch(n: int) -> tuple[int, int]:
+    """(block, num_warps) for rows of width n <= BLOCK_N, chosen per call: the block is n's next power of two (at
+    least 64); the warps follow Liger's calculate_settings (4; 8 from 2048 columns, 16 from 8192, 32 from 32768),
+    at most NUM_WARPS."""
+    if n > BLOCK_N:
+        raise ValueError(f"rows of {n} columns: this operator takes rows of at most {BLOCK_N}")
+    block = max(64, triton.next_power_of_2(n))
+    warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return block, min(warps, NUM_WARPS)
 
 
 @triton.jit
@@ -61,9 +73,10 @@ class RMSNormFunction(torch.autograd.Function):
         rows, n = x2.shape
         y = torch.empty_like(x2)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        block, warps = row_launch(n)
         if rows > 0:
-            rmsnorm_fwd_kernel[(rows,)](x2, weight, y, rstd, x2.stride(0), y.stride(0), n, eps, BLOCK_N=BLOCK_N,
-                                        num_warps=4)
+            rmsnorm_fwd_kernel[(rows,)](x2, weight, y, rstd, x2.stride(0), y.stride(0), n, eps, BLOCK_N=block,
+                                        num_warps=warps)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = shape
         return y.view(shape)
@@ -77,10 +90,11 @@ class RMSNormFunction(torch.autograd.Function):
         programs = max(1, min(rows, BWD_PROGRAMS))
         rows_per_program = triton.cdiv(rows, programs)
         dw_part = torch.zeros(programs, n, dtype=torch.float32, device=x2.device)
+        block, warps = row_launch(n)
         if rows > 0:
             rmsnorm_bwd_kernel[(programs,)](dy2, x2, weight, rstd, dx, dw_part, dy2.stride(0), x2.stride(0),
-                                            dx.stride(0), rows, n, rows_per_program, BLOCK_N=BLOCK_N,
-                                            num_warps=4)
+                                            dx.stride(0), rows, n, rows_per_program, BLOCK_N=block,
+                                            num_warps=warps)
         return dx.view(ctx.shape), dw_part.sum(0).to(weight.dtype), None
 
 
