@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, for a machine with one CUDA GPU: verify every promoted operator on the cuda backend in bfloat16 at the
-# model card's sizes (the `model` suite), with its kernels compiled for the default targets, and print one table.
-# Under 10 minutes on one H200.
+# model card's sizes (the `model` suite), with its kernels compiled for the default targets, and print one table;
+# then time each verified operator against the eager reference, torch.compile of it and installed peers
+# (BENCH_SECONDS, default 300). Under 10 minutes on one H200.
 #
 # It uses the machine's own python3 with its CUDA torch and triton (never installs torch). The verification path
 # needs only torch, triton, numpy, jinja2 and pyyaml besides the workbench's own source (on PYTHONPATH); wheels of
@@ -23,7 +24,8 @@ if ! "$PY" -c "import workbench.verify.harness" 2>/dev/null && [ -d .whl ]; then
   export PYTHONPATH="$PYTHONPATH:/tmp/workbench-site"
 fi
 
-"$PY" - "$OUT_DIR" "$@" <<'EOF'
+verified=0
+"$PY" - "$OUT_DIR" "$@" <<'EOF' || verified=$?
 """Verify each promoted operator on cuda (bfloat16, model suite, one seed) and print the table."""
 import json
 import sys
@@ -59,3 +61,36 @@ for r in rows:
           f"{','.join(r['compiles_on'])}")
 sys.exit(0 if all(r["verdict"] == "pass" for r in rows) else 1)
 EOF
+
+# Speed: every promoted operator that verified, at the model suite in bfloat16, against the eager reference,
+# torch.compile of it and the installed peers (workbench/perf/timing.py's protocol), until BENCH_SECONDS are spent.
+"$PY" - "$OUT_DIR" "${BENCH_SECONDS:-300}" "$@" <<'EOF' || true
+"""Time each verified operator (workbench bench, measured) and print its table."""
+import json
+import sys
+import time
+from pathlib import Path
+
+from workbench.blocks import get_block
+from workbench.perf.bench import load_operator, measured_rows, text_table
+from workbench.verify.harness import suite_shapes
+
+out, budget, wanted = Path(sys.argv[1]), float(sys.argv[2]), set(sys.argv[3:])
+verified = {r["block"]: r for r in json.loads((out / "gpu_check.json").read_text()) if r["verdict"] == "pass"}
+from workbench.operators import list_promoted
+newest = {}
+for manifest in list_promoted(Path("operators")):
+    newest.setdefault(manifest["block"], manifest)
+rows, started = [], time.monotonic()
+for block in sorted(b for b in newest if b in verified and (not wanted or b in wanted)):
+    if time.monotonic() - started > budget:
+        print(f"{block}: not timed, the {budget:.0f} s bench budget is spent", flush=True)
+        continue
+    spec = get_block(block)
+    rows += measured_rows(spec, load_operator(Path(newest[block]["path"])), suite_shapes(spec, "model")[:2], trials=10)
+    print(f"{block}: timed ({time.monotonic() - started:.0f} s so far)", flush=True)
+(out / "gpu_bench.json").write_text(json.dumps([r.to_dict() for r in rows], indent=2))
+print("\nmeasured on this GPU: median of 10 calls (L2 flushed, fresh inputs, outputs checked), bfloat16, model suite")
+print(text_table(rows))
+EOF
+exit $verified

@@ -43,14 +43,14 @@ def copied_templates(tmp_path, monkeypatch):
     host-code macros every template may import (templates/_*.j2), for a test that edits templates."""
     from workbench.templating import templates_dir
 
-    root = tmp_path / "templates"
+    source, root = templates_dir(), tmp_path / "templates"
     root.mkdir()
-    for shared in templates_dir().glob("_*.j2"):
+    for shared in source.glob("_*.j2"):
         shutil.copy(shared, root / shared.name)
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(root))
 
     def copy(block: str):
-        shutil.copytree(templates_dir() / block, root / block)
+        shutil.copytree(source / block, root / block)
         return root / block
 
     return copy

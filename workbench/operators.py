@@ -3,6 +3,7 @@ source hash, the run that promoted it and its verification summary)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +17,18 @@ def promote_file(source_path: str | Path, operators_dir: Path, block: str, manif
     shutil.copyfile(source_path, dest)
     dest.with_suffix(".json").write_text(json.dumps(manifest, indent=2) + "\n")
     return dest
+
+
+def launch_settings(source: str) -> dict[str, Any]:
+    """How an operator's launches are set per call, read from its source (never run): its LAUNCH_SETTINGS table
+    per target, and the docstring of each ``*_launch`` rule over the shape. {} when everything is fixed."""
+    found: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAUNCH_SETTINGS" for t in node.targets):
+            found["per_target"] = ast.literal_eval(node.value)
+        elif isinstance(node, ast.FunctionDef) and node.name.endswith("_launch"):
+            found.setdefault("per_shape", {})[node.name] = " ".join((ast.get_docstring(node) or "").split())
+    return found
 
 
 def list_promoted(operators_dir: Path, block: str | None = None) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from workbench.templating import load_template
 
-POINT = {"BLOCK_N": 8192, "ACC_DTYPE": "float32", "num_warps": 4, "BWD_PROGRAMS": 128}
+POINT = {"BLOCK_N": 8192, "ACC_DTYPE": "float32", "num_warps": 16, "BWD_PROGRAMS": 128}
 FIXED = load_template("rmsnorm", "row_block").render(POINT)
 GOOD_RSTD = "rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)"
 assert GOOD_RSTD in FIXED

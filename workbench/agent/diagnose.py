@@ -2,10 +2,11 @@
 
 Classes: compile_error, runtime_error, timeout, crashed, oom (the sandbox's verdicts); the integrity verdicts
 (torch_fallback, aliasing, ...: workbench.verify.integrity); coverage (fails exactly on the shapes where a template
-requirement such as BLOCK_N >= N does not hold); precision / nonfinite (a low-precision *_DTYPE parameter and errors
-past the bound / NaN-Inf); tail (only shapes with non-power-of-two dims fail); gradient (only gradients fail);
-wrong (anything else). A candidate from no template (written by a model) is never read as coverage or as a
-low-precision parameter.
+requirement such as BLOCK_N >= N does not hold, in wrong numbers or in a runtime error the host code raises for
+those shapes); precision / nonfinite (a low-precision *_DTYPE parameter and errors past the bound / NaN-Inf, also
+when such a parameter's overflow left an output constant); tail (only shapes with non-power-of-two dims fail);
+gradient (only gradients fail); wrong (anything else). A candidate from no template (written by a model) is never
+read as coverage or as a low-precision parameter.
 """
 
 from __future__ import annotations
@@ -31,12 +32,37 @@ def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template:
              params: dict[str, Any]) -> dict[str, Any]:
     """{"class", "reason", "evidence"} for a candidate that did not pass. Unwritten outputs are read like wrong
     numbers (they are what a tile narrower than the data leaves behind); other verdicts are their own class."""
+    if verdict == Verdict.RUNTIME_ERROR and template is not None:
+        found = _coverage([c for c in checks if c["direction"] == "run" and not c["passed"]], template, params)
+        if found:  # the host code refused the shapes the template's requirements exclude: a clear-error coverage
+            return found
+    if verdict == Verdict.CONSTANT_OUTPUT and template is not None and _low_precision(params):
+        found = _numeric_class(message, checks, template, params)  # e.g. a float16 sum overflowing to rstd = 0
+        if found["class"] in (FailureClass.PRECISION, FailureClass.NONFINITE):
+            return found
     if verdict not in NUMERIC_VERDICTS:
         return {"class": verdict, "reason": f"{verdict}: {message}", "evidence": {}}
     found = _numeric_class(message, checks, template, params)
     if verdict == Verdict.UNWRITTEN_OUTPUT and found["class"] == FailureClass.WRONG:
         return {**found, "class": verdict, "reason": f"{verdict}: {message}"}
     return found
+
+
+def _low_precision(params: dict[str, Any]) -> list[str]:
+    return [name for name, value in params.items() if name.endswith("_DTYPE") and value in LOW_PRECISION]
+
+
+def _coverage(failing: list[dict[str, Any]], template: Template | None, params: dict[str, Any],
+              evidence: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The coverage class when every failing shape is one where a template requirement does not hold."""
+    failing_shapes = sorted({c["shape"] for c in failing})
+    unmet = {label: template.unmet(params, parse_shape(label)) if template else [] for label in failing_shapes}
+    if not failing_shapes or not all(unmet.values()):
+        return None
+    requirement = next(iter(unmet.values()))[0]
+    return {"class": FailureClass.COVERAGE,
+            "evidence": {**(evidence or {"failing_shapes": failing_shapes}), "requirement": requirement},
+            "reason": f"fails exactly where '{requirement}' does not hold: [{'] ['.join(failing_shapes)}]"}
 
 
 def _numeric_class(message: str, checks: list[dict[str, Any]], template: Template | None,
@@ -53,14 +79,12 @@ def _numeric_class(message: str, checks: list[dict[str, Any]], template: Templat
         "worst": max(failing, key=lambda c: (c.get("max_abs") or 0) / (c.get("bound") or 1)),
     }
 
-    unmet = {label: template.unmet(params, parse_shape(label)) if template else [] for label in failing_shapes}
-    if all(unmet.values()):
-        requirement = next(iter(unmet.values()))[0]
-        return {"class": FailureClass.COVERAGE, "evidence": {**evidence, "requirement": requirement},
-                "reason": f"fails exactly where '{requirement}' does not hold: [{'] ['.join(failing_shapes)}]"}
+    found = _coverage(failing, template, params, evidence)
+    if found:
+        return found
 
     nonfinite = sum(c.get("nonfinite") or 0 for c in failing)
-    low = [name for name, value in params.items() if name.endswith("_DTYPE") and value in LOW_PRECISION]
+    low = _low_precision(params)
     worst = evidence["worst"]
     if low:
         what = f"{nonfinite} NaN/Inf values" if nonfinite else \

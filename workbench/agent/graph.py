@@ -34,16 +34,18 @@ from sqlalchemy.engine import Engine
 from workbench import __version__
 from workbench.agent.diagnose import diagnose
 from workbench.agent.llm import LLM_TEMPLATE
+from workbench.agent.rank import rank_passing
 from workbench.agent.state import Attempt, PortState, Proposal
 from workbench.backends import Backend
 from workbench.blocks.base import BlockSpec
 from workbench.config import Settings
 from workbench.errors import TemplateError
-from workbench.operators import promote_file
+from workbench.operators import launch_settings, promote_file
+from workbench.perf.cost import modelled_summary
 from workbench.store import records
 from workbench.store.models import utcnow
 from workbench.templating import Template, candidate_filename, format_point
-from workbench.verify.harness import source_hash, verify_candidate
+from workbench.verify.harness import source_hash, suite_shapes, verify_candidate
 from workbench.vocabulary import NUMERIC_VERDICTS, RunStatus, Verdict
 
 NODES_PER_ITERATION = 5  # render, compile, verify, diagnose, revise
@@ -196,9 +198,11 @@ def build_graph(ctx: PortContext, checkpointer=None):
                                   seeds=ctx.seeds, backend=ctx.backend, timeout_s=ctx.timeout_s, targets=ctx.targets,
                                   forward_only=ctx.forward_only)
         records.record_verification(ctx.engine, current["candidate_id"], result)
-        current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
-                       evidence=result.evidence())
         evidence = result.evidence()
+        modelled = modelled_summary(ctx.spec.name, suite_shapes(ctx.spec, "model"), result.builds, result.targets,
+                                    backward=not ctx.forward_only) if result.passed else {}
+        current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
+                       evidence=evidence, modelled=modelled)
         where = f"; compiles on {len(evidence['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
         spills = f"; {len([f for f in result.findings if f.startswith('spills:')])} spill findings" \
             if any(f.startswith("spills:") for f in result.findings) else ""
@@ -217,7 +221,8 @@ def build_graph(ctx: PortContext, checkpointer=None):
         elif current["verdict"] == Verdict.TEMPLATE_ERROR or (template is None and current["template"] != LLM_TEMPLATE):
             d = {"class": Verdict.TEMPLATE_ERROR, "reason": current["message"], "evidence": {}}
         else:
-            checks = state.get("last_checks", []) if current["verdict"] in NUMERIC_VERDICTS else []
+            checks = state.get("last_checks", []) \
+                if current["verdict"] in (*NUMERIC_VERDICTS, Verdict.RUNTIME_ERROR, Verdict.CONSTANT_OUTPUT) else []
             d = diagnose(current["verdict"], current["message"], checks, template, current["params"])
         ctx.emit(state["run_id"], "diagnose", f"{d['class']}: {d['reason']}", {"class": d["class"]})
         return {"diagnosis": d, "history": [{**current, "diagnosis": d}], "last_checks": []}
@@ -241,7 +246,9 @@ def build_graph(ctx: PortContext, checkpointer=None):
         from workbench.replay.presets import get_preset
         from workbench.replay.runner import run_replay
 
-        ranked = sorted(state["passing"], key=lambda a: a["worst_ratio"])
+        ranked, why = rank_passing(state["passing"], ctx.targets or [])
+        if why:
+            ctx.emit(state["run_id"], "rank", why)
         model = replay_model_for(ctx.spec.name, ctx.replay_model, get_preset("tiny").layers)
         mode = ("lora" if ctx.spec.name == "lora_linear" else "scratch") if model else None
         if not ctx.replay_steps or mode is None or ctx.forward_only:
@@ -282,7 +289,8 @@ def build_graph(ctx: PortContext, checkpointer=None):
             "verification": {"backend": ctx.backend.name, "suites": ctx.suites, "dtypes": ctx.dtypes,
                              "seeds": ctx.seeds, "verdict": best["verdict"], "message": best["message"],
                              "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.forward_only},
-            "evidence": best.get("evidence", {}),
+            "launch_settings": launch_settings(source),
+            "evidence": best.get("evidence", {}), "modelled": best.get("modelled", {}),
             "replay": {k: v for k, v in state.get("gate", {}).items() if k != "candidate_id"},
         }
         if decision is not None:

@@ -32,6 +32,8 @@ class Attempt(TypedDict, total=False):
     verdict: str
     message: str
     worst_ratio: float
+    evidence: dict[str, Any]                       # the verification's targets, spills and findings
+    modelled: dict[str, Any]                       # per target, the cost model's time at the model suite
     diagnosis: dict[str, Any]
 
 

@@ -152,6 +152,8 @@ class Benchmark(SQLModel, table=True):
     metric: str
     value: float
     unit: str
+    label: str = "measured"  # "measured" (timed on the named device) or "modelled" (the cost model's)
+    subject: str = "operator"  # what the figure is of: the operator, eager, compile, or a peer (liger, fla, ...)
     created_at: datetime = Field(default_factory=utcnow)
 
 
