@@ -20,6 +20,7 @@ page = st.navigation([
     st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
     st.Page("views/block.py", title="Block", icon=":material/memory:"),
     st.Page("views/replays.py", title="Replays", icon=":material/show_chart:"),
+    st.Page("views/performance.py", title="Performance", icon=":material/speed:"),
     st.Page("views/ci.py", title="CI", icon=":material/fact_check:"),
     st.Page("views/runs.py", title="Runs", icon=":material/play_circle:"),
 ])

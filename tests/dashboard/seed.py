@@ -15,7 +15,7 @@ from sqlmodel import select
 
 from workbench.operators import promote_file
 from workbench.store import CIJob, LossReplay, get_engine, session_scope
-from workbench.store.models import Candidate, PortRun, RunStep
+from workbench.store.models import Benchmark, Candidate, PortRun, RunStep
 from workbench.store.records import (
     add_candidate,
     add_step,
@@ -136,6 +136,24 @@ def _ci_summary(operator: str, failing: tuple[str, ...]) -> dict:
             "changed_only": False}
 
 
+def _benchmarks() -> list[Benchmark]:
+    """rmsnorm at two widths: modelled on sm_90a twice (a spill penalty, then none), measured on an H200 once
+    for the operator and the eager reference."""
+    rows = []
+    for minutes, spill in ((30, 1.37), (45, 1.0)):
+        for shape, floor in (("rows=8192,N=7168", 0.061), ("rows=8192,N=128", 0.002)):
+            rows += [Benchmark(block="rmsnorm", backend="sm_90a", shape=shape, dtype="bfloat16", metric=metric,
+                               value=value, unit=unit, label="modelled", subject="operator",
+                               created_at=T0 + timedelta(minutes=minutes))
+                     for metric, value, unit in (("time:fwd+bwd", floor * spill, "ms"), ("floor:fwd+bwd", floor, "ms"))]
+    for subject, ratio in (("operator", 1.25), ("eager", 4.0)):
+        rows += [Benchmark(block="rmsnorm", backend="sm_90a", shape="rows=8192,N=7168", dtype="bfloat16",
+                           metric=metric, value=value, unit="ms", label="measured", subject=subject,
+                           created_at=T0 + timedelta(minutes=50))
+                 for metric, value in (("time:fwd+bwd", 0.061 * ratio), ("floor:fwd+bwd", 0.061))]
+    return rows
+
+
 def seed(tmp: Path, db_url: str | None = None) -> Seeded:
     """Seed a fresh database (a SQLite file under tmp unless db_url names an empty one) and an operators folder under
     tmp; returns what was written."""
@@ -221,6 +239,7 @@ def seed(tmp: Path, db_url: str | None = None) -> Seeded:
                         summary=_ci_summary(dest.name, failing=("grad:x float16",)),
                         started_at=T0 + timedelta(minutes=60), finished_at=T0 + timedelta(minutes=63))
         s.add_all([replay, good_job, bad_job])
+        s.add_all(_benchmarks())
         s.flush()
         ids = replay.id, [good_job.id, bad_job.id]
     return Seeded(db_url=db_url, operators_dir=operators_dir, promoted_run=run, blocked_run=blocked,

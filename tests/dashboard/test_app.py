@@ -317,3 +317,23 @@ def test_cli_dashboard_runs_streamlit_on_the_app(monkeypatch, tmp_path):
     assert "--browser.gatherUsageStats false" in flags
     assert env["WORKBENCH_DB"] == url
     assert "http://localhost:8599" in result.output
+
+
+# --- performance --------------------------------------------------------------------------------------------------
+
+
+def test_performance_page_shows_modelled_and_measured_figures_apart(seeded):
+    at = open_app("performance")
+    table = at.dataframe[0].value
+    rows = {(r["subject"], r["figure"]): r for _, r in table.iterrows()}
+    assert set(rows) == {("operator", "modelled"), ("operator", "measured"), ("eager", "measured")}
+    modelled = rows[("operator", "modelled")]  # the latest figures (no spill penalty), both widths summed
+    assert modelled["time:fwd+bwd"] == pytest.approx(0.063) and modelled["of roofline"] == pytest.approx(1.0)
+    assert rows[("eager", "measured")]["of roofline"] == pytest.approx(0.25)
+    assert "modelled: the cost model's roofline floor" in text_of(at)
+    assert charts(at)  # two recordings of the modelled figures: a line over time
+
+
+def test_performance_empty_state(empty_db):
+    at = open_app("performance")
+    assert "`workbench bench`" in at.info[0].value

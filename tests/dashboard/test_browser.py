@@ -168,6 +168,12 @@ def test_replays_ci_and_runs_pages(page, server, seeded, shots):
     assert "scratch" in grid_text(page)
     expect(page.get_by_text("steps outside the band")).to_be_visible()
 
+    open_page(page, "Performance")
+    settle(page, "Performance")
+    screenshot(page, shots, "4-performance")
+    cells = grid_text(page)
+    assert "modelled" in cells and "measured" in cells and "eager" in cells
+
     open_page(page, "CI")
     settle(page, "CI")
     screenshot(page, shots, "4-ci")

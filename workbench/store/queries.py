@@ -17,6 +17,7 @@ from sqlmodel import Session, select
 from workbench.blocks import REGISTRY
 from workbench.operators import evidence, evidence_line, list_promoted
 from workbench.store.models import (
+    Benchmark,
     Candidate,
     CIJob,
     KernelBuild,
@@ -380,3 +381,18 @@ def ci_regressions(jobs) -> list[dict]:
                          **{k: v if isinstance(v, str | int | float | bool) or v is None else json.dumps(v)
                             for k, v in detail.items()}})
     return rows
+
+
+BENCH_COLUMNS = ["id", "block", "subject", "backend", "label", "shape", "dtype", "metric", "value", "unit",
+                 "created_at"]
+
+
+def benchmarks_frame(engine: Engine, block: str | None = None, limit: int = 5000):
+    """Benchmark figures newest first (optionally one block's): label "modelled" or "measured", subject what was
+    timed (operator, eager, compile, a peer), backend the target (modelled) or the device (measured)."""
+    with Session(engine) as s:
+        query = select(Benchmark).order_by(Benchmark.created_at.desc(), Benchmark.id.desc()).limit(limit)
+        if block:
+            query = query.where(Benchmark.block == block)
+        rows = [{c: getattr(b, c) for c in BENCH_COLUMNS} for b in s.exec(query)]
+    return _frame(rows, BENCH_COLUMNS, times=("created_at",))

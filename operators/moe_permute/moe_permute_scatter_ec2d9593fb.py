@@ -13,6 +13,33 @@ BLOCK_S = 64
 BLOCK_E = 256
 BLOCK_D = 64
 BLOCK_R = 16
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps spill 672 B/thread in the scatter
+# (BLOCK_S x E_PAD counts for 896 experts over 128 threads), 8 none.
+LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 
 @triton.jit
@@ -115,17 +142,18 @@ class MoEPermuteFunction(torch.autograd.Function):
         counts = torch.empty(e, dtype=torch.int64, device=x.device)
         offsets = torch.empty(e + 1, dtype=torch.int64, device=x.device)
         hist = torch.empty(n_tiles, e + 1, dtype=torch.int64, device=x.device)
+        warps = target_settings(x.device)["num_warps"]
         totals = torch.empty(e + 1, dtype=torch.int64, device=x.device)
         if n_tiles > 0:
             moe_permute_hist_fwd_kernel[(n_tiles,)](ids, hist, m, e, BLOCK_S=BLOCK_S, E_PAD=e_pad,
-                                                    num_warps=4)
+                                                    num_warps=warps)
         moe_permute_scan_fwd_kernel[(triton.cdiv(e + 1, BLOCK_E),)](hist, totals, n_tiles, e, BLOCK_E=BLOCK_E,
-                                                                    num_warps=4)
-        moe_permute_offsets_fwd_kernel[(1,)](totals, counts, offsets, e, E_PAD=e_pad, num_warps=4)
+                                                                    num_warps=warps)
+        moe_permute_offsets_fwd_kernel[(1,)](totals, counts, offsets, e, E_PAD=e_pad, num_warps=warps)
         if n_tiles > 0:
             moe_permute_scatter_fwd_kernel[(n_tiles,)](ids, hist, offsets, x_c, x_perm, token_of_row, row_of_slot, m,
                                                        e, d, k, x_c.stride(0), x_perm.stride(0), BLOCK_S=BLOCK_S,
-                                                       BLOCK_D=BLOCK_D, num_warps=4)
+                                                       BLOCK_D=BLOCK_D, num_warps=warps)
         ctx.save_for_backward(row_of_slot)
         ctx.x_shape = x.shape
         ctx.mark_non_differentiable(token_of_row, row_of_slot, counts, offsets)
@@ -137,11 +165,12 @@ class MoEPermuteFunction(torch.autograd.Function):
         n, k = row_of_slot.shape
         d = ctx.x_shape[1]
         dx = torch.empty(n, d, dtype=dx_perm.dtype, device=dx_perm.device)
+        warps = target_settings(dx_perm.device)["num_warps"]
         if n * d > 0:
             dxp = dx_perm if dx_perm.stride(-1) == 1 else dx_perm.contiguous()
             moe_permute_bwd_kernel[(triton.cdiv(n, BLOCK_R), triton.cdiv(d, BLOCK_D))](
                 dxp, row_of_slot, dx, n, d, k, dxp.stride(0), dx.stride(0), BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D,
-                num_warps=4)
+                num_warps=warps)
         return dx, None, None
 
 

@@ -13,9 +13,36 @@ MEM_RATIO = 2  # the chunk's float32 logits hold about MEM_RATIO x N x D element
 BLOCK_M = 64
 BLOCK_V = 128
 BLOCK_D = 64
-NUM_WARPS = 4
 LOSS_BLOCK = 1024
 SCALE_BLOCK = 4096
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps of the chunk kernels per target, from the compiled model-suite launches: on NVIDIA 4 warps spill 232-576
+# B/thread in the logits, dh and dw GEMMs (64 x 128 float32 tiles over 128 threads), 8 none (the row softmax over
+# 64 x 128 tiles still spills 360 B on sm_90a).
+LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 
 @triton.jit
@@ -209,24 +236,25 @@ class SeqChunkedCEFunction(torch.autograd.Function):
         loss_tok = torch.empty(n, dtype=torch.float32, device=h.device)
         dh_acc = torch.empty((n, d), dtype=torch.float32, device=h.device) if need_dh else None
         dw_acc = torch.zeros((v, d), dtype=torch.float32, device=h.device) if need_dw else None
+        warps = target_settings(h.device)["num_warps"]
         for start in range(0, n, chunk):
             rows = min(chunk, n - start)
             hc, yc, z = h[start:start + rows], y[start:start + rows], logits[:rows]
             seq_chunked_ce_logits_fwd_kernel[(triton.cdiv(rows, BLOCK_M), triton.cdiv(v, BLOCK_V))](
                 hc, W, z, rows, v, d, hc.stride(0), W.stride(0), z.stride(0),
-                BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
+                BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
             seq_chunked_ce_softmax_fwd_kernel[(triton.cdiv(rows, BLOCK_M),)](
                 z, yc, loss_tok[start:start + rows], rows, v, z.stride(0), ignore_index,
-                WRITE_GRAD=need_dh or need_dw, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
+                WRITE_GRAD=need_dh or need_dw, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, num_warps=warps)
             if need_dh:
                 dhc = dh_acc[start:start + rows]
                 seq_chunked_ce_dh_fwd_kernel[(triton.cdiv(rows, BLOCK_M), triton.cdiv(d, BLOCK_D))](
                     z, W, dhc, rows, v, d, z.stride(0), W.stride(0), dhc.stride(0),
-                    BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
+                    BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
             if need_dw:
                 seq_chunked_ce_dw_fwd_kernel[(triton.cdiv(v, BLOCK_V), triton.cdiv(d, BLOCK_D))](
                     z, hc, dw_acc, rows, v, d, z.stride(0), hc.stride(0), dw_acc.stride(0),
-                    BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
+                    BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
         return _finish_forward(ctx, loss_tok, y, ignore_index, reduction, dh_acc, dw_acc, h, W)
 
     @staticmethod

@@ -13,7 +13,35 @@ BLOCK_M = 64
 BLOCK_N = 64
 BLOCK_K = 64
 ACT_DTYPE = "input"
-BLOCK_SLOTS = 64
+BLOCK_SLOTS = 16  # slots of the tile map per step: a [BLOCK_SLOTS, E_PAD] comparison lives in registers
+TILE_MAP_WARPS = 4  # 896 experts: 16 x 1024 int32 compares, 72 registers on sm_90a (64 slots of int64: 2 KB spilled)
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps of the GEMM kernels per target, from their compiled model-suite launches: on NVIDIA 4 warps spill 192-632
+# B/thread at 64 x 64 x 64 tiles (the accumulators, operands and epilogue of 128 threads) and 8 spill none.
+LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 
 @triton.jit
@@ -26,12 +54,12 @@ def moe_grouped_gemm_tiles_fwd_kernel(OFFSETS, TILE_EXPERT, TILE_ROW, M, E, n_sl
     lo = tl.load(OFFSETS + c, mask=c <= E, other=0)
     hi = tl.load(OFFSETS + c + 1, mask=c < E, other=0)
     hi = tl.where(c == E, M, hi)
-    ntiles = tl.where(c <= E, (hi - lo + BLOCK_M - 1) // BLOCK_M, 0)
+    ntiles = tl.where(c <= E, (hi - lo + BLOCK_M - 1) // BLOCK_M, 0).to(tl.int32)  # tile counts fit 32 bits
     end = tl.cumsum(ntiles, axis=0)  # tiles of groups 0..c
     for s0 in range(0, n_slots, BLOCK_SLOTS):
         s = s0 + tl.arange(0, BLOCK_SLOTS)
         before = end[None, :] <= s[:, None]  # groups whose tiles all come before slot s
-        group = tl.sum(before.to(tl.int64), axis=1)
+        group = tl.sum(before.to(tl.int32), axis=1)
         first_tile = tl.sum(tl.where(before, ntiles[None, :], 0), axis=1)
         group_lo = tl.load(OFFSETS + group, mask=group <= E, other=0)
         valid = group <= E
@@ -283,18 +311,20 @@ class MoEGroupedGemmFunction(torch.autograd.Function):
         h = torch.empty(m, f, dtype=act, device=x.device)
         y = torch.empty(m, d, dtype=x.dtype, device=x.device)
         dot = _dot_config(x.dtype)
+        warps = target_settings(x.device)["num_warps"]
         moe_grouped_gemm_tiles_fwd_kernel[(1,)](offsets_c, tile_expert, tile_row, m, e, n_slots, BLOCK_M=BLOCK_M,
-                                                E_PAD=triton.next_power_of_2(e + 1), BLOCK_SLOTS=BLOCK_SLOTS)
+                                                E_PAD=triton.next_power_of_2(e + 1), BLOCK_SLOTS=BLOCK_SLOTS,
+                                                num_warps=TILE_MAP_WARPS)
         if m * f > 0:
             moe_grouped_gemm_up_fwd_kernel[(n_slots, triton.cdiv(f, BLOCK_N))](
                 x_c, w1_c, w3_c, tile_expert, tile_row, offsets_c, a, b, h, d, f, e, x_c.stride(0), w1_c.stride(0),
                 w1_c.stride(1), a.stride(0), **dot, **act_args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                num_warps=4)
+                num_warps=warps)
         if m * d > 0:
             moe_grouped_gemm_down_fwd_kernel[(n_slots, triton.cdiv(d, BLOCK_N))](
                 h, w2_c, tile_expert, tile_row, offsets_c, y, m, d, f, e, h.stride(0), w2_c.stride(0),
                 w2_c.stride(1), y.stride(0), **dot, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                num_warps=4)
+                num_warps=warps)
         ctx.save_for_backward(x_c, offsets_c, w1_c, w3_c, w2_c, tile_expert, tile_row, a, b, h)
         ctx.mark_non_differentiable(offsets)
         ctx.act_args = act_args
@@ -307,6 +337,7 @@ class MoEGroupedGemmFunction(torch.autograd.Function):
         e, f, _ = w1_c.shape
         n_slots = tile_expert.shape[0]
         dot = _dot_config(x_c.dtype)
+        warps = target_settings(x_c.device)["num_warps"]
         dy_c = dy.contiguous()
         da = torch.empty_like(a)
         db = torch.empty_like(b)
@@ -318,17 +349,17 @@ class MoEGroupedGemmFunction(torch.autograd.Function):
             moe_grouped_gemm_dh_bwd_kernel[(n_slots, triton.cdiv(f, BLOCK_N))](
                 dy_c, w2_c, a, b, tile_expert, tile_row, offsets_c, da, db, d, f, e, dy_c.stride(0), w2_c.stride(0),
                 w2_c.stride(1), a.stride(0), **dot, **ctx.act_args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                num_warps=4)
+                num_warps=warps)
         if m * d > 0:
             moe_grouped_gemm_dx_bwd_kernel[(n_slots, triton.cdiv(d, BLOCK_N))](
                 da, db, w1_c, w3_c, tile_expert, tile_row, offsets_c, dx, m, d, f, e, da.stride(0), w1_c.stride(0),
                 w1_c.stride(1), dx.stride(0), **dot, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                num_warps=4)
+                num_warps=warps)
         if e * f * d > 0:
             moe_grouped_gemm_dw_bwd_kernel[(e, triton.cdiv(f, BLOCK_N), triton.cdiv(d, BLOCK_K))](
                 da, db, x_c, dy_c, h, offsets_c, dw1, dw3, dw2, d, f, da.stride(0), x_c.stride(0), dy_c.stride(0),
                 dw1.stride(0), dw1.stride(1), dw2.stride(0), dw2.stride(1), **dot, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                BLOCK_K=BLOCK_K, num_warps=4)
+                BLOCK_K=BLOCK_K, num_warps=warps)
         return dx, None, dw1, dw3, dw2, None, None, None
 
 
