@@ -14,11 +14,44 @@ BLOCK_E = 32
 BLOCK_D = 32
 ROUTE_T = 8
 RENORM_EPS = tl.constexpr(1e-20)  # read inside the kernels: a GPU compile accepts only constexpr globals
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# The router's products are float32 (its logits decide which experts run): float32-accurate on the tensor cores
+# through split operands, 3xTF32 on NVIDIA and 6xBF16 on AMD; the interpreter multiplies in float32 itself.
+LAUNCH_SETTINGS = {
+    "default": {"num_warps": 4},
+    "interpreter": {"DOT": "ieee"},
+    "cuda": {"DOT": "tf32x3"},
+    "hip": {"DOT": "bf16x6"},
+}
 
 
 @triton.jit
 def moe_router_logits_fwd_kernel(X, W, L, N, E, D, stride_x, stride_w,
-                                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 DOT: tl.constexpr):
     """X [N, D], W [E, D] (any float dtype, last dim contiguous) -> L [N, E] float32 logits for one
     BLOCK_T x BLOCK_E tile; both operands are upcast and multiplied in IEEE float32 (no TF32: routing needs it)."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -28,7 +61,7 @@ def moe_router_logits_fwd_kernel(X, W, L, N, E, D, stride_x, stride_w,
         d = d0 + tl.arange(0, BLOCK_D)
         xt = tl.load(X + t[:, None] * stride_x + d[None, :], mask=(t[:, None] < N) & (d[None, :] < D), other=0.0)
         wt = tl.load(W + e[None, :] * stride_w + d[:, None], mask=(e[None, :] < E) & (d[:, None] < D), other=0.0)
-        acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision=DOT)
     tl.store(L + t[:, None] * E + e[None, :], acc, mask=(t[:, None] < N) & (e[None, :] < E))
 
 
@@ -146,7 +179,7 @@ def moe_router_route_bwd_kernel(L, IDS, DW, DL, N, E, k, norm_lambda, route_scal
 
 @triton.jit
 def moe_router_dx_bwd_kernel(DL, W, DX, N, E, D, stride_w, stride_dx,
-                             BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                             BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr):
     """DX [N, D] = DL [N, E] (float32) @ W [E, D], IEEE float32 dot, stored in DX's dtype."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -155,14 +188,14 @@ def moe_router_dx_bwd_kernel(DL, W, DX, N, E, D, stride_w, stride_dx,
         e = e0 + tl.arange(0, BLOCK_E)
         dl = tl.load(DL + t[:, None] * E + e[None, :], mask=(t[:, None] < N) & (e[None, :] < E), other=0.0)
         w = tl.load(W + e[:, None] * stride_w + d[None, :], mask=(e[:, None] < E) & (d[None, :] < D), other=0.0)
-        acc = tl.dot(dl, w.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(dl, w.to(tl.float32), acc, input_precision=DOT)
     tl.store(DX + t[:, None] * stride_dx + d[None, :], acc.to(DX.dtype.element_ty),
              mask=(t[:, None] < N) & (d[None, :] < D))
 
 
 @triton.jit
 def moe_router_dw_bwd_kernel(DL, X, DWT, N, E, D, stride_x, stride_dw,
-                             BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                             BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr):
     """DWT [E, D] = DL^T [E, N] @ X [N, D]: one program per (expert tile, column tile) walks all tokens in order,
     so the sum is deterministic; zeros when N == 0."""
     e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -172,7 +205,7 @@ def moe_router_dw_bwd_kernel(DL, X, DWT, N, E, D, stride_x, stride_dw,
         t = t0 + tl.arange(0, BLOCK_T)
         dl = tl.load(DL + t[None, :] * E + e[:, None], mask=(t[None, :] < N) & (e[:, None] < E), other=0.0)
         x = tl.load(X + t[:, None] * stride_x + d[None, :], mask=(t[:, None] < N) & (d[None, :] < D), other=0.0)
-        acc = tl.dot(dl, x.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(dl, x.to(tl.float32), acc, input_precision=DOT)
     tl.store(DWT + e[:, None] * stride_dw + d[None, :], acc.to(DWT.dtype.element_ty),
              mask=(e[:, None] < E) & (d[None, :] < D))
 
@@ -199,14 +232,16 @@ class MoERouterFunction(torch.autograd.Function):
         ids = torch.empty(n, topk, dtype=torch.int64, device=x.device)
         counts = torch.zeros(e, dtype=torch.int64, device=x.device)
         e_pad = triton.next_power_of_2(e)
+        settings = target_settings(x.device)
         if n > 0:
             moe_router_logits_fwd_kernel[(triton.cdiv(n, BLOCK_T), triton.cdiv(e, BLOCK_E))](
                 x_c, w_c, logits, n, e, d, x_c.stride(0), w_c.stride(0),
-                BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_D=BLOCK_D, num_warps=4)
+                BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_D=BLOCK_D, DOT=settings["DOT"],
+                num_warps=settings["num_warps"])
         # at least one program, so that counts are produced by a kernel even without tokens (they stay zero)
         moe_router_route_fwd_kernel[(max(1, triton.cdiv(n, ROUTE_T)),)](
             logits, b_c, weights, ids, counts, n, e, topk, lam, float(route_scale), **mode,
-            ROUTE_T=ROUTE_T, E_PAD=e_pad, K_PAD=triton.next_power_of_2(topk), num_warps=4)
+            ROUTE_T=ROUTE_T, E_PAD=e_pad, K_PAD=triton.next_power_of_2(topk), num_warps=settings["num_warps"])
         ctx.save_for_backward(x_c, w_c, logits, ids)
         ctx.cfg = (topk, mode, lam, float(route_scale), x.shape, weight.shape)
         ctx.mark_non_differentiable(ids, counts)
@@ -221,18 +256,21 @@ class MoERouterFunction(torch.autograd.Function):
         dx = torch.empty(n, d, dtype=x_c.dtype, device=x_c.device)
         dweight = torch.empty(e, d, dtype=w_c.dtype, device=w_c.device)
         dl = torch.empty(n, e, dtype=torch.float32, device=x_c.device)
+        settings = target_settings(x_c.device)
         if n > 0:
             dw_c = dweights.contiguous() if dweights is not None else torch.zeros(n, topk, device=x_c.device)
             moe_router_route_bwd_kernel[(triton.cdiv(n, ROUTE_T),)](
                 logits, ids, dw_c, dl, n, e, topk, lam, route_scale, **mode,
-                ROUTE_T=ROUTE_T, E_PAD=triton.next_power_of_2(e), num_warps=4)
+                ROUTE_T=ROUTE_T, E_PAD=triton.next_power_of_2(e), num_warps=settings["num_warps"])
             moe_router_dx_bwd_kernel[(triton.cdiv(n, BLOCK_T), triton.cdiv(d, BLOCK_D))](
                 dl, w_c, dx, n, e, d, w_c.stride(0), dx.stride(0),
-                BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_D=BLOCK_D, num_warps=4)
+                BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_D=BLOCK_D, DOT=settings["DOT"],
+                num_warps=settings["num_warps"])
         if e * d > 0:
             moe_router_dw_bwd_kernel[(triton.cdiv(e, BLOCK_E), triton.cdiv(d, BLOCK_D))](
                 dl, x_c, dweight, n, e, d, x_c.stride(0), dweight.stride(0),
-                BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_D=BLOCK_D, num_warps=4)
+                BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_D=BLOCK_D, DOT=settings["DOT"],
+                num_warps=settings["num_warps"])
         return dx.view(x_shape), dweight.view(w_shape), None, None, None, None, None, None
 
 

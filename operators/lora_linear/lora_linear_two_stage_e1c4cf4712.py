@@ -12,6 +12,39 @@ TEMPLATE = "two_stage"
 BLOCK_M = 64
 BLOCK_N = 64
 BLOCK_K = 32
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps of every launch per target; the adapter gradients' dots take float32 operands when XA_DTYPE is float32:
+# float32-accurate on the tensor cores through split operands (3xTF32 on NVIDIA, 6xBF16 on AMD; the interpreter
+# multiplies in float32 itself).
+LAUNCH_SETTINGS = {
+    "default": {"num_warps": 4},
+    "interpreter": {"DOT": "ieee"},
+    "cuda": {"DOT": "tf32x3", "num_warps": 8},  # 4 warps spill 1184 B/thread in the main GEMM on sm_90a
+    "hip": {"DOT": "bf16x6"},
+}
 
 
 @triton.jit
@@ -63,7 +96,8 @@ def lora_linear_gemm_kernel(X, W, LR, U, Y, N, K, M_OUT, R, scaling, stride_x, s
 
 @triton.jit
 def lora_linear_bwd_da_kernel(DYB, X, DA, N, IN, R, scaling, stride_dyb, stride_x, stride_da,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                              DOT: tl.constexpr):
     """dA [R, IN] = scaling * dyb^T x, dyb = dy B [N, R] float32. One program per BLOCK_N columns of IN, looping over
     the N rows in BLOCK_K steps (a fixed order: deterministic); stored in DA's dtype."""
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -75,14 +109,15 @@ def lora_linear_bwd_da_kernel(DYB, X, DA, N, IN, R, scaling, stride_dyb, stride_
                         other=0.0)  # [BLOCK_R, BLOCK_K]
         x = tl.load(X + ns[:, None] * stride_x + cols[None, :], mask=(ns[:, None] < N) & (cols[None, :] < IN),
                     other=0.0)  # [BLOCK_K, BLOCK_N]
-        acc = tl.dot(dyb_t, x.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(dyb_t, x.to(tl.float32), acc, input_precision=DOT)
     tl.store(DA + rk[:, None] * stride_da + cols[None, :], (acc * scaling).to(DA.dtype.element_ty),
              mask=(rk[:, None] < R) & (cols[None, :] < IN))
 
 
 @triton.jit
 def lora_linear_bwd_db_kernel(DY, XA, DB, N, OUT, R, scaling, stride_dy, stride_xa, stride_db,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                              DOT: tl.constexpr):
     """dB [OUT, R] = scaling * dy^T xa, xa = x A^T [N, R] float32 (kept by the forward pass). One program per BLOCK_N
     rows of OUT, looping over the N rows in BLOCK_K steps (a fixed order: deterministic); stored in DB's dtype."""
     outs = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -94,7 +129,7 @@ def lora_linear_bwd_db_kernel(DY, XA, DB, N, OUT, R, scaling, stride_dy, stride_
                        other=0.0)  # [BLOCK_N, BLOCK_K]
         xa = tl.load(XA + ns[:, None] * stride_xa + rk[None, :], mask=(ns[:, None] < N) & (rk[None, :] < R),
                      other=0.0)  # [BLOCK_K, BLOCK_R]
-        acc = tl.dot(dy_t.to(tl.float32), xa, acc, input_precision="ieee")
+        acc = tl.dot(dy_t.to(tl.float32), xa, acc, input_precision=DOT)
     tl.store(DB + outs[:, None] * stride_db + rk[None, :], (acc * scaling).to(DB.dtype.element_ty),
              mask=(outs[:, None] < OUT) & (rk[None, :] < R))
 
@@ -103,10 +138,11 @@ def _lowrank(x, m, m_strides, rank, block_r):
     """x [N, K] times M^T with M [rank, K] given by (pointer, strides) -> [N, rank] float32."""
     n, k = x.shape
     out = torch.empty(n, rank, dtype=torch.float32, device=x.device)
+    warps = target_settings(x.device)["num_warps"]
     if out.numel() > 0:
         lora_linear_lowrank_kernel[(triton.cdiv(n, BLOCK_M),)](x, m, out, n, k, rank, x.stride(0), *m_strides,
                                                                out.stride(0), BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
-                                                               BLOCK_R=block_r, num_warps=4)
+                                                               BLOCK_R=block_r, num_warps=warps)
     return out
 
 
@@ -115,11 +151,12 @@ def _gemm(x, w, w_strides, lr, u, u_strides, scaling, m_out, block_r):
     n, k = x.shape
     rank = lr.shape[1]
     y = torch.empty(n, m_out, dtype=x.dtype, device=x.device)
+    warps = target_settings(x.device)["num_warps"]
     if y.numel() > 0:
         grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(m_out, BLOCK_N))
         lora_linear_gemm_kernel[grid](x, w, lr, u, y, n, k, m_out, rank, scaling, x.stride(0), *w_strides,
                                      lr.stride(0), *u_strides, y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                     BLOCK_K=BLOCK_K, BLOCK_R=block_r, num_warps=4)
+                                     BLOCK_K=BLOCK_K, BLOCK_R=block_r, num_warps=warps)
     return y
 
 
@@ -149,7 +186,9 @@ class LoRALinearFunction(torch.autograd.Function):
                    ctx.block_r)
         dA = torch.empty_like(A)
         dB = torch.empty_like(B)
-        common = dict(BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, BLOCK_R=ctx.block_r, num_warps=4)
+        settings = target_settings(x.device)
+        common = dict(BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, BLOCK_R=ctx.block_r, DOT=settings["DOT"],
+                      num_warps=settings["num_warps"])
         if dA.numel() > 0:
             lora_linear_bwd_da_kernel[(triton.cdiv(n_in, BLOCK_N),)](dyb, x, dA, n, n_in, rank, ctx.scaling,
                                                                      dyb.stride(0), x.stride(0), dA.stride(0),
