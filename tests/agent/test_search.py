@@ -40,6 +40,23 @@ def test_coverage_when_only_uncovered_shapes_fail():
     assert d["class"] == "coverage" and d["evidence"]["requirement"] == "BLOCK_N >= N"
 
 
+def test_a_runtime_error_exactly_where_a_requirement_fails_is_coverage_and_elsewhere_its_own_class():
+    params = {**GOOD, "BLOCK_N": 256}
+    refused = [check("rows=3,N=4097", direction="run"), check("rows=4,N=64", direction="run", passed=True)]
+    d = diagnose("runtime_error", "ValueError: rows of 4097 columns", refused, ROW_BLOCK, params)
+    assert d["class"] == "coverage" and d["evidence"]["requirement"] == "BLOCK_N >= N"
+    crashed = [check("rows=4,N=64", direction="run")]  # BLOCK_N covers this row: the code itself is suspect
+    assert diagnose("runtime_error", "IndexError", crashed, ROW_BLOCK, params)["class"] == "runtime_error"
+
+
+def test_a_constant_output_left_by_a_low_precision_parameter_is_precision():
+    params = {**GOOD, "ACC_DTYPE": "float16"}
+    d = diagnose("constant_output", "constant output", [check("rows=7,N=1000")], ROW_BLOCK, params)
+    assert d["class"] == "precision" and d["evidence"]["param"] == "ACC_DTYPE"
+    assert diagnose("constant_output", "constant output", [check("rows=7,N=1000")], ROW_BLOCK,
+                    GOOD)["class"] == "constant_output"  # no low-precision parameter: the integrity verdict stands
+
+
 def test_low_precision_parameter_is_blamed_for_numeric_failures():
     params = {**GOOD, "ACC_DTYPE": "float16"}
     assert diagnose("fail", "", [check("rows=4,N=64")], ROW_BLOCK, params)["class"] == "precision"

@@ -204,9 +204,13 @@ def test_wrong_gradient_fails_only_that_gradient(tmp_path, case):
 
 @pytest.mark.interpreter
 def test_tail_beyond_block_n_is_an_unwritten_output_on_exactly_the_wide_shapes(tmp_path):
-    """BLOCK_N=64 covers only the first 64 columns: a wider row gets a partial sum, and the columns of y and dx past
-    64 are never written. They still hold the worker's poison, so the verdict names the unwritten outputs."""
-    result = verify(write(tmp_path, rendered(64)))
+    """A host that launches BLOCK_N=64 whatever the width (the template's own host code picks each row's block and
+    refuses rows wider than BLOCK_N): the block covers only the first 64 columns, a wider row gets a partial sum,
+    and the columns of y and dx past 64 are never written. They still hold the worker's poison, so the verdict
+    names the unwritten outputs."""
+    source = rendered(64).replace("block, warps = row_launch(n)", "block, warps = BLOCK_N, NUM_WARPS")
+    assert source.count("block, warps = BLOCK_N, NUM_WARPS") == 2  # forward and backward
+    result = verify(write(tmp_path, source))
 
     assert wide(SHAPES) and narrow(SHAPES)  # the suites still test both sides of the edge
     # y ("output 0") and dx ("grad of x") of every wide trial, in trial order, keep rows * (N - 64) poisoned

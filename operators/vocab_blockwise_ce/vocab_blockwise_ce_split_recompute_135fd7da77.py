@@ -12,7 +12,33 @@ TEMPLATE = "split_recompute"
 BLOCK_M = 64
 BLOCK_V = 128
 BLOCK_D = 64
-NUM_WARPS = 4
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps spill 888-1704 B/thread in the
+# logits tiles (64 x 128 float32 over 128 threads), 8 spill 56-400.
+LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 LOSS_BLOCK = 1024
 
 
@@ -123,7 +149,7 @@ def _forward(ctx, h, W, y, ignore_index, reduction):
     loss_tok = torch.empty(n, dtype=torch.float32, device=h.device)
     vocab_blockwise_ce_fwd_kernel[(triton.cdiv(n, BLOCK_M),)](
         h, W, y, lse, loss_tok, n, v, d, h.stride(0), W.stride(0), ignore_index,
-        BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
+        BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=target_settings(h.device)["num_warps"])
     loss = torch.empty((), dtype=torch.float32, device=h.device)
     scale = torch.empty(1, dtype=torch.float32, device=h.device)
     vocab_blockwise_ce_loss_fwd_kernel[(1,)](loss_tok, y, loss, scale, n, ignore_index, MEAN=reduction == "mean",
@@ -211,18 +237,19 @@ class VocabBlockwiseCEFunction(torch.autograd.Function):
         v = W.shape[0]
         grad_loss = grad_loss.contiguous()
         dh = dw = None
+        warps = target_settings(h.device)["num_warps"]
         if ctx.needs_input_grad[0]:
             dh_acc = torch.zeros((n, d), dtype=torch.float32, device=h.device)
             dh = torch.empty((n, d), dtype=h.dtype, device=h.device)
             vocab_blockwise_ce_dh_bwd_kernel[(triton.cdiv(n, BLOCK_M),)](
                 h, W, y, lse, grad_loss, scale, dh_acc, dh, n, v, d, h.stride(0), W.stride(0), dh.stride(0),
-                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
+                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
         if ctx.needs_input_grad[1]:
             dw_acc = torch.zeros((v, d), dtype=torch.float32, device=h.device)
             dw = torch.empty((v, d), dtype=W.dtype, device=h.device)
             vocab_blockwise_ce_dw_bwd_kernel[(triton.cdiv(v, BLOCK_V),)](
                 h, W, y, lse, grad_loss, scale, dw_acc, dw, n, v, d, h.stride(0), W.stride(0), dw.stride(0),
-                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
+                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
         return dh, dw, None, None, None
 
 
