@@ -1,6 +1,6 @@
 """Which passing candidate the agent prefers: spill-free on every required target at the model suite first (the
-gate), then the shortest modelled time on the ranking target (workbench.perf.cost; measured times replace the
-modelled ones on a GPU backend), then the smallest worst error. The reason is said, for the run's trace."""
+gate), then the shortest modelled time on the ranking target (workbench.perf.cost; measured times do not take
+their place on a GPU backend yet), then the smallest worst error. The reason is said, for the run's trace."""
 
 from __future__ import annotations
 
