@@ -544,7 +544,7 @@ def bench(
     if not files:
         raise WorkbenchError(f"nothing to bench: promote operators into {settings.operators_dir}, or name a file")
     on_gpu = cuda_available()
-    names = _targets(targets) or ([] if on_gpu else ["sm_90a", "gfx942"])
+    names = _targets(targets) or ([perf.device_target(torch.device("cuda"))] if on_gpu else ["sm_90a", "gfx942"])
     rows: list = []
     skipped: list[str] = []
     for block, path, forward_only in files:
@@ -556,7 +556,6 @@ def bench(
             skipped.append(block)
             continue
         if on_gpu:
-            names = names or [perf.device_target(torch.device("cuda"))]
             rows += perf.measured_rows(spec, perf.load_operator(path), shapes, trials=trials)
         with console.status(f"compiling {path.name} for {', '.join(names)}...") if not as_json else _nullcontext():
             report = target_report(path, block=block, targets=names, forward_only=forward_only)

@@ -41,34 +41,33 @@ class Work:
 
 @dataclass(frozen=True)
 class Peaks:
-    """A target's public peak figures (one GPU, dense, no sparsity): HBM bytes/s, bf16 and tf32 tensor FLOP/s,
-    fp32 vector FLOP/s, SMs (CUs on AMD), and where each number comes from."""
+    """A target's public peak figures (one GPU, dense, no sparsity): HBM bytes/s, bf16 tensor FLOP/s, fp32 vector
+    FLOP/s, SMs (CUs on AMD), and where each number comes from."""
 
     device: str
     hbm_bytes_s: float
     bf16_flops: float
-    tf32_flops: float | None
     fp32_flops: float
     sms: int
     source: str
 
 
 PEAKS: dict[str, Peaks] = {
-    "sm_80": Peaks("A100 SXM 80GB", 2.039e12, 312e12, 156e12, 19.5e12, 108,
-                   "NVIDIA A100 Tensor Core GPU data sheet (2.039 TB/s HBM2e, BF16 312 TFLOPS, TF32 156, FP32 19.5); "
+    "sm_80": Peaks("A100 SXM 80GB", 2.039e12, 312e12, 19.5e12, 108,
+                   "NVIDIA A100 Tensor Core GPU data sheet (2.039 TB/s HBM2e, BF16 312 TFLOPS, FP32 19.5); "
                    "A100 architecture whitepaper (108 SMs)"),
-    "sm_90a": Peaks("H200 SXM", 4.8e12, 989e12, 494e12, 67e12, 132,
+    "sm_90a": Peaks("H200 SXM", 4.8e12, 989e12, 67e12, 132,
                     "NVIDIA H200 Tensor Core GPU data sheet (4.8 TB/s HBM3e, BF16 989 TFLOPS dense, TF32 494, "
                     "FP32 67); H100 whitepaper (132 SMs)"),
-    "sm_100a": Peaks("B200", 8.0e12, 2250e12, 1100e12, 80e12, 148,
+    "sm_100a": Peaks("B200", 8.0e12, 2250e12, 80e12, 148,
                      "NVIDIA DGX B200 / HGX B200 data sheet, per GPU (8 TB/s HBM3e, BF16 2.25 PFLOPS dense, "
-                     "TF32 1.1 PFLOPS dense, FP32 80 TFLOPS); Blackwell architecture brief (148 SMs)"),
-    "gfx942": Peaks("MI300X", 5.3e12, 1307.4e12, 653.7e12, 163.4e12, 304,
+                     "FP32 80 TFLOPS); Blackwell architecture brief (148 SMs)"),
+    "gfx942": Peaks("MI300X", 5.3e12, 1307.4e12, 163.4e12, 304,
                     "AMD Instinct MI300X data sheet (5.3 TB/s HBM3, BF16 1307.4 TFLOPS dense, TF32 653.7, "
                     "FP32 vector 163.4, 304 CUs)"),
-    "gfx950": Peaks("MI355X", 8.0e12, 2516.6e12, None, 157.3e12, 256,
+    "gfx950": Peaks("MI355X", 8.0e12, 2516.6e12, 157.3e12, 256,
                     "AMD Instinct MI355X data sheet (8 TB/s HBM3E, BF16 2.5 PFLOPS dense, FP32 vector 157.3 "
-                    "TFLOPS, 256 CUs; CDNA 4 has no TF32 matrix type)"),
+                    "TFLOPS, 256 CUs)"),
 }
 
 
@@ -79,12 +78,7 @@ def _rmsnorm(s):
     return Work(BF16 * (2 * rows * n + n) + F32 * rows), Work(BF16 * (3 * rows * n + 2 * n) + F32 * rows)
 
 
-def _swiglu(s):  # a, b [rows, N] -> y [rows, N]
-    e = s["rows"] * s["N"]
-    return Work(BF16 * 3 * e), Work(BF16 * 5 * e)
-
-
-def _situ(s):  # gate_up [rows, 2N] -> y [rows, N]
+def _gated_activation(s):  # swiglu's a, b [rows, N] or situ's gate_up [rows, 2N] -> y [rows, N]
     e = s["rows"] * s["N"]
     return Work(BF16 * 3 * e), Work(BF16 * 5 * e)
 
@@ -195,8 +189,8 @@ WORK: dict[str, Callable[[Mapping[str, int]], tuple[Work, Work]]] = {
     "attnres": _attnres, "dsa_indexer": _dsa_indexer, "dsa_sparse_attention": _dsa_sparse_attention, "kda": _kda,
     "kda_gate": _kda_gate, "kda_short_conv": _kda_short_conv, "lora_linear": _lora_linear, "mla": _mla,
     "moe_combine": _moe_combine, "moe_grouped_gemm": _moe_grouped_gemm, "moe_permute": _moe_permute,
-    "moe_router": _moe_router, "rmsnorm": _rmsnorm, "seq_chunked_ce": _linear_ce, "situ": _situ,
-    "swiglu": _swiglu, "vocab_blockwise_ce": _linear_ce,
+    "moe_router": _moe_router, "rmsnorm": _rmsnorm, "seq_chunked_ce": _linear_ce, "situ": _gated_activation,
+    "swiglu": _gated_activation, "vocab_blockwise_ce": _linear_ce,
 }
 
 
