@@ -14,7 +14,7 @@ from workbench.perf import cost
 
 def _build(kernel="k_fwd_kernel", target="sm_90a", **over) -> dict:
     return {"kernel": kernel, "target": target, "suite": "model", "ok": True, "registers": 128, "spilled_bytes": 0,
-            "ctas_per_sm": 2, "uses_dot": False, "tensor_cores": None, **over}
+            "ctas_per_sm": 2, "num_warps": 8, "uses_dot": False, "tensor_cores": None, **over}
 
 
 def test_every_block_and_every_default_target_has_figures_with_their_source():
@@ -56,7 +56,7 @@ def test_the_spill_free_point_of_two_otherwise_equal_candidates_is_preferred():
     spilling = cost.estimate("rmsnorm", shape, "sm_90a", [_build(spilled_bytes=256)])
     assert clean.time_s == clean.floor_s and clean.fraction == 1.0 and clean.label == "modelled"
     assert spilling.time_s == pytest.approx(clean.time_s * (1 + 256 / (4 * 128)))
-    assert spilling.penalties == ("spills: k_fwd_kernel 256 B/thread (x1.50)",)
+    assert spilling.penalties == ("k_fwd_kernel: spills 256 B/thread (x1.50)",)
     passing = [{"iteration": i, "template": "t", "worst_ratio": ratio, "evidence": {"spill_free_on": free},
                 "modelled": cost.modelled_summary("rmsnorm", [shape], builds, ["sm_90a"])}
                for i, ratio, free, builds in ((1, 0.1, [], [_build(spilled_bytes=256)]),
@@ -74,6 +74,28 @@ def test_a_dot_kernel_without_tensor_cores_pays_the_vector_peak_and_an_unresiden
     assert fma.penalties == ("no tensor cores: k_fwd_kernel",)
     stuck = cost.estimate("lora_linear", shape, "sm_90a", [_build(ctas_per_sm=0)])
     assert stuck.time_s is None and stuck.fraction is None and stuck.penalties == ("k_fwd_kernel: cannot be resident",)
+
+
+def test_too_few_resident_warps_slow_a_memory_bound_kernel_more_than_a_compute_bound_one():
+    rows = model_shapes("rmsnorm")[0]  # memory-bound: needs 16 of the H200 SM's 64 warps resident
+    full = cost.estimate("rmsnorm", rows, "sm_90a", [_build(ctas_per_sm=4, num_warps=4)])
+    thin = cost.estimate("rmsnorm", rows, "sm_90a", [_build(ctas_per_sm=1, num_warps=4)])
+    assert full.time_s == full.floor_s and full.penalties == ()
+    assert thin.time_s == pytest.approx(4 * thin.floor_s)
+    assert thin.penalties == ("k_fwd_kernel: 4 of 64 warps resident per SM (needs 16) (x4.00)",)
+    gemm = {"N": 8192, "IN": 7168, "OUT": 7168, "r": 64}  # compute-bound: 8 warps are enough
+    one_cta = cost.estimate("lora_linear", gemm, "sm_90a", [_build(ctas_per_sm=1, num_warps=8, uses_dot=True,
+                                                                   tensor_cores=True)])
+    assert one_cta.bound == "compute" and one_cta.time_s == one_cta.floor_s
+    # spills and occupancy of one kernel multiply; the worst kernel's product applies
+    both = cost.estimate("rmsnorm", rows, "sm_90a", [_build(ctas_per_sm=2, num_warps=4, spilled_bytes=512),
+                                                     _build("k_bwd_kernel", spilled_bytes=1024)])
+    assert both.time_s == pytest.approx(both.floor_s * 2 * 2)
+    assert both.penalties == ("k_fwd_kernel: spills 512 B/thread, 8 of 64 warps resident per SM (needs 16) "
+                              "(x4.00)",)
+    # on AMD the CU holds 32 waves: 8 resident are a quarter
+    amd = cost.estimate("rmsnorm", rows, "gfx942", [_build(target="gfx942", ctas_per_sm=2, num_warps=4)])
+    assert amd.time_s == amd.floor_s
 
 
 def test_the_forward_alone_ignores_the_backward_kernels():

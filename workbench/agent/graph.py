@@ -42,6 +42,7 @@ from workbench.config import Settings
 from workbench.errors import TemplateError
 from workbench.operators import launch_settings, promote_file
 from workbench.perf.cost import modelled_summary
+from workbench.perf.measure import MEASURE_TRIALS, measure_candidate
 from workbench.store import records
 from workbench.store.models import utcnow
 from workbench.templating import Template, candidate_filename, format_point
@@ -83,6 +84,11 @@ class PortContext:
     targets: list[str] | None = None  # GPU targets every candidate must compile for (None: the defaults)
     forward_only: bool = False     # an inference port: outputs verified, the backward not (no replay gate)
     replay_model: str = "kimi-k3.1-pro"
+    measure: bool | None = None    # time passing candidates at the model suite (None: on a GPU backend only)
+
+    @property
+    def measures(self) -> bool:
+        return self.backend.device != "cpu" if self.measure is None else self.measure
 
     def emit(self, run_id: str, node: str, message: str, data: dict | None = None) -> None:
         """Write the step to the store, then stream it (custom stream mode); outside a graph run, hand it to
@@ -203,6 +209,14 @@ def build_graph(ctx: PortContext, checkpointer=None):
                                     backward=not ctx.forward_only) if result.passed else {}
         current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
                        evidence=evidence, modelled=modelled)
+        if result.passed and ctx.measures:
+            current["measured"] = measure_candidate(
+                current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.dtypes[-1],
+                timeout_s=ctx.timeout_s, forward_only=ctx.forward_only)
+            figure = current["measured"]
+            ctx.emit(state["run_id"], "measure", f"#{current['iteration']} " + (
+                f"{figure['time_ms']:.3f} ms measured on {figure['device']} ({figure['shapes']} shapes, median of "
+                f"{MEASURE_TRIALS})" if "time_ms" in figure else f"not measured: {figure['error']}"), figure)
         where = f"; compiles on {len(evidence['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
         spills = f"; {len([f for f in result.findings if f.startswith('spills:')])} spill findings" \
             if any(f.startswith("spills:") for f in result.findings) else ""
@@ -291,6 +305,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
                              "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.forward_only},
             "launch_settings": launch_settings(source),
             "evidence": best.get("evidence", {}), "modelled": best.get("modelled", {}),
+            **({"measured": best["measured"]} if best.get("measured") else {}),
             "replay": {k: v for k, v in state.get("gate", {}).items() if k != "candidate_id"},
         }
         if decision is not None:
@@ -348,6 +363,13 @@ def build_graph(ctx: PortContext, checkpointer=None):
     graph.add_edge("promote", "record")
     graph.add_edge("record", END)
     return graph.compile(checkpointer=checkpointer)
+
+
+def measure_shapes(ctx: PortContext) -> list[dict]:
+    """The shapes a passing candidate is timed at: the model suite where the backend runs it (a GPU), else the
+    first suite verified (the interpreter's timing serves the protocol's own tests, not a ranking worth having)."""
+    suite = "model" if "model" in ctx.backend.suites else ctx.suites[0]
+    return [dict(s) for s in suite_shapes(ctx.spec, suite)]
 
 
 def gated_candidate(state: PortState) -> Attempt:

@@ -59,7 +59,7 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
                seeds: int = 2, backend: Backend | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                model: str | None = None, on_event: EventHook | None = None, llm: LLMConfig | None = None,
                chat=None, approve: bool = False, replay_steps: int = 0, targets: list[str] | None = None,
-               forward_only: bool = False) -> PortOutcome:
+               forward_only: bool = False, measure: bool | None = None) -> PortOutcome:
     """Run the agent on ``block``. start: "template:NAME=VALUE,..." to begin at a given point (missing params take
     the template's first covering choice); for the llm proposer, the starting candidate shown to the model.
     llm: the endpoint of the llm and hybrid proposers (default: $WORKBENCH_LLM_*); chat: a langchain chat model to
@@ -67,7 +67,8 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
     replay_steps: steps of the replay gate before promotion (0: none; the replay uses ``model``'s name, default
     kimi-k3.1-pro). targets: the GPU targets every candidate must compile for (default: $WORKBENCH_TARGETS, else
     the defaults). forward_only: an inference port (outputs verified, the backward not, no replay gate; the
-    manifest says so). Raises WorkbenchError for bad arguments before any run is recorded."""
+    manifest says so). measure: time each passing candidate at the model suite and rank by the measured times
+    (None: on a GPU backend). Raises WorkbenchError for bad arguments before any run is recorded."""
     spec = get_block(block)
     if proposer not in PROPOSERS:
         raise WorkbenchError(f"unknown proposer '{proposer}' (known: {', '.join(PROPOSERS)})")
@@ -84,7 +85,7 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
             llm = resolve_model(llm)
     targets = [t.name for t in get_targets(default_target_names() if targets is None else targets)]
     config = {"suites": suites, "dtypes": dtypes, "seeds": seeds, "explore": explore, "start": start,
-              "targets": targets, "forward_only": forward_only,
+              "targets": targets, "forward_only": forward_only, "measure": measure,
               "timeout_s": timeout_s, "approve": approve, "replay_steps": replay_steps,
               "replay_model": model or DEFAULT_REPLAY_MODEL,
               "llm": llm.public() if llm and proposer != "search" else None}
@@ -189,7 +190,8 @@ def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, prop
                        timeout_s=config["timeout_s"], start=start, on_event=on_event,
                        approve=bool(config.get("approve")), replay_steps=int(config.get("replay_steps") or 0),
                        replay_model=config.get("replay_model") or DEFAULT_REPLAY_MODEL,
-                       targets=config.get("targets"), forward_only=bool(config.get("forward_only")))
+                       targets=config.get("targets"), forward_only=bool(config.get("forward_only")),
+                       measure=config.get("measure"))
 
 
 def _thread(run_id: str, budget: int) -> dict:

@@ -34,6 +34,7 @@ class Attempt(TypedDict, total=False):
     worst_ratio: float
     evidence: dict[str, Any]                       # the verification's targets, spills and findings
     modelled: dict[str, Any]                       # per target, the cost model's time at the model suite
+    measured: dict[str, Any]                       # the model suite timed on the backend's GPU (perf.measure)
     diagnosis: dict[str, Any]
 
 

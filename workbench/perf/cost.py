@@ -13,7 +13,13 @@ The forward+backward figures are the sum of both passes.
 Penalties, from the model-suite builds of an operator on a target (``workbench.verify.aot.KernelBuild``):
     a build that fails or cannot be resident: the operator does not run there (no time);
     a dot kernel without tensor-core instructions: its matrix work at the vector (FMA) peak;
-    spilled bytes per thread: time x (1 + spilled / register bytes per thread), at most x5, the dominant kernel's.
+    spilled bytes per thread: time x (1 + spilled / register bytes per thread), at most x5;
+    occupancy: fewer resident warps per SM than the roof needs to hide memory latency (a quarter of the SM's
+        warps for a memory-bound block, an eighth for a compute-bound one, which hides latency in its tiles) slow
+        the kernel by need / resident, at most x4;
+    the two multiply, per kernel, and the dominant kernel's product applies.
+Not modelled: idle SMs of a grid smaller than the machine, wave quantization, and L2 reuse (the floor assumes
+every input is read from HBM once).
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from workbench.backends import TARGETS
+
 MODELLED = "modelled"  # the label every figure of this module carries where it is shown
 BF16, F32, I64 = 2, 4, 8  # bytes per element
 SPILL_PENALTY_CAP = 5.0
+OCCUPANCY_NEED = {"memory": 1 / 4, "compute": 1 / 8}  # share of the SM's resident warps the roof needs
+OCCUPANCY_PENALTY_CAP = 4.0
 
 
 @dataclass(frozen=True)
@@ -226,6 +236,23 @@ class Estimate:
         return self.floor_s / self.time_s if self.time_s else None
 
 
+def _kernel_penalty(build: dict, target: str, bound: str) -> tuple[float, list[str]]:
+    """(slow-down factor, reasons) of one compiled kernel: its spills and its occupancy (module docstring)."""
+    factor, reasons = 1.0, []
+    if build.get("spilled_bytes"):
+        spill = min(SPILL_PENALTY_CAP, 1 + build["spilled_bytes"] / (4 * max(build.get("registers") or 1, 1)))
+        factor *= spill
+        reasons.append(f"spills {build['spilled_bytes']} B/thread")
+    ctas, warps = build.get("ctas_per_sm"), build.get("num_warps")
+    if ctas and warps and target in TARGETS:
+        most = TARGETS[target].max_warps_per_sm
+        need = OCCUPANCY_NEED[bound] * most
+        if ctas * warps < need:
+            factor *= min(OCCUPANCY_PENALTY_CAP, need / (ctas * warps))
+            reasons.append(f"{ctas * warps} of {most} warps resident per SM (needs {need:g})")
+    return factor, reasons
+
+
 def estimate(block: str, shape: Mapping[str, int], target: str, builds: list[dict] | None = None, *,
              backward: bool = True) -> Estimate:
     """The modelled time of an operator for ``block`` at ``shape`` on ``target``, with the penalties its
@@ -246,12 +273,11 @@ def estimate(block: str, shape: Mapping[str, int], target: str, builds: list[dic
     if no_tc and w.tensor_flops:
         time_s = max(time_s, floor_s(w, peaks, tensor_cores=False))
         penalties.append(f"no tensor cores: {', '.join(sorted(set(no_tc)))}")
-    spill = max(((min(SPILL_PENALTY_CAP, 1 + b["spilled_bytes"] / (4 * max(b.get("registers") or 1, 1))), b)
-                 for b in mine if b.get("spilled_bytes")), key=lambda x: x[0], default=None)
-    if spill:
-        factor, b = spill
+    worst = max(((_kernel_penalty(b, target, bound), b) for b in mine), key=lambda x: x[0][0], default=None)
+    if worst and worst[0][0] > 1:
+        (factor, reasons), b = worst
         time_s *= factor
-        penalties.append(f"spills: {b['kernel']} {b['spilled_bytes']} B/thread (x{factor:.2f})")
+        penalties.append(f"{b['kernel']}: {', '.join(reasons)} (x{factor:.2f})")
     return Estimate(target, floor, time_s, bound, tuple(penalties))
 
 
