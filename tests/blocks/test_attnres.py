@@ -11,7 +11,8 @@ import torch
 from template_checks import assert_templates_render_each_choice
 
 from workbench.blocks import get_block
-from workbench.blocks.base import SUITES, default_tolerance, shape_label
+from workbench.blocks.base import SUITES, shape_label
+from workbench.numerics import default_tolerance
 
 SPEC = get_block("attnres")
 ref = SPEC.reference

@@ -11,15 +11,9 @@ import pytest
 import torch
 
 from workbench.blocks import REGISTRY, get_block
-from workbench.blocks.base import (
-    DEFAULT_TOLERANCES,
-    SUITES,
-    Tolerance,
-    compute_dtype,
-    default_tolerance,
-    shape_label,
-)
+from workbench.blocks.base import SUITES, shape_label
 from workbench.errors import UnknownBlockError, WorkbenchError
+from workbench.numerics import DEFAULT_TOLERANCES, Tolerance, compute_dtype, default_tolerance
 
 RMSNORM = get_block("rmsnorm")
 SWIGLU = get_block("swiglu")

@@ -10,8 +10,8 @@ import torch
 
 from workbench.blocks import get_block
 from workbench.blocks._dsa import causal_topk, selection_counts
-from workbench.blocks.base import default_tolerance
 from workbench.blocks.dsa_indexer import GRID, MIN_OVERLAP, SHAPES, compare_indices, hidden_shapes, make_inputs
+from workbench.numerics import default_tolerance
 
 SPEC = get_block("dsa_indexer")
 ALL_SHAPES = SHAPES["smoke"] + SHAPES["edge"]

@@ -18,8 +18,8 @@ from workbench.blocks._moe import (
     routed_rows_hidden_shapes,
     routing_ids,
 )
-from workbench.blocks.base import DEFAULT_TOLERANCES
 from workbench.blocks.moe_permute import make_inputs, reference
+from workbench.numerics import DEFAULT_TOLERANCES
 
 SPEC = get_block("moe_permute")
 ALL_SHAPES = ROUTED_ROWS_SUITES["smoke"] + ROUTED_ROWS_SUITES["edge"]

@@ -12,7 +12,6 @@ import torch
 
 from workbench.blocks import get_block
 from workbench.blocks._moe import compare_float32_quantity, compare_id_sets
-from workbench.blocks.base import DEFAULT_TOLERANCES
 from workbench.blocks.moe_router import (
     MODES,
     adaptive_aux_coeff,
@@ -24,6 +23,7 @@ from workbench.blocks.moe_router import (
     update_bias,
     z_loss,
 )
+from workbench.numerics import DEFAULT_TOLERANCES
 
 SPEC = get_block("moe_router")
 ALL_SHAPES = SPEC.shapes["smoke"] + SPEC.shapes["edge"]

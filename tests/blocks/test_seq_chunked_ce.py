@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from workbench.blocks import _linear_ce, get_block
-from workbench.blocks.base import default_tolerance, shape_label
+from workbench.blocks.base import shape_label
 from workbench.blocks.seq_chunked_ce import chunked_loss, liger_chunk_rows
 from workbench.models import model_shapes
+from workbench.numerics import default_tolerance
 from workbench.templating import list_templates
 
 BLOCKS = ("seq_chunked_ce", "vocab_blockwise_ce")

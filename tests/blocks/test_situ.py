@@ -12,8 +12,9 @@ import torch
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import get_block
-from workbench.blocks.base import SUITES, compute_dtype
+from workbench.blocks.base import SUITES
 from workbench.blocks.situ import BETA, LINEAR_BETA
+from workbench.numerics import compute_dtype
 
 SPEC = get_block("situ")
 ref = SPEC.reference

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from workbench.blocks.base import Tolerance
-from workbench.verify.compare import compare
+from workbench.numerics import Tolerance, compare
 from workbench.verify.result import Check
 
 TOL = Tolerance(factor=2.0, atol=1e-5, rtol=1e-5)

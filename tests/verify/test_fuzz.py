@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench.blocks import REGISTRY
-from workbench.blocks.base import default_tolerance
-from workbench.verify.compare import compare
+from workbench.numerics import compare, default_tolerance
 
 SPECIAL = st.sampled_from([0.0, -0.0, math.nan, math.inf, -math.inf, 1e30, -1e30, 1e-30, 65504.0, 7e4])
 VALUES = st.one_of(SPECIAL, st.floats(allow_nan=True, allow_infinity=True, width=32))

@@ -32,7 +32,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from workbench.blocks.base import Shape, compute_dtype
+from workbench.blocks.base import Shape
+from workbench.numerics import compute_dtype
 
 IGNORE_INDEX = -100
 REDUCTIONS = ("mean", "sum")

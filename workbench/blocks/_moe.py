@@ -9,7 +9,7 @@ Routing input generation:
     permutation: the expert-major layout of those ids (stable argsort of the flat ids, dropped slots last), the
         ground truth that moe_permute computes and that moe_grouped_gemm / moe_combine take as inputs.
 
-Comparators (the signature of workbench.verify.compare.compare): for discrete outputs exact equality and per-row
+Comparators (the signature of workbench.numerics.compare): for discrete outputs exact equality and per-row
 equality of id sets (order-insensitive); for float32-by-contract quantities of low-precision trials the float32
 tolerance. Shape suites and hidden shape draws shared by moe_permute and moe_combine
 (dims N, D, E, k, hot, drop).
@@ -22,7 +22,7 @@ import random
 
 import torch
 
-from workbench.blocks.base import DEFAULT_TOLERANCES, Tolerance
+from workbench.numerics import DEFAULT_TOLERANCES, Tolerance, compare, contract_problem
 
 ZIPF_S = 1.1
 """Zipf exponent of expert popularity: the most popular expert gets about 3x the load of the 3rd, 10x the 10th."""
@@ -82,18 +82,6 @@ def permutation(ids: torch.Tensor, e: int) -> dict[str, torch.Tensor]:
 # --- comparators -------------------------------------------------------------------------------------------------
 
 
-def _shape_dtype_problem(out, truth: torch.Tensor, expect_dtype: torch.dtype) -> str | None:
-    if out is None:
-        return "no value returned for this quantity"
-    if not isinstance(out, torch.Tensor):
-        return f"returned {type(out).__name__}, expected a tensor"
-    if tuple(out.shape) != tuple(truth.shape):
-        return f"shape {tuple(out.shape)}, expected {tuple(truth.shape)}"
-    if out.dtype != expect_dtype:
-        return f"dtype {out.dtype}, expected {expect_dtype}"
-    return None
-
-
 def _figures(wrong: int, total: int) -> dict:
     return {"max_abs": float(wrong), "max_rel": float(wrong) / max(total, 1), "err_ratio": float(wrong) / max(total, 1),
             "ref_err": 0.0, "bound": 0.0, "nonfinite": 0}
@@ -103,7 +91,7 @@ def compare_exact(out, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Toleran
                   ) -> dict:
     """Bit-for-bit equality (integer maps and counts, and copies such as a permuted activation). max_abs: the
     number of differing elements. The reference must agree with the truth too, or the inputs were not tie-free."""
-    problem = _shape_dtype_problem(out, truth, expect_dtype)
+    problem = contract_problem(out, truth, expect_dtype, missing="no value returned for this quantity")
     if problem:
         return {"passed": False, "reason": problem}
     o = out.detach().cpu()
@@ -122,7 +110,7 @@ def compare_id_sets(out, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Toler
                     ) -> dict:
     """Per row of [N, k] ids, the same set of ids (order-insensitive; the order itself is checked through the
     weights and their gradients, which are positional). max_abs: the number of rows whose set differs."""
-    problem = _shape_dtype_problem(out, truth, expect_dtype)
+    problem = contract_problem(out, truth, expect_dtype, missing="no value returned for this quantity")
     if problem:
         return {"passed": False, "reason": problem}
     o = out.detach().cpu().reshape(-1, truth.shape[-1] if truth.dim() else 1).sort(-1).values
@@ -143,8 +131,6 @@ def compare_float32_quantity(out, truth: torch.Tensor, ref_lowp: torch.Tensor, t
     weights, the combine's weight gradient) is held to the float32 tolerance, not to the trial dtype's: its
     reference is float32 arithmetic on the same inputs, and a float16-sized floor (rtol 1e-3) would let a kernel
     that computes it in half precision through."""
-    from workbench.verify.compare import compare  # here, not at the top: workbench.verify imports the blocks
-
     if expect_dtype == torch.float32:
         tol = DEFAULT_TOLERANCES[torch.float32]
     return compare(out, truth, ref_lowp, tol, expect_dtype)

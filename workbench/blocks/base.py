@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from workbench.numerics import Tolerance, default_tolerance
+
 Shape = Mapping[str, int]
 """Named dimensions of one test case, e.g. ``{"rows": 3, "N": 4097}``."""
 
@@ -21,42 +23,9 @@ SUITES = ("smoke", "edge", "model")
 """smoke: tiny, for the interpreter; edge: odd sizes and degenerate cases; model: the model card's sizes (GPU)."""
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """How close a candidate must come to the float64 truth.
-
-    A value passes when ``|out - truth|.max() <= factor * |ref_lowp - truth|.max() + atol + rtol * |truth|.max()``:
-    at most ``factor`` times the error the reference itself makes in the candidate's precision (the FlashAttention
-    rule), plus a small floor that keeps exact-in-float32 cases from demanding bit equality.
-    """
-
-    factor: float
-    atol: float
-    rtol: float
-
-    def bound(self, ref_err: float, scale: float) -> float:
-        return self.factor * ref_err + self.atol + self.rtol * scale
-
-
-DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
-    torch.float32: Tolerance(factor=2.0, atol=1e-5, rtol=1e-5),
-    torch.float16: Tolerance(factor=2.0, atol=1e-4, rtol=1e-3),
-    torch.bfloat16: Tolerance(factor=2.0, atol=1e-3, rtol=8e-3),
-}
-
-
-def default_tolerance(dtype: torch.dtype) -> Tolerance:
-    return DEFAULT_TOLERANCES[dtype]
-
-
 def shape_label(shape: Shape) -> str:
     """``{"rows": 3, "N": 4097}`` -> ``"rows=3,N=4097"``."""
     return ",".join(f"{k}={v}" for k, v in shape.items())
-
-
-def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """float32 for low-precision tensors, float64 stays float64: references upcast with this, never to a fixed type."""
-    return torch.promote_types(t.dtype, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -73,7 +42,7 @@ class BlockSpec:
     host_ops: torch operators (``"aten.sum"``) that a candidate's host code may call besides allocation, views and
         copies (which every block may use): anything else during ``run`` or its backward is a torch fallback.
     comparators: custom comparison per quantity, keyed "forward:<output>" or "grad:<input>", with the signature
-        of ``workbench.verify.compare.compare``, optionally with the keywords ``truth_outputs`` and ``lowp_outputs``
+        of ``workbench.numerics.compare``, optionally with the keywords ``truth_outputs`` and ``lowp_outputs``
         (every output by name), e.g. set overlap for top-k indices judged against the true scores; default:
         that compare.
     hidden_shapes: draws extra shapes at verification time (never shown to the candidate's author) from an rng;

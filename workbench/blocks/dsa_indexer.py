@@ -34,7 +34,8 @@ from collections.abc import Mapping
 import torch
 
 from workbench.blocks._dsa import causal_mask, causal_topk, selection_counts
-from workbench.blocks.base import BlockSpec, Shape, Tolerance, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import Tolerance, compute_dtype, contract_problem
 
 MIN_OVERLAP = 0.99
 """Fraction of the truth's selected (query, key) pairs a candidate must also select (BLOCKS.md)."""
@@ -143,14 +144,9 @@ def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: tor
     Figures: max_abs = the fraction of truth pairs missed, bound = 1 - MIN_OVERLAP, ref_err = the same fraction for
     the reference in the candidate's precision, max_rel = worst score deficit / its allowance.
     """
-    if out is None:
-        return {"passed": False, "reason": "no indices returned"}
-    if not isinstance(out, torch.Tensor):
-        return {"passed": False, "reason": f"returned {type(out).__name__}, expected a tensor"}
-    if tuple(out.shape) != tuple(truth.shape):
-        return {"passed": False, "reason": f"shape {tuple(out.shape)}, expected {tuple(truth.shape)}"}
-    if out.dtype != expect_dtype:
-        return {"passed": False, "reason": f"dtype {out.dtype}, expected {expect_dtype}"}
+    problem = contract_problem(out, truth, expect_dtype, missing="no indices returned")
+    if problem:
+        return {"passed": False, "reason": problem}
     B, T, K = truth.shape
     bound = 1.0 - MIN_OVERLAP
     if truth.numel() == 0:

@@ -26,7 +26,8 @@ import random
 import torch
 
 from workbench.blocks._dsa import causal_topk
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, gate: torch.Tensor | None,

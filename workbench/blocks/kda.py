@@ -37,7 +37,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 CHUNK = 64
 """The chunk length of the training kernels (fla's chunk_kda)."""

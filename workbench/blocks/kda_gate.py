@@ -20,7 +20,8 @@ import random
 
 import torch
 
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 LOWER_BOUND = -5.0  # Kimi K3's gate_lower_bound
 

@@ -22,7 +22,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,9 @@ import random
 import torch
 
 from workbench.blocks._dsa import causal_mask
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
 from workbench.blocks.rmsnorm import reference as rmsnorm
+from workbench.numerics import compute_dtype
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

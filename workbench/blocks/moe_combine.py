@@ -27,7 +27,8 @@ from workbench.blocks._moe import (
     routed_rows_hidden_shapes,
     routing_ids,
 )
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 ROUTE_SCALE = 2.827
 

@@ -33,7 +33,8 @@ import torch
 
 from workbench.blocks import situ
 from workbench.blocks._moe import draw_routing_shape, permutation, routing_ids
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 ACTIVATIONS = ("swiglu", "situ")
 """The experts' activations, by the shape dimension ``act`` (0, 1)."""

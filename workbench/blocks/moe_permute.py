@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from workbench.blocks._moe import ROUTED_ROWS_SUITES, compare_exact, permutation, routed_rows_hidden_shapes, routing_ids
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 
 def reference(x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int

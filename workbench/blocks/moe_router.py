@@ -37,7 +37,8 @@ import random
 import torch
 
 from workbench.blocks._moe import compare_exact, compare_float32_quantity, compare_id_sets, draw_routing_shape
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 RENORM_EPS = 1e-20
 MODES: dict[int, tuple[str, float | None, bool, float]] = {

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from workbench.blocks._rows import ROW_SUITES
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

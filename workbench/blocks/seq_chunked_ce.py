@@ -31,7 +31,8 @@ from workbench.blocks._linear_ce import (
     make_inputs,
     reference,
 )
-from workbench.blocks.base import BlockSpec, compute_dtype
+from workbench.blocks.base import BlockSpec
+from workbench.numerics import compute_dtype
 
 
 def liger_chunk_rows(n: int, v: int, d: int, mem_ratio: int = 1) -> int:

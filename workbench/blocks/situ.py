@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from workbench.blocks._rows import ROW_SUITES
-from workbench.blocks.base import BlockSpec, Shape, compute_dtype
+from workbench.blocks.base import BlockSpec, Shape
+from workbench.numerics import compute_dtype
 
 BETA = 4.0  # Kimi K3's activation_situ_beta
 LINEAR_BETA = 25.0  # Kimi K3's activation_situ_linear_beta

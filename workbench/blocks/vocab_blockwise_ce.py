@@ -32,7 +32,8 @@ from workbench.blocks._linear_ce import (
     make_inputs,
     reference,
 )
-from workbench.blocks.base import BlockSpec, compute_dtype
+from workbench.blocks.base import BlockSpec
+from workbench.numerics import compute_dtype
 
 
 class _VocabBlockwiseLoss(torch.autograd.Function):

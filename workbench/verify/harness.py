@@ -27,8 +27,8 @@ from workbench.blocks.base import SUITES, BlockSpec, Shape, shape_label
 from workbench.config import Settings
 from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
+from workbench.numerics import compare
 from workbench.verify.aot import compile_for_targets
-from workbench.verify.compare import compare
 from workbench.verify.integrity import evaluate
 from workbench.verify.result import Check, VerificationResult
 from workbench.verify.sandbox import isolation, run_job

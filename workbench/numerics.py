@@ -1,10 +1,59 @@
-"""Numerics of one output or gradient against the float64 truth and the same-precision reference."""
+"""Numerics shared by the block catalog and the verifier: the tolerance rule, the upcast references compute in, and
+the comparison of one output or gradient against the float64 truth and the same-precision reference (the
+prologue every comparator starts with, then the default comparison). Imports nothing of the workbench."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from workbench.blocks.base import Tolerance
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close a candidate must come to the float64 truth.
+
+    A value passes when ``|out - truth|.max() <= factor * |ref_lowp - truth|.max() + atol + rtol * |truth|.max()``:
+    at most ``factor`` times the error the reference itself makes in the candidate's precision (the FlashAttention
+    rule), plus a small floor that keeps exact-in-float32 cases from demanding bit equality.
+    """
+
+    factor: float
+    atol: float
+    rtol: float
+
+    def bound(self, ref_err: float, scale: float) -> float:
+        return self.factor * ref_err + self.atol + self.rtol * scale
+
+
+DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(factor=2.0, atol=1e-5, rtol=1e-5),
+    torch.float16: Tolerance(factor=2.0, atol=1e-4, rtol=1e-3),
+    torch.bfloat16: Tolerance(factor=2.0, atol=1e-3, rtol=8e-3),
+}
+
+
+def default_tolerance(dtype: torch.dtype) -> Tolerance:
+    return DEFAULT_TOLERANCES[dtype]
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """float32 for low-precision tensors, float64 stays float64: references upcast with this, never to a fixed type."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def contract_problem(out, truth: torch.Tensor, expect_dtype: torch.dtype, *, missing: str) -> str | None:
+    """What makes ``out`` incomparable with ``truth`` (the prologue of every comparator), or None: nothing
+    returned (``missing`` says it), not a tensor, another shape, another dtype."""
+    if out is None:
+        return missing
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, expected a tensor"
+    if tuple(out.shape) != tuple(truth.shape):
+        return f"shape {tuple(out.shape)}, expected {tuple(truth.shape)}"
+    if out.dtype != expect_dtype:
+        return f"dtype {out.dtype}, expected {expect_dtype}"
+    return None
 
 
 def compare(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Tolerance,
@@ -15,14 +64,9 @@ def compare(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: torch.Tenso
     computed in the candidate's precision. Returns the keyword fields of a Check (passed, reason, max_abs, max_rel,
     err_ratio, ref_err, bound, nonfinite).
     """
-    if out is None:
-        return {"passed": False, "reason": "no gradient reached this input"}
-    if not isinstance(out, torch.Tensor):
-        return {"passed": False, "reason": f"returned {type(out).__name__}, expected a tensor"}
-    if tuple(out.shape) != tuple(truth.shape):
-        return {"passed": False, "reason": f"shape {tuple(out.shape)}, expected {tuple(truth.shape)}"}
-    if out.dtype != expect_dtype:
-        return {"passed": False, "reason": f"dtype {out.dtype}, expected {expect_dtype}"}
+    problem = contract_problem(out, truth, expect_dtype, missing="no gradient reached this input")
+    if problem:
+        return {"passed": False, "reason": problem}
     if truth.numel() == 0:
         return {"passed": True, "max_abs": 0.0, "max_rel": 0.0, "err_ratio": 0.0, "ref_err": 0.0, "bound": 0.0}
 
