@@ -18,7 +18,7 @@ from rich.table import Table
 
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
-from workbench.vocabulary import BlockStatus, ReplayStatus, RunStatus, Tone, Verdict, tone
+from workbench.vocabulary import BlockStatus, ReplayStatus, RunStatus, Tone, Verdict, key_values, tone
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Port a model's architecture blocks to Triton kernels, verify them, track the port.")
@@ -145,7 +145,7 @@ def onboard(
     for col in ("block", "layers", "model sizes", "in the catalog"):
         table.add_column(col)
     for block, info in card["blocks"].items():
-        sizes = "; ".join(",".join(f"{k}={v}" for k, v in s.items()) for s in info["shapes"])
+        sizes = "; ".join(key_values(s, ",") for s in info["shapes"])
         where = _style(BlockStatus.NO_SPEC) + escape(info.get("gap", "").removeprefix("no spec")) if block in gaps \
             else "spec" + (f"; differs: {escape(info['differs'])}" if info.get("differs") else "")
         table.add_row(block, str(info.get("layers", "")), sizes, where)
@@ -178,7 +178,7 @@ def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: 
     for col in ("block", "role", "model sizes", "status", "detail"):
         table.add_column(col)
     for r in rows:
-        sizes = "; ".join(",".join(f"{k}={v}" for k, v in s.items()) for s in r["shapes"])
+        sizes = "; ".join(key_values(s, ",") for s in r["shapes"])
         table.add_row(r["block"], escape(r["role"]), sizes, _style(r["status"]), escape(r["detail"]))
     console.print(table)
     done = sum(r["status"] == BlockStatus.PROMOTED for r in rows)
@@ -672,7 +672,7 @@ def show(run_id: str, db: DbOption = None, as_json: JsonOption = False) -> None:
     for col in ("#", "template", "params", "verdict", "worst err/bound", "verify s", "message"):
         table.add_column(col)
     for c in candidates:
-        params = ", ".join(f"{k}={v}" for k, v in c.params.items())
+        params = key_values(c.params)
         table.add_row(str(c.iteration), c.template or "-", params, _style(c.status),
                       f"{c.worst_ratio:.3g}" if c.worst_ratio is not None else "-",
                       f"{c.verify_seconds:.1f}" if c.verify_seconds else "-", escape(c.message[:90]))
@@ -727,7 +727,7 @@ def replay(
         elif kind == "start":
             custom = {k: v for k, v in data["ops"].items() if k != "band" and v != "reference"}
             console.print(f"replay #{data['replay_id']}: reference from the {data['reference_source']}; operators: "
-                          + (", ".join(f"{k}={v}" for k, v in custom.items()) or "none (all reference)"))
+                          + (key_values(custom) or "none (all reference)"))
         elif kind == "step":
             ref, loss = data["reference"], data["loss"]
             dev = f"{(loss - ref) / abs(ref):+.2e}" if ref is not None else "-"

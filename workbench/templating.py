@@ -26,6 +26,7 @@ import jinja2
 import yaml
 
 from workbench.errors import TemplateError, one_line
+from workbench.vocabulary import key_values
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Point = dict[str, Any]
@@ -104,7 +105,7 @@ class Template:
 
 
 def format_point(point: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in point.items())
+    return key_values(point)
 
 
 def parse_point(text: str) -> tuple[str, Point]:

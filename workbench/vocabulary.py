@@ -2,12 +2,20 @@
 shown in. Verify, agent, store, CLI and dashboard all import these; each word is a StrEnum member, so it is stored,
 serialised and compared as the plain string it has always been ("pass" == Verdict.PASS).
 
-A leaf module: it imports nothing from the workbench.
+Also the one way a mapping of names to values is written (key_values). A leaf module: it imports nothing from the
+workbench.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+
+
+def key_values(pairs: Mapping, sep: str = ", ") -> str:
+    """``{"rows": 3, "N": 64}`` -> ``"rows=3, N=64"`` (``sep`` between the pairs): how points, shapes and
+    parameters are written everywhere."""
+    return sep.join(f"{k}={v}" for k, v in pairs.items())
 
 
 class Verdict(StrEnum):

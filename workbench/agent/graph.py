@@ -20,7 +20,6 @@ passing candidate in this block's place (every other block on its reference), he
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from workbench.perf.measure import MEASURE_TRIALS, measure_candidate
 from workbench.store import records
 from workbench.store.models import utcnow
 from workbench.templating import Template, candidate_filename, format_point
+from workbench.verify.contract import contract_problem
 from workbench.verify.harness import source_hash, suite_shapes, verify_candidate
 from workbench.vocabulary import NUMERIC_VERDICTS, RunStatus, Verdict
 
@@ -116,22 +116,6 @@ def describe(proposal: Proposal) -> str:
     return f"{text}; endpoint failed: {proposal['error']}" if "error" in proposal else text
 
 
-def check_contract(source: str, path: str, spec: BlockSpec) -> str | None:
-    """None when ``source`` compiles and defines BLOCK = spec.name and run(<the reference's parameters>)."""
-    try:
-        tree = ast.parse(compile(source, path, "exec", flags=ast.PyCF_ONLY_AST))
-    except SyntaxError as exc:
-        line = (exc.text or "").strip()
-        return f"{Path(path).name}:{exc.lineno}: SyntaxError: {exc.msg}" + (f": {line[:200]}" if line else "")
-    runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
-    if not runs:
-        return "no module-level function run"
-    args = tuple(a.arg for a in runs[-1].args.args)
-    if args != spec.arg_names:
-        return f"run({', '.join(args)}) does not match the reference's signature ({', '.join(spec.arg_names)})"
-    return None
-
-
 def build_graph(ctx: PortContext, checkpointer=None):
     """The compiled StateGraph for one block; invoke with {"run_id", "block", "budget", "explore"}. With a
     checkpointer (thread_id = the run id) a run can be resumed and approval can interrupt it."""
@@ -189,7 +173,8 @@ def build_graph(ctx: PortContext, checkpointer=None):
 
     def compile_node(state: PortState) -> dict:
         current = dict(state["current"])
-        problem = check_contract(Path(current["path"]).read_text(), current["path"], ctx.spec)
+        problem = contract_problem(Path(current["path"]).read_text(), current["path"], ctx.spec.name,
+                                   ctx.spec.arg_names)
         if problem:
             current.update(verdict="compile_error", message=problem)
             records.set_candidate_status(ctx.engine, current["candidate_id"], "compile_error", problem)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from workbench.blocks.base import BlockSpec, shape_label
+from workbench.verify.contract import definitions
 
 SYSTEM = ("You write Triton kernels for PyTorch reference functions. You reply with one complete Python module in a "
           "single ```python fenced code block, and nothing in the module but code and comments.")
@@ -182,14 +183,10 @@ PYTHON_LANGS = ("", "python", "py", "python3")
 def _module_defs(code: str) -> tuple[bool, bool] | None:
     """(defines run, defines BLOCK) for code that parses; None when it does not."""
     try:
-        tree = ast.parse(code)
+        found = definitions(ast.parse(code))
     except (SyntaxError, ValueError):
         return None
-    run = any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body)
-    block = any(any(isinstance(t, ast.Name) and t.id == "BLOCK"
-                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
-                for n in tree.body if isinstance(n, ast.Assign | ast.AnnAssign))
-    return run, block
+    return found.run_args is not None, found.has_block
 
 
 def _with_block(code: str, block: str, has_block: bool) -> str:

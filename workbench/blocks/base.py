@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from workbench.numerics import Tolerance, default_tolerance
+from workbench.vocabulary import key_values
 
 Shape = Mapping[str, int]
 """Named dimensions of one test case, e.g. ``{"rows": 3, "N": 4097}``."""
@@ -25,7 +26,7 @@ SUITES = ("smoke", "edge", "model")
 
 def shape_label(shape: Shape) -> str:
     """``{"rows": 3, "N": 4097}`` -> ``"rows=3,N=4097"``."""
-    return ",".join(f"{k}={v}" for k, v in shape.items())
+    return key_values(shape, ",")
 
 
 @dataclass(frozen=True)

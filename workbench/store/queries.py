@@ -4,7 +4,6 @@ dashboard) the same as pandas DataFrames plus loss replays and CI jobs. Nothing 
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 from datetime import UTC, datetime
@@ -26,8 +25,9 @@ from workbench.store.models import (
     RunStep,
     VerificationCheck,
 )
+from workbench.store.records import process_alive
 from workbench.templating import list_templates
-from workbench.vocabulary import BlockStatus, RunStatus
+from workbench.vocabulary import BlockStatus, RunStatus, key_values
 
 # The statuses a block of a model card can have, in the order a port goes through them.
 STATUSES = tuple(BlockStatus)
@@ -118,7 +118,7 @@ def _aware(at: datetime | None) -> datetime | None:
 
 
 def format_params(params: dict | None) -> str:
-    return ", ".join(f"{k}={v}" for k, v in (params or {}).items())
+    return key_values(params or {})
 
 
 def _process_state(status: str, host: str, pid: int | None) -> str:
@@ -127,15 +127,7 @@ def _process_state(status: str, host: str, pid: int | None) -> str:
         return ""
     if host and host != socket.gethostname():
         return f"on {host}"
-    if pid is None:
-        return "gone"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "gone"
-    except PermissionError:
-        pass
-    return "alive"
+    return "alive" if pid is not None and process_alive(pid) else "gone"
 
 
 def known_blocks(engine: Engine) -> list[str]:
@@ -155,7 +147,7 @@ def model_plan(engine: Engine, operators_dir: str | Path, model: str):
     for name, info in card.blocks.items():
         status, detail = block_status(engine, operators_dir, name)
         promoted = list_promoted(operators_dir, name) if name in REGISTRY else []
-        sizes = "; ".join(",".join(f"{k}={v}" for k, v in shape.items()) for shape in card.block_shapes(name))
+        sizes = "; ".join(key_values(shape, ",") for shape in card.block_shapes(name))
         rows.append({"block": name, "role": info.get("role", ""), "status": status,
                      "evidence": evidence(promoted[0])["strongest"] if promoted else "", "detail": detail,
                      "sizes": sizes})

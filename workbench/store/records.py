@@ -120,14 +120,15 @@ def mark_interrupted(engine: Engine) -> list[str]:
     marked = []
     with session_scope(engine) as s:
         for run in s.exec(select(PortRun).where(PortRun.status == RunStatus.RUNNING, PortRun.host == host)):
-            if run.pid is None or not _alive(run.pid):
+            if run.pid is None or not process_alive(run.pid):
                 run.status, run.finished_at = RunStatus.INTERRUPTED, utcnow()
                 run.reason = "the agent process ended before the run finished"
                 marked.append(run.id)
     return marked
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists (one owned by another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -202,7 +203,7 @@ def mark_replays_interrupted(engine: Engine) -> list[int]:
         for row in s.exec(select(LossReplay).where(LossReplay.status == ReplayStatus.RUNNING)):
             detail = row.detail or {}
             pid = detail.get("pid")
-            if detail.get("host") == host and not (isinstance(pid, int) and pid > 0 and _alive(pid)):
+            if detail.get("host") == host and not (isinstance(pid, int) and pid > 0 and process_alive(pid)):
                 row.status, row.finished_at = ReplayStatus.INTERRUPTED, utcnow()
                 row.reason = "the replay process ended before the replay finished"
                 marked.append(row.id)

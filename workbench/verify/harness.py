@@ -7,12 +7,10 @@ computed in a sandboxed child process. The expected values never enter the candi
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import inspect
 import os
 import random
-import re
 import secrets
 import shutil
 import tempfile
@@ -29,6 +27,7 @@ from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
 from workbench.numerics import compare
 from workbench.verify.aot import compile_for_targets
+from workbench.verify.contract import declared_block
 from workbench.verify.integrity import evaluate
 from workbench.verify.result import Check, VerificationResult
 from workbench.verify.sandbox import isolation, run_job
@@ -37,9 +36,6 @@ from workbench.vocabulary import INTEGRITY_VERDICTS, Verdict
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_BYTES = 16 << 30
-_BLOCK_RE = re.compile(r"""^BLOCK\s*(?::\s*str\s*)?=\s*["']([A-Za-z0-9_]+)["']""", re.M)
-
-
 def read_candidate(path: str | Path) -> tuple[str, str]:
     """(block name, source) of a candidate file, without running it. NotACandidateError when it is none."""
     path = Path(path)
@@ -48,17 +44,7 @@ def read_candidate(path: str | Path) -> tuple[str, str]:
     if path.suffix != ".py":
         raise NotACandidateError(f"{path}: a candidate is a Python file (.py)")
     source = path.read_text(errors="replace")
-    block = None
-    try:
-        for node in ast.parse(source).body:
-            if isinstance(node, ast.Assign | ast.AnnAssign):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(isinstance(t, ast.Name) and t.id == "BLOCK" for t in targets) and isinstance(
-                        node.value, ast.Constant) and isinstance(node.value.value, str):
-                    block = node.value.value
-    except SyntaxError:
-        match = _BLOCK_RE.search(source)  # a broken candidate still says which block it is for
-        block = match.group(1) if match else None
+    block = declared_block(source)
     if block is None:
         raise NotACandidateError(f"{path}: not a candidate (no BLOCK = \"<block name>\" at module level)")
     return block, source
