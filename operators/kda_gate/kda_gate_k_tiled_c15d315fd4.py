@@ -11,6 +11,33 @@ BLOCK = "kda_gate"
 TEMPLATE = "k_tiled"
 BT = 32
 BK = 128
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps need 151-179 registers a thread for
+# the [BT, BK] tiles, 2-3 CTAs (8-12 warps) per SM, too few to keep HBM busy; 8 warps halve that.
+LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 
 @triton.jit
@@ -71,10 +98,11 @@ class KDAGateFunction(torch.autograd.Function):
     def forward(ctx, f, A_log, dt_bias, lower_bound):
         f_c, a_c, dt_c = f.contiguous(), A_log.contiguous(), dt_bias.contiguous()
         b, t, h, k = f_c.shape
+        warps = target_settings(f_c.device)["num_warps"]
         g = torch.empty(b, t, h, k, dtype=_gate_dtype(f), device=f.device)
         if g.numel() > 0:
             kda_gate_fwd_kernel[(triton.cdiv(b * t, BT), h, triton.cdiv(k, BK))](
-                f_c, a_c, dt_c, g, b * t, h, k, lower_bound, BT=BT, BK=BK, num_warps=4)
+                f_c, a_c, dt_c, g, b * t, h, k, lower_bound, BT=BT, BK=BK, num_warps=warps)
         ctx.save_for_backward(f_c, a_c, dt_c)
         ctx.lower_bound = lower_bound
         return g
@@ -83,13 +111,14 @@ class KDAGateFunction(torch.autograd.Function):
     def backward(ctx, dg):
         f_c, a_c, dt_c = ctx.saved_tensors
         b, t, h, k = f_c.shape
+        warps = target_settings(f_c.device)["num_warps"]
         grid = (triton.cdiv(b * t, BT), h, triton.cdiv(k, BK))
         df = torch.empty_like(f_c)
         dtp = torch.zeros(grid[0], h * k, dtype=torch.float32, device=f_c.device)
         dap = torch.zeros(grid[0] * grid[2], h, dtype=torch.float32, device=f_c.device)
         if df.numel() > 0:
             kda_gate_bwd_kernel[grid](dg.contiguous(), f_c, a_c, dt_c, df, dtp, dap, b * t, h, k, ctx.lower_bound,
-                                      BT=BT, BK=BK, num_warps=4)
+                                      BT=BT, BK=BK, num_warps=warps)
         return df, _reduced(dap, a_c), _reduced(dtp, dt_c), None
 
 

@@ -11,6 +11,33 @@ BLOCK = "kda_short_conv"
 TEMPLATE = "tiled"
 BT = 32
 BD = 64
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps hold a [BT, BD] tile and its W shifted
+# copies in 150-255 registers a thread, 2 CTAs (8 warps) per SM, too few to keep HBM busy; 8 warps halve that.
+LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 
 @triton.jit
@@ -104,10 +131,11 @@ class ShortConvFunction(torch.autograd.Function):
     def forward(ctx, x, weight):
         x_c, w_c = x.contiguous(), weight.contiguous()
         b, t, d = x_c.shape
+        warps = target_settings(x_c.device)["num_warps"]
         y = torch.empty_like(x_c)
         if y.numel() > 0:
             kda_short_conv_fwd_kernel[(b * triton.cdiv(t, BT), triton.cdiv(d, BD))](
-                x_c, w_c, y, t, d, W=w_c.shape[1], BT=BT, BD=BD, num_warps=4)
+                x_c, w_c, y, t, d, W=w_c.shape[1], BT=BT, BD=BD, num_warps=warps)
         ctx.save_for_backward(x_c, w_c)
         return y
 
@@ -115,6 +143,7 @@ class ShortConvFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x_c, w_c = ctx.saved_tensors
         b, t, d = x_c.shape
+        warps = target_settings(x_c.device)["num_warps"]
         dy_c = dy.contiguous()
         grid = (b * triton.cdiv(t, BT), triton.cdiv(d, BD))
         dx = torch.empty_like(x_c)
@@ -122,9 +151,9 @@ class ShortConvFunction(torch.autograd.Function):
         if dx.numel() > 0:
             dpre = torch.empty(b, t, d, dtype=torch.float32, device=x_c.device)
             kda_short_conv_dpre_kernel[grid](x_c, w_c, dy_c, dpre, t, d, W=w_c.shape[1], BT=BT, BD=BD,
-                                             num_warps=4)
+                                             num_warps=warps)
             kda_short_conv_bwd_kernel[grid](x_c, w_c, dpre, dx, dwp, t, d, W=w_c.shape[1], BT=BT, BD=BD,
-                                            num_warps=4)
+                                            num_warps=warps)
         return dx, _reduce_weight_grads(dwp, w_c)
 
 
