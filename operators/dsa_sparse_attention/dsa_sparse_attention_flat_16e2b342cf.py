@@ -12,7 +12,40 @@ TEMPLATE = "flat"
 BLOCK_M = 16
 BLOCK_K = 32
 NUM_WARPS = 4
-MAX_TILE = 16384  # elements of the largest register tile of a program
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Per target: warps of the forward and the backward, pipelining stages, and the largest gathered [rows, BLOCK_K, D]
+# register tile (elements) of each. On NVIDIA 16384-element tiles spill (sm_90a at the model suite, 4 warps: forward
+# 248, backward 7272 B/thread; K, V and the backward's two atomic products are 128 float32 per thread each): one row
+# per program (4096) without pipelining leaves the forward spill-free on 4 warps (128 registers) and the backward on
+# 8 (4 warps still spill 48 B/thread).
+LAUNCH_SETTINGS = {
+    "default": {"fwd_warps": 4, "bwd_warps": 4, "num_stages": None, "fwd_tile": 16384,
+                "bwd_tile": 16384},
+    "cuda": {"bwd_warps": 8, "num_stages": 1, "fwd_tile": 4096, "bwd_tile": 4096},
+}
 
 
 @triton.jit
@@ -112,13 +145,21 @@ def sparse_attn_cast_kernel(SRC, DST, n, BLOCK_N: tl.constexpr):
     tl.store(DST + offs, tl.load(SRC + offs, mask=offs < n).to(DST.dtype.element_ty), mask=offs < n)
 
 
-def _dims(q, k):
+def _dims(q, k, max_tile):
     B, T, H, D = q.shape
     HKV = k.shape[2]
     d_pad = triton.next_power_of_2(D)
-    # rows per program: at most BLOCK_M, fewer where the gathered [rows, BLOCK_K, D] tiles would outgrow MAX_TILE
-    block_m = max(1, min(BLOCK_M, MAX_TILE // (BLOCK_K * d_pad)))
+    # rows per program: at most BLOCK_M, fewer where the gathered [rows, BLOCK_K, D] tiles would outgrow max_tile
+    block_m = max(1, min(BLOCK_M, max_tile // (BLOCK_K * d_pad)))
     return B, T, H, HKV, D, H // HKV, block_m, d_pad
+
+
+def _launch_options(settings, warps):
+    """num_warps, and num_stages where the target sets it (else Triton's default for the backend)."""
+    options = {"num_warps": settings[warps]}
+    if settings["num_stages"] is not None:
+        options["num_stages"] = settings["num_stages"]
+    return options
 
 
 class SparseAttentionFunction(torch.autograd.Function):
@@ -126,7 +167,8 @@ class SparseAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, indices, gate, scale):
         q, k, v, indices = q.contiguous(), k.contiguous(), v.contiguous(), indices.contiguous()
         gate = gate.contiguous() if gate is not None else None
-        B, T, H, HKV, D, G, block_m, d_pad = _dims(q, k)
+        settings = target_settings(q.device)
+        B, T, H, HKV, D, G, block_m, d_pad = _dims(q, k, settings["fwd_tile"])
         out = torch.empty_like(q)
         o = torch.empty(B, T, H, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
@@ -134,7 +176,7 @@ class SparseAttentionFunction(torch.autograd.Function):
             sparse_attn_fwd_kernel[(triton.cdiv(B * T, block_m), H)](
                 q, k, v, indices, gate if gate is not None else q, out, o, lse, B * T, T, H, HKV, D, G,
                 indices.shape[-1], scale, BLOCK_M=block_m, BLOCK_K=BLOCK_K, D_PAD=d_pad, HAS_GATE=gate is not None,
-                num_warps=NUM_WARPS)
+                **_launch_options(settings, "fwd_warps"))
         ctx.save_for_backward(q, k, v, indices, gate, o, lse)
         ctx.scale = scale
         return out
@@ -142,7 +184,8 @@ class SparseAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, indices, gate, o, lse = ctx.saved_tensors
-        B, T, H, HKV, D, G, block_m, d_pad = _dims(q, k)
+        settings = target_settings(q.device)
+        B, T, H, HKV, D, G, block_m, d_pad = _dims(q, k, settings["bwd_tile"])
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dgate = torch.empty_like(gate) if gate is not None else None
@@ -153,7 +196,7 @@ class SparseAttentionFunction(torch.autograd.Function):
                 q, k, v, indices, gate if gate is not None else q, o, lse, dout, dq,
                 dgate if dgate is not None else dq, dk_acc, dv_acc, B * T, T, H, HKV, D, G, indices.shape[-1],
                 ctx.scale, BLOCK_M=block_m, BLOCK_K=BLOCK_K, D_PAD=d_pad, HAS_GATE=gate is not None,
-                num_warps=NUM_WARPS)
+                **_launch_options(settings, "bwd_warps"))
         n = dk.numel()
         if n:
             for acc, dst in ((dk_acc, dk), (dv_acc, dv)):
