@@ -14,6 +14,45 @@ BLOCK_S = 64
 SEL_BLOCK = 32
 SEL_ROWS = 16
 NUM_WARPS = 4
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Per target: warps of the scores, top-k and backward launches, pipelining stages, rows per top-k program, the
+# backward's tiles and the tl.dot operand precision. On NVIDIA (sm_90a at the model suite, bf16) 4 warps spill
+# 40 B/thread in the scores, 1360 in the top-k, 2280 / 1888 in the dq / dk backward; 8 warps without pipelining,
+# 32 x 32 backward tiles and 4 top-k rows per program spill nothing (165 / 122 / 213 / 182 registers).
+# DOT: float32 inputs stay float32-accurate on the tensor cores through split operands (3xTF32 on NVIDIA, 6xBF16 on
+# AMD, whose gfx950 compiler accepts no "tf32"); half inputs are exact products either way; the interpreter
+# multiplies in float32 itself.
+LAUNCH_SETTINGS = {
+    "default": {"fwd_warps": 4, "topk_warps": 4, "bwd_warps": 4,
+                "num_stages": None, "sel_rows": 16, "bwd_block_t": 64, "bwd_block_s": 64},
+    "interpreter": {"DOT": "ieee"},
+    "cuda": {"DOT": "tf32x3", "fwd_warps": 8, "bwd_warps": 8, "num_stages": 1, "sel_rows": 4, "bwd_block_t": 32,
+             "bwd_block_s": 32},
+    "hip": {"DOT": "bf16x6"},
+}
 SCORE_DTYPES = {torch.float64: torch.float64}  # float32 scores for every other input dtype
 
 
@@ -157,27 +196,33 @@ def indexer_bwd_dk_kernel(Q, K, W, DS, DK, T, HI, DI, BLOCK_T: tl.constexpr, BLO
 def _dims(q_idx):
     B, T, HI, DI = q_idx.shape
     di_pad = max(16, triton.next_power_of_2(DI))
-    # IEEE everywhere: no TF32 rounding of float32 inputs; half inputs are exact products on the tensor cores with
-    # either setting, and gfx950's compiler accepts no "tf32"
-    precision = "ieee"
-    return B, T, HI, DI, di_pad, precision
+    return B, T, HI, DI, di_pad, target_settings(q_idx.device)
+
+
+def _launch_options(settings, warps):
+    """num_warps, and num_stages where the target sets it (else Triton's default for the backend)."""
+    options = {"num_warps": settings[warps]}
+    if settings["num_stages"] is not None:
+        options["num_stages"] = settings["num_stages"]
+    return options
 
 
 class IndexerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_idx, k_idx, w, topk):
         q, k, wc = q_idx.contiguous(), k_idx.contiguous(), w.contiguous()
-        B, T, HI, DI, di_pad, precision = _dims(q)
+        B, T, HI, DI, di_pad, settings = _dims(q)
+        sel_rows = settings["sel_rows"]
         scores = torch.empty(B, T, T, dtype=SCORE_DTYPES.get(q.dtype, torch.float32), device=q.device)
         indices = torch.empty(B, T, topk, dtype=torch.int64, device=q.device)
         if B * T > 0:
             grid = (B, triton.cdiv(T, BLOCK_T), triton.cdiv(T, BLOCK_S))
             indexer_fwd_kernel[grid](q, k, wc, scores, T, HI, DI, BLOCK_T=BLOCK_T, BLOCK_S=BLOCK_S, DI_PAD=di_pad,
-                                     DOT_PRECISION=precision, num_warps=NUM_WARPS)
+                                     DOT_PRECISION=settings["DOT"], **_launch_options(settings, "fwd_warps"))
             if topk > 0:
-                indexer_topk_kernel[(triton.cdiv(B * T, SEL_ROWS),)](scores, indices, B * T, T, topk,
-                                                                     BLOCK_R=SEL_ROWS, SEL_N=SEL_BLOCK,
-                                                                     num_warps=NUM_WARPS)
+                indexer_topk_kernel[(triton.cdiv(B * T, sel_rows),)](scores, indices, B * T, T, topk,
+                                                                     BLOCK_R=sel_rows, SEL_N=SEL_BLOCK,
+                                                                     **_launch_options(settings, "topk_warps"))
         ctx.save_for_backward(q, k, wc)
         ctx.mark_non_differentiable(indices)
         return scores, indices
@@ -185,16 +230,17 @@ class IndexerFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dscores, dindices):
         q, k, wc = ctx.saved_tensors
-        B, T, HI, DI, di_pad, precision = _dims(q)
+        B, T, HI, DI, di_pad, settings = _dims(q)
         ds = dscores.contiguous()
         dq, dk, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(wc)
         if B * T > 0:
-            indexer_bwd_dq_kernel[(B, triton.cdiv(T, BLOCK_T))](
-                q, k, wc, ds, dq, dw, T, HI, DI, BLOCK_T=BLOCK_T, BLOCK_S=BLOCK_S, DI_PAD=di_pad,
-                DOT_PRECISION=precision, num_warps=NUM_WARPS)
-            indexer_bwd_dk_kernel[(B, triton.cdiv(T, BLOCK_S))](
-                q, k, wc, ds, dk, T, HI, DI, BLOCK_T=BLOCK_T, BLOCK_S=BLOCK_S, DI_PAD=di_pad,
-                DOT_PRECISION=precision, num_warps=NUM_WARPS)
+            block_t, block_s = settings["bwd_block_t"], settings["bwd_block_s"]
+            indexer_bwd_dq_kernel[(B, triton.cdiv(T, block_t))](
+                q, k, wc, ds, dq, dw, T, HI, DI, BLOCK_T=block_t, BLOCK_S=block_s, DI_PAD=di_pad,
+                DOT_PRECISION=settings["DOT"], **_launch_options(settings, "bwd_warps"))
+            indexer_bwd_dk_kernel[(B, triton.cdiv(T, block_s))](
+                q, k, wc, ds, dk, T, HI, DI, BLOCK_T=block_t, BLOCK_S=block_s, DI_PAD=di_pad,
+                DOT_PRECISION=settings["DOT"], **_launch_options(settings, "bwd_warps"))
         return dq, dk, dw, None
 
 
