@@ -11,9 +11,9 @@ templates and the agent never look at the hardware.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from workbench.config import Settings
 from workbench.errors import WorkbenchError
 
 
@@ -119,7 +119,7 @@ def cuda_available() -> bool:
 
 def get_backend(name: str | None = None) -> Backend:
     """``name`` or $WORKBENCH_BACKEND; "auto" (the default) is cuda when a GPU is visible, else the interpreter."""
-    name = name or os.environ.get("WORKBENCH_BACKEND", "auto")
+    name = name or Settings.load().backend
     if name == "auto":
         return CUDA if cuda_available() else INTERPRETER
     if name not in BACKENDS:

@@ -127,16 +127,13 @@ def onboard(
     as_json: JsonOption = False,
 ) -> None:
     """Write a model card from a model's config: its blocks at their real sizes, layer counts, sources and gaps."""
-    import os
-
     from workbench.blocks import REGISTRY
     from workbench.models import CARDS_DIR
     from workbench.onboard import onboard as make_card
     from workbench.onboard import write_card
 
     card = make_card(config, name)
-    folder = out or next((p for p in os.environ.get("WORKBENCH_MODELS", "").split(os.pathsep) if p), None) \
-        or CARDS_DIR
+    folder = out or next(iter(Settings.load().model_dirs), None) or CARDS_DIR
     path = write_card(card, folder)
     gaps = {b: info["gap"] for b, info in card["blocks"].items() if "gap" in info or b not in REGISTRY}
     if as_json:
@@ -209,9 +206,9 @@ def port(
     seeds: Annotated[int, typer.Option(help="random inputs per shape and dtype")] = 2,
     timeout: Annotated[float, typer.Option(help="seconds one candidate's verification may take")] = 300.0,
     backend: Annotated[str | None, typer.Option(help="auto, interpreter or cuda")] = None,
-    replay_steps: Annotated[int, typer.Option(
-        envvar="WORKBENCH_REPLAY_STEPS",
-        help="steps of the loss-curve replay that gates promotion (0: no gate)")] = 6,
+    replay_steps: Annotated[int | None, typer.Option(
+        help="steps of the loss-curve replay that gates promotion (0: no gate; default $WORKBENCH_REPLAY_STEPS, "
+             "else 6)")] = None,
     targets: TargetsOption = None,
     forward_only: Annotated[bool, typer.Option(
         "--forward-only", help="an inference port: verify outputs only, no replay gate (recorded in the manifest)")]
@@ -262,7 +259,8 @@ def port(
             outcome = port_block(name, settings, budget=budget, explore=explore, start=start, proposer=proposer,
                                  suites=suites.split(","), dtypes=dtypes.split(",") if dtypes else None, seeds=seeds,
                                  backend=chosen, timeout_s=timeout, model=model, on_event=show, llm=llm,
-                                 approve=approve, replay_steps=replay_steps,
+                                 approve=approve,
+                                 replay_steps=settings.replay_steps if replay_steps is None else replay_steps,
                                  targets=_targets(targets) if targets is not None else card_targets,
                                  forward_only=forward_only)
         outcomes.append(outcome)

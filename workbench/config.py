@@ -1,34 +1,66 @@
-"""Where the workbench keeps things: the database URL, the operators folder, the scratch folder for candidates."""
+"""The workbench's settings, one scheme for the CLI, the agent, the verifier and the dashboard: each setting from
+its explicit value (a flag), else the environment variable ``WORKBENCH_<NAME>``, else its default (pydantic-settings).
+
+    WORKBENCH_DB          db_url         any SQLAlchemy URL (default sqlite:///workbench.db)
+    WORKBENCH_OPERATORS   operators_dir  promoted operators
+    WORKBENCH_HOME        work_dir       rendered candidates, scratch, the compile cache
+    WORKBENCH_REPLAYS     replays_dir    replay reference curves and LoRA base checkpoints (kept in the repository)
+    WORKBENCH_MODELS      models         extra model-card folders, os.pathsep separated
+    WORKBENCH_TEMPLATES   templates      another templates root (default: the workbench's own)
+    WORKBENCH_TARGETS     targets        GPU targets every candidate compiles for, comma-separated ("" for none)
+    WORKBENCH_BACKEND     backend        auto, interpreter or cuda
+    WORKBENCH_COMPILE_CACHE compile_cache  where compile results are kept (default: work_dir/compile-cache)
+    WORKBENCH_REPLAY_STEPS  replay_steps   steps of the replay gate of `workbench port` (default 6; 0: no gate)
+
+The LLM proposer's settings are the same scheme under WORKBENCH_LLM_ (workbench.agent.llm.LLMConfig).
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from workbench.errors import WorkbenchError
 
 DEFAULT_DB_URL = "sqlite:///workbench.db"
 
 
-@dataclass(frozen=True)
-class Settings:
-    """db_url: any SQLAlchemy URL; operators_dir: promoted operators; work_dir: rendered candidates and scratch;
-    replays_dir: replay reference curves and LoRA base checkpoints (kept in the repository)."""
+class Settings(BaseSettings):
+    """Where the workbench keeps things and what it runs on (the module docstring lists each variable)."""
 
-    db_url: str
-    operators_dir: Path
-    work_dir: Path
-    replays_dir: Path = Path("replays")
+    # fields are set by their variables' names only (no env lookup by a field's own name: DB_URL is not ours)
+    model_config = SettingsConfigDict(frozen=True, extra="ignore")
+
+    db_url: str = Field(DEFAULT_DB_URL, validation_alias="WORKBENCH_DB")
+    operators_dir: Path = Field(Path("operators"), validation_alias="WORKBENCH_OPERATORS")
+    work_dir: Path = Field(Path(".workbench"), validation_alias="WORKBENCH_HOME")
+    replays_dir: Path = Field(Path("replays"), validation_alias="WORKBENCH_REPLAYS")
+    models: str = Field("", validation_alias="WORKBENCH_MODELS")
+    templates: Path | None = Field(None, validation_alias="WORKBENCH_TEMPLATES")
+    targets: str | None = Field(None, validation_alias="WORKBENCH_TARGETS")
+    backend: str = Field("auto", validation_alias="WORKBENCH_BACKEND")
+    compile_cache: Path | None = Field(None, validation_alias="WORKBENCH_COMPILE_CACHE")
+    replay_steps: int = Field(6, ge=0, validation_alias="WORKBENCH_REPLAY_STEPS")
 
     @classmethod
     def load(cls, db: str | None = None, operators_dir: str | Path | None = None) -> Settings:
-        """Explicit values first, then $WORKBENCH_DB / $WORKBENCH_OPERATORS / $WORKBENCH_HOME / $WORKBENCH_REPLAYS,
-        then defaults."""
-        return cls(
-            db_url=db or os.environ.get("WORKBENCH_DB", DEFAULT_DB_URL),
-            operators_dir=Path(operators_dir or os.environ.get("WORKBENCH_OPERATORS", "operators")),
-            work_dir=Path(os.environ.get("WORKBENCH_HOME", ".workbench")),
-            replays_dir=Path(os.environ.get("WORKBENCH_REPLAYS", "replays")),
-        )
+        """Explicit values first, then the environment, then defaults. A value that does not parse is a
+        WorkbenchError naming its variable."""
+        given = {"WORKBENCH_DB": db, "WORKBENCH_OPERATORS": operators_dir}
+        try:
+            return cls(**{k: v for k, v in given.items() if v})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise WorkbenchError(f"${error['loc'][0]}: {error['input']!r}: {error['msg']}") from None
+
+    @property
+    def model_dirs(self) -> list[Path]:
+        """The extra model-card folders of $WORKBENCH_MODELS, in order."""
+        import os
+
+        return [Path(p) for p in self.models.split(os.pathsep) if p]
 
     @property
     def checkpoints_path(self) -> Path:

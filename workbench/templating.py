@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from workbench.config import Settings
 from workbench.errors import TemplateError, one_line
 from workbench.vocabulary import key_values
 
@@ -33,7 +33,7 @@ Point = dict[str, Any]
 
 
 def templates_dir() -> Path:
-    return Path(os.environ.get("WORKBENCH_TEMPLATES", REPO_ROOT / "templates"))
+    return Settings.load().templates or REPO_ROOT / "templates"
 
 
 def _eval(expr: str, names: Mapping[str, Any], where: str) -> bool:

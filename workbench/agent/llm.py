@@ -23,9 +23,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workbench.agent.prompt import SYSTEM, build_prompt, extract_module
 from workbench.agent.search import SearchProposer
@@ -36,23 +38,23 @@ from workbench.vocabulary import Verdict
 
 API_KEY_ENV = "WORKBENCH_LLM_API_KEY"
 LOCAL_KEY = "not-needed"  # OpenAI clients want a key set; local servers accept any
-ENV = {"base_url": "WORKBENCH_LLM_BASE_URL", "model": "WORKBENCH_LLM_MODEL", "timeout_s": "WORKBENCH_LLM_TIMEOUT",
-       "retries": "WORKBENCH_LLM_RETRIES", "retry_delay_s": "WORKBENCH_LLM_RETRY_DELAY",
-       "prompt_chars": "WORKBENCH_LLM_PROMPT_CHARS", "temperature": "WORKBENCH_LLM_TEMPERATURE",
-       "max_tokens": "WORKBENCH_LLM_MAX_TOKENS"}
 LLM_TEMPLATE = "llm"     # the template name recorded for a model-written candidate
 
 
-@dataclass(frozen=True)
-class LLMConfig:
-    """Where and how to ask. Holds no key (see API_KEY_ENV): ``asdict`` of it is what a run records."""
+class LLMConfig(BaseSettings):
+    """Where and how to ask: each field from its argument, else $WORKBENCH_LLM_<NAME> (timeout_s: _TIMEOUT,
+    retry_delay_s: _RETRY_DELAY), else its default; an empty variable counts as unset. Holds no key (see
+    API_KEY_ENV): ``public()`` of it is what a run records."""
 
-    base_url: str
+    model_config = SettingsConfigDict(env_prefix="WORKBENCH_LLM_", frozen=True, populate_by_name=True,
+                                      env_ignore_empty=True, extra="ignore")
+
+    base_url: str = ""
     model: str = ""
-    timeout_s: float = 120.0
-    retries: int = 3
-    retry_delay_s: float = 2.0
-    prompt_chars: int = 24_000
+    timeout_s: float = Field(120.0, validation_alias="WORKBENCH_LLM_TIMEOUT")
+    retries: int = Field(3, ge=0)
+    retry_delay_s: float = Field(2.0, validation_alias="WORKBENCH_LLM_RETRY_DELAY")
+    prompt_chars: int = Field(24_000, ge=4000)
     temperature: float | None = None
     max_tokens: int | None = None
 
@@ -60,28 +62,25 @@ class LLMConfig:
     def load(cls, base_url: str | None = None, model: str | None = None,
              stored: dict[str, Any] | None = None) -> LLMConfig:
         """Flags first, then what a run recorded (when it is resumed), then $WORKBENCH_LLM_*, then defaults."""
-        values: dict[str, Any] = {}
-        given = {"base_url": base_url, "model": model}
-        for f in fields(cls):
-            found = (given.get(f.name), (stored or {}).get(f.name), os.environ.get(ENV[f.name]))
-            value = next((v for v in found if v is not None and v != ""), None)
-            if value is None:
-                continue
-            try:
-                kind = {"timeout_s": float, "retry_delay_s": float, "temperature": float, "retries": int,
-                        "prompt_chars": int, "max_tokens": int}.get(f.name, str)
-                values[f.name] = kind(value)
-            except ValueError:
-                raise WorkbenchError(f"${ENV[f.name]}: '{value}' is not a number") from None
-        if not values.get("base_url"):
-            raise WorkbenchError(f"the llm proposer needs an endpoint: --llm-base-url or ${ENV['base_url']} "
-                                 f"(e.g. http://127.0.0.1:8000/v1 for a local vLLM server)")
-        if values.get("retries", 0) < 0 or values.get("prompt_chars", 4000) < 4000:
-            raise WorkbenchError("retries must be at least 0 and the prompt budget at least 4000 characters")
-        return cls(**values)
+        given = {k: v for k, v in (stored or {}).items() if v is not None and v != ""}
+        given.update({k: v for k, v in {"base_url": base_url, "model": model}.items() if v})
+        try:
+            config = cls(**given)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            name = str(error["loc"][0])
+            env = name if name.startswith("WORKBENCH_") else f"WORKBENCH_LLM_{name.upper()}"
+            if error["type"] in ("greater_than_equal", "too_short"):
+                raise WorkbenchError("retries must be at least 0 and the prompt budget at least 4000 characters") \
+                    from None
+            raise WorkbenchError(f"${env}: '{error['input']}' is not a number") from None
+        if not config.base_url:
+            raise WorkbenchError("the llm proposer needs an endpoint: --llm-base-url or $WORKBENCH_LLM_BASE_URL "
+                                 "(e.g. http://127.0.0.1:8000/v1 for a local vLLM server)")
+        return config
 
     def public(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
 
 def api_key() -> str:
@@ -124,7 +123,7 @@ def resolve_model(config: LLMConfig) -> LLMConfig:
                                max_retries=0)
         served = [m.id for m in client.models.list()]
     except openai.OpenAIError as exc:
-        raise WorkbenchError(f"no model named (--llm-model or ${ENV['model']}) and the models of "
+        raise WorkbenchError(f"no model named (--llm-model or $WORKBENCH_LLM_MODEL) and the models of "
                              f"{config.base_url} could not be listed: {one_line(exc)[:200]}") from None
     if not served:
         raise WorkbenchError(f"{config.base_url} lists no model: name one with --llm-model")

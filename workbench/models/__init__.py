@@ -7,7 +7,6 @@ A card is a YAML file (``workbench onboard`` writes one from a model's config.js
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import yaml
 
 from workbench.blocks.base import Shape
+from workbench.config import Settings
 from workbench.errors import UnknownModelError, WorkbenchError, one_line
 
 CARDS_DIR = Path(__file__).parent
@@ -73,8 +73,7 @@ def card_dirs() -> list[Path]:
     """Where model cards are found: the workbench's own, then each folder of $WORKBENCH_MODELS (os.pathsep
     separated; `workbench onboard` writes there when it is set). A later folder's card replaces an earlier one of
     the same name."""
-    extra = [Path(p) for p in os.environ.get("WORKBENCH_MODELS", "").split(os.pathsep) if p]
-    return [CARDS_DIR, *extra]
+    return [CARDS_DIR, *Settings.load().model_dirs]
 
 
 def list_models() -> list[ModelCard]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 import random
 import secrets
 import shutil
@@ -179,7 +178,7 @@ def build_captures(spec: BlockSpec, targets: list[Target]) -> tuple[list[dict], 
 
 def default_target_names() -> list[str] | None:
     """$WORKBENCH_TARGETS (comma-separated; empty: compile for none), else None (the default targets)."""
-    value = os.environ.get("WORKBENCH_TARGETS")
+    value = Settings.load().targets
     return None if value is None else [t.strip() for t in value.split(",") if t.strip()]
 
 
@@ -330,7 +329,8 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     for capture in results.get("captures", []):
         if capture.get("error"):
             result.findings.append(f"model suite launches incomplete: {capture['error']['message']}"[:300])
-    cache = cache or Path(os.environ.get("WORKBENCH_COMPILE_CACHE") or Settings.load().work_dir / "compile-cache")
+    settings = Settings.load()
+    cache = cache or settings.compile_cache or settings.work_dir / "compile-cache"
     report = compile_for_targets(path, result.source_hash, results.get("launches", []), required, cache_dir=cache)
     result.compile_seconds = time.monotonic() - started
     result.builds = [b.to_dict() for b in report.builds]
