@@ -34,7 +34,7 @@ from workbench import __version__
 from workbench.agent.diagnose import diagnose
 from workbench.agent.llm import LLM_TEMPLATE
 from workbench.agent.rank import rank_passing
-from workbench.agent.state import Attempt, PortState, Proposal
+from workbench.agent.state import Attempt, PortOptions, PortState, Proposal
 from workbench.backends import Backend
 from workbench.blocks.base import BlockSpec
 from workbench.config import Settings
@@ -64,8 +64,8 @@ class Proposer(Protocol):
 
 @dataclass
 class PortContext:
-    """What the nodes need besides the state: the block, its templates, the proposer, the store and the limits.
-    approve: interrupt before promotion for a person's decision."""
+    """What the nodes need besides the state: the block, its templates, the proposer, the store, the backend and
+    the run's options (PortOptions, as recorded with the run); start: the first point, parsed."""
 
     spec: BlockSpec
     templates: dict[str, Template]
@@ -73,22 +73,14 @@ class PortContext:
     engine: Engine
     settings: Settings
     backend: Backend
-    suites: list[str]
-    dtypes: list[str]
-    seeds: int
-    timeout_s: float
+    options: PortOptions
     start: Proposal | None = None
     on_event: Callable[[str, str, dict], None] | None = None
-    approve: bool = False
-    replay_steps: int = 0          # steps of the replay gate (0: no gate)
-    targets: list[str] | None = None  # GPU targets every candidate must compile for (None: the defaults)
-    forward_only: bool = False     # an inference port: outputs verified, the backward not (no replay gate)
-    replay_model: str = "kimi-k3.1-pro"
-    measure: bool | None = None    # time passing candidates at the model suite (None: on a GPU backend only)
 
     @property
     def measures(self) -> bool:
-        return self.backend.device != "cpu" if self.measure is None else self.measure
+        measure = self.options.measure
+        return self.backend.device != "cpu" if measure is None else measure
 
     def emit(self, run_id: str, node: str, message: str, data: dict | None = None) -> None:
         """Write the step to the store, then stream it (custom stream mode); outside a graph run, hand it to
@@ -125,10 +117,11 @@ def build_graph(ctx: PortContext, checkpointer=None):
         names = ", ".join(f"{t.name} (rank {t.rank})" for t in ctx.templates.values())
         first = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
         ctx.emit(state["run_id"], "plan",
-                 f"proposer {ctx.proposer.name}; templates: {names or 'none'}; verify {'+'.join(ctx.suites)} x "
-                 f"{'/'.join(ctx.dtypes)} x {ctx.seeds} seeds on {ctx.backend.name}; budget {state['budget']} "
-                 f"candidates" + ("; promotion waits for approval" if ctx.approve else ""),
-                 {"templates": list(ctx.templates), "suites": ctx.suites, "dtypes": ctx.dtypes,
+                 f"proposer {ctx.proposer.name}; templates: {names or 'none'}; verify "
+                 f"{'+'.join(ctx.options.suites)} x {'/'.join(ctx.options.dtypes)} x {ctx.options.seeds} seeds on "
+                 f"{ctx.backend.name}; budget {state['budget']} candidates"
+                 + ("; promotion waits for approval" if ctx.options.approve else ""),
+                 {"templates": list(ctx.templates), "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
                   "first": first, **({"llm": trace} if trace else {})})
         return {"proposal": proposal, "attempt": 0, "status": "running",
                 "reason": "" if proposal else "no template point meets the requirements of every shape"}
@@ -185,19 +178,20 @@ def build_graph(ctx: PortContext, checkpointer=None):
 
     def verify(state: PortState) -> dict:
         current = dict(state["current"])
-        result = verify_candidate(current["path"], block=ctx.spec.name, suites=ctx.suites, dtypes=ctx.dtypes,
-                                  seeds=ctx.seeds, backend=ctx.backend, timeout_s=ctx.timeout_s, targets=ctx.targets,
-                                  forward_only=ctx.forward_only)
+        opts = ctx.options
+        result = verify_candidate(current["path"], block=ctx.spec.name, suites=opts.suites, dtypes=opts.dtypes,
+                                  seeds=opts.seeds, backend=ctx.backend, timeout_s=opts.timeout_s,
+                                  targets=opts.targets, forward_only=opts.forward_only)
         records.record_verification(ctx.engine, current["candidate_id"], result)
         evidence = result.evidence()
         modelled = modelled_summary(ctx.spec.name, suite_shapes(ctx.spec, "model"), result.builds, result.targets,
-                                    backward=not ctx.forward_only) if result.passed else {}
+                                    backward=not ctx.options.forward_only) if result.passed else {}
         current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
                        evidence=evidence, modelled=modelled)
         if result.passed and ctx.measures:
             current["measured"] = measure_candidate(
-                current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.dtypes[-1],
-                timeout_s=ctx.timeout_s, forward_only=ctx.forward_only)
+                current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
+                timeout_s=ctx.options.timeout_s, forward_only=ctx.options.forward_only)
             figure = current["measured"]
             ctx.emit(state["run_id"], "measure", f"#{current['iteration']} " + (
                 f"{figure['time_ms']:.3f} ms measured on {figure['device']} ({figure['shapes']} shapes, median of "
@@ -245,35 +239,36 @@ def build_graph(ctx: PortContext, checkpointer=None):
         from workbench.replay.presets import get_preset
         from workbench.replay.runner import run_replay
 
-        ranked, why = rank_passing(state["passing"], ctx.targets or [])
+        ranked, why = rank_passing(state["passing"], ctx.options.targets or [])
         if why:
             ctx.emit(state["run_id"], "rank", why)
-        model = replay_model_for(ctx.spec.name, ctx.replay_model, get_preset("tiny").layers)
+        model = replay_model_for(ctx.spec.name, ctx.options.replay_model, get_preset("tiny").layers)
         mode = ("lora" if ctx.spec.name == "lora_linear" else "scratch") if model else None
-        if not ctx.replay_steps or mode is None or ctx.forward_only:
-            why = "off" if not ctx.replay_steps else "off for a forward-only port (training needs the backward)" \
-                if ctx.forward_only else f"{ctx.spec.name} is not part of any card's replay model"
+        if not ctx.options.replay_steps or mode is None or ctx.options.forward_only:
+            why = "off" if not ctx.options.replay_steps else \
+                "off for a forward-only port (training needs the backward)" if ctx.options.forward_only else \
+                f"{ctx.spec.name} is not part of any card's replay model"
             ctx.emit(state["run_id"], "replay", f"replay gate {why}")
             return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
         failures = []
         for attempt in ranked:
-            outcome = run_replay(model, mode, ctx.settings, steps=ctx.replay_steps,
+            outcome = run_replay(model, mode, ctx.settings, steps=ctx.options.replay_steps,
                                  ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
             ctx.emit(state["run_id"], "replay",
                      f"#{attempt['iteration']} {outcome.status}: {outcome.reason} (replay #{outcome.replay_id}, "
-                     f"{ctx.replay_steps} {mode} steps)",
+                     f"{ctx.options.replay_steps} {mode} steps)",
                      {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
                       "status": outcome.status, "left_band_step": outcome.left_band_step})
             if outcome.status == "pass":
                 return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
-                                 "model": model, "mode": mode, "steps": ctx.replay_steps}}
+                                 "model": model, "mode": mode, "steps": ctx.options.replay_steps}}
             failures.append(f"#{attempt['iteration']} {outcome.reason}")
         return {"gate": {"candidate_id": None}, "status": RunStatus.BLOCKED,
                 "reason": f"every passing candidate failed the replay gate: {'; '.join(failures)}"}
 
     def promote(state: PortState) -> dict:
         decision = None
-        if ctx.approve:  # first thing in the node: on resume the node runs again from here with the answer
+        if ctx.options.approve:  # first thing in the node: on resume the node runs again from here with the answer
             decision = interrupt({"run_id": state["run_id"], "question": "promote the best passing candidate?"})
             if not decision.get("approved"):
                 reason = f"not promoted at review: {decision.get('why') or 'no reason given'}"
@@ -285,9 +280,9 @@ def build_graph(ctx: PortContext, checkpointer=None):
             "block": ctx.spec.name, "template": best["template"], "params": best["params"],
             "source_hash": source_hash(source), "run_id": state["run_id"], "candidate_id": best["candidate_id"],
             "promoted_at": utcnow().isoformat(timespec="seconds"), "workbench_version": __version__,
-            "verification": {"backend": ctx.backend.name, "suites": ctx.suites, "dtypes": ctx.dtypes,
-                             "seeds": ctx.seeds, "verdict": best["verdict"], "message": best["message"],
-                             "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.forward_only},
+            "verification": {"backend": ctx.backend.name, "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
+                             "seeds": ctx.options.seeds, "verdict": best["verdict"], "message": best["message"],
+                             "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.options.forward_only},
             "launch_settings": launch_settings(source),
             "evidence": best.get("evidence", {}), "modelled": best.get("modelled", {}),
             **({"measured": best["measured"]} if best.get("measured") else {}),
@@ -353,7 +348,7 @@ def build_graph(ctx: PortContext, checkpointer=None):
 def measure_shapes(ctx: PortContext) -> list[dict]:
     """The shapes a passing candidate is timed at: the model suite where the backend runs it (a GPU), else the
     first suite verified (the interpreter's timing serves the protocol's own tests, not a ranking worth having)."""
-    suite = "model" if "model" in ctx.backend.suites else ctx.suites[0]
+    suite = "model" if "model" in ctx.backend.suites else ctx.options.suites[0]
     return [dict(s) for s in suite_shapes(ctx.spec, suite)]
 
 

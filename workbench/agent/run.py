@@ -9,6 +9,7 @@ Node events are streamed (stream_mode "custom") to ``on_event`` as they happen; 
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from workbench import vocabulary
 from workbench.agent.graph import PortContext, Proposer, build_graph, gated_candidate, recursion_limit
 from workbench.agent.llm import HybridProposer, LLMConfig, LLMProposer, require_client, resolve_model
 from workbench.agent.search import SearchProposer
-from workbench.agent.state import Proposal
+from workbench.agent.state import DEFAULT_REPLAY_MODEL, PortOptions, Proposal
 from workbench.backends import BACKENDS, Backend, get_backend, get_targets
 from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, BlockSpec
@@ -36,7 +37,6 @@ from workbench.templating import format_point, list_templates, load_template, pa
 from workbench.verify.harness import DEFAULT_TIMEOUT_S, default_target_names, select_suites, suite_shapes
 from workbench.vocabulary import RunStatus
 
-DEFAULT_REPLAY_MODEL = "kimi-k3.1-pro"
 PROPOSERS = ("search", "llm", "hybrid")
 ENDED = (RunStatus.PROMOTED, RunStatus.BLOCKED, RunStatus.REJECTED)
 WAITING = RunStatus.WAITING_APPROVAL
@@ -84,16 +84,15 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
             require_client()
             llm = resolve_model(llm)
     targets = [t.name for t in get_targets(default_target_names() if targets is None else targets)]
-    config = {"suites": suites, "dtypes": dtypes, "seeds": seeds, "explore": explore, "start": start,
-              "targets": targets, "forward_only": forward_only, "measure": measure,
-              "timeout_s": timeout_s, "approve": approve, "replay_steps": replay_steps,
-              "replay_model": model or DEFAULT_REPLAY_MODEL,
-              "llm": llm.public() if llm and proposer != "search" else None}
+    options = PortOptions(suites=suites, dtypes=dtypes, seeds=seeds, explore=explore, start=start, targets=targets,
+                          forward_only=forward_only, measure=measure, timeout_s=timeout_s, approve=approve,
+                          replay_steps=replay_steps, replay_model=model or DEFAULT_REPLAY_MODEL,
+                          llm=llm.public() if llm and proposer != "search" else None)
     engine = get_engine(settings.db_url)
-    ctx = _context(spec, settings, engine, backend, proposer, config, on_event=on_event, chat=chat)
+    ctx = _context(spec, settings, engine, backend, proposer, options, on_event=on_event, chat=chat)
     records.mark_interrupted(engine)
     run_id = records.start_run(engine, block=spec.name, proposer=proposer, backend=backend.name, budget=budget,
-                               config=config, model=model)
+                               config=options.to_json(), model=model)
     return _drive(ctx, run_id, budget, {"run_id": run_id, "block": spec.name, "budget": budget, "explore": explore,
                                         "history": [], "passing": []})
 
@@ -113,16 +112,17 @@ def resume_port(run_id: str, settings: Settings, *, on_event: EventHook | None =
         raise WorkbenchError(f"run {run.id} is still running (pid {run.pid} on {run.host})")
     if run.status in ENDED:
         raise WorkbenchError(f"run {run.id} has ended ({run.status}): nothing to resume")
-    config = dict(run.config)
+    options = PortOptions.from_json(run.config)
     if run.proposer != "search":
         if chat is None:
             require_client()
         if llm_base_url or llm_model:
-            config["llm"] = LLMConfig.load(llm_base_url, llm_model, stored=config.get("llm")).public()
+            options = dataclasses.replace(options, llm=LLMConfig.load(llm_base_url, llm_model,
+                                                                      stored=options.llm).public())
     backend = backend or get_backend(run.backend)
     if backend.name != run.backend:
         raise WorkbenchError(f"run {run.id} verifies on the {run.backend} backend, not {backend.name}")
-    ctx = _context(get_block(run.block), settings, engine, backend, run.proposer, config, on_event=on_event,
+    ctx = _context(get_block(run.block), settings, engine, backend, run.proposer, options, on_event=on_event,
                    chat=chat)
     with _checkpointed(ctx) as graph:
         snapshot = graph.get_state(_thread(run.id, run.budget))
@@ -147,7 +147,7 @@ def decide(run_id: str, settings: Settings, *, approved: bool, why: str = "",
     if not approved and not why.strip():
         raise WorkbenchError("say why the candidate is rejected: --why \"...\"")
     backend = BACKENDS.get(run.backend) or get_backend()  # promotion verifies nothing: no device needed
-    ctx = _context(get_block(run.block), settings, engine, backend, run.proposer, dict(run.config),
+    ctx = _context(get_block(run.block), settings, engine, backend, run.proposer, PortOptions.from_json(run.config),
                    on_event=on_event)
     records.resume_run(engine, run.id)
     ctx.emit(run.id, "approve", "approved: promote" if approved else f"rejected: {why}",
@@ -162,36 +162,31 @@ def _find(engine, run_id: str):
     return run
 
 
-def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, proposer: str, config: dict[str, Any],
+def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, proposer: str, options: PortOptions,
              *, on_event: EventHook | None, chat=None) -> PortContext:
-    """The nodes' context from a run's recorded config (the same for a new, a resumed and an approved run)."""
+    """The nodes' context from a run's options (the same for a new, a resumed and an approved run)."""
     # a training port never proposes a forward-only (decode) template: its backward raises
-    templates = {t.name: t for t in list_templates(spec.name) if config.get("forward_only") or not t.forward_only}
+    templates = {t.name: t for t in list_templates(spec.name) if options.forward_only or not t.forward_only}
     if not templates and proposer != "llm":
         raise WorkbenchError(f"block {spec.name} has no templates (templates/{spec.name}/*.py.j2)")
     # A promoted operator meets every suite (the model card's sizes too, even where only a GPU verifies them) and
     # hidden shapes drawn between them: the proposer plans for all of them, not just the suites verified here.
     shapes = [shape for suite in SUITES for shape in suite_shapes(spec, suite)]
     search = SearchProposer(list(templates.values()), shapes)
-    start = _start_point(spec.name, config["start"], bool(config.get("forward_only"))) if config.get("start") else None
+    start = _start_point(spec.name, options.start, options.forward_only) if options.start else None
     chosen: Proposer = search
     if proposer != "search":
         first = start or (search.first() if templates else None)
         start_source = templates[first["template"]].render(first["params"]) if first else None
-        llm = LLMProposer(spec, LLMConfig.load(stored=config.get("llm")), suites=config["suites"],
-                          dtypes=config["dtypes"], shapes={s: suite_shapes(spec, s) for s in config["suites"]},
+        llm = LLMProposer(spec, LLMConfig.load(stored=options.llm), suites=options.suites,
+                          dtypes=options.dtypes, shapes={s: suite_shapes(spec, s) for s in options.suites},
                           start_source=start_source, chat=chat,
                           checks_of=lambda cid: [c.model_dump() for c in candidate_checks(engine, cid)])
         chosen = llm if proposer == "llm" else HybridProposer(search, llm)
         if proposer == "llm":
             start = None  # the start point is the model's starting candidate, not a candidate of its own
     return PortContext(spec=spec, templates=templates, proposer=chosen, engine=engine, settings=settings,
-                       backend=backend, suites=config["suites"], dtypes=config["dtypes"], seeds=config["seeds"],
-                       timeout_s=config["timeout_s"], start=start, on_event=on_event,
-                       approve=bool(config.get("approve")), replay_steps=int(config.get("replay_steps") or 0),
-                       replay_model=config.get("replay_model") or DEFAULT_REPLAY_MODEL,
-                       targets=config.get("targets"), forward_only=bool(config.get("forward_only")),
-                       measure=config.get("measure"))
+                       backend=backend, options=options, start=start, on_event=on_event)
 
 
 def _thread(run_id: str, budget: int) -> dict:

@@ -3,8 +3,47 @@ PortContext the nodes close over."""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+from dataclasses import dataclass, field
 from typing import Annotated, Any, NotRequired, TypedDict
+
+DEFAULT_REPLAY_MODEL = "kimi-k3.1-pro"
+
+
+@dataclass(frozen=True)
+class PortOptions:
+    """How one port runs, stored as JSON with the run (Run.config) and read back when it is resumed or approved.
+
+    suites, dtypes, seeds: what each candidate is verified on; explore: passing candidates to collect before the
+    best is promoted; start: "template:NAME=VALUE,..." to begin at; targets: GPU targets every kernel must compile
+    for; forward_only: an inference port (outputs verified, no backward, no replay gate); measure: time passing
+    candidates at the model suite (None: on a GPU backend); timeout_s: one verification's limit; approve: stop
+    before promotion for a person's decision; replay_steps, replay_model: the replay gate (0: none); llm: the
+    LLM proposer's public settings (no key)."""
+
+    suites: list[str]
+    dtypes: list[str]
+    timeout_s: float
+    seeds: int = 2
+    explore: int = 1
+    start: str | None = None
+    targets: list[str] = field(default_factory=list)
+    forward_only: bool = False
+    measure: bool | None = None
+    approve: bool = False
+    replay_steps: int = 0
+    replay_model: str = DEFAULT_REPLAY_MODEL
+    llm: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PortOptions:
+        """A run's recorded options; a key an older run did not record takes its default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known and v is not None})
 
 
 class Proposal(TypedDict):
