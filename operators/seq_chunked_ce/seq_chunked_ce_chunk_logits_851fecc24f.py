@@ -44,10 +44,12 @@ def target_settings(device) -> dict:
 # softmax_rows x softmax_cols: the row softmax's own tile. Over the GEMMs' 64 x 128 tile the compiler spreads the 8
 # warps over the columns and gives each thread 32 rows, so the per-row statistics take the registers (255 regs,
 # 360 B/thread spilled on sm_90a, 416 on sm_80, 248 on sm_100a); 8 rows x 1024 columns keep 8 rows per thread
-# (177 regs, none spilled on sm_90a).
+# (177 regs, none spilled on sm_90a). dh_block_v: the dh GEMM's reduction step over the vocabulary; 128 spills
+# 56 B/thread on sm_80 (255 regs), 64 none (194 regs); sm_90a and sm_100a keep 128 (197 and 190 regs, none).
 LAUNCH_SETTINGS = {"default": {"num_warps": 4, "softmax_rows": 64,
-                               "softmax_cols": 128},
-                   "cuda": {"num_warps": 8, "softmax_rows": 8, "softmax_cols": 1024}}
+                               "softmax_cols": 128, "dh_block_v": 128},
+                   "cuda": {"num_warps": 8, "softmax_rows": 8, "softmax_cols": 1024},
+                   "sm_80": {"dh_block_v": 64}}
 
 
 @triton.jit
@@ -243,6 +245,7 @@ class SeqChunkedCEFunction(torch.autograd.Function):
         dw_acc = torch.zeros((v, d), dtype=torch.float32, device=h.device) if need_dw else None
         settings = target_settings(h.device)
         warps, soft_rows, soft_cols = settings["num_warps"], settings["softmax_rows"], settings["softmax_cols"]
+        dh_block_v = settings["dh_block_v"]
         for start in range(0, n, chunk):
             rows = min(chunk, n - start)
             hc, yc, z = h[start:start + rows], y[start:start + rows], logits[:rows]
@@ -256,7 +259,7 @@ class SeqChunkedCEFunction(torch.autograd.Function):
                 dhc = dh_acc[start:start + rows]
                 seq_chunked_ce_dh_fwd_kernel[(triton.cdiv(rows, BLOCK_M), triton.cdiv(d, BLOCK_D))](
                     z, W, dhc, rows, v, d, z.stride(0), W.stride(0), dhc.stride(0),
-                    BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
+                    BLOCK_M=BLOCK_M, BLOCK_V=dh_block_v, BLOCK_D=BLOCK_D, num_warps=warps)
             if need_dw:
                 seq_chunked_ce_dw_fwd_kernel[(triton.cdiv(v, BLOCK_V), triton.cdiv(d, BLOCK_D))](
                     z, hc, dw_acc, rows, v, d, z.stride(0), hc.stride(0), dw_acc.stride(0),
