@@ -36,9 +36,13 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps spill 888-1704 B/thread in the
-# logits tiles (64 x 128 float32 over 128 threads), 8 spill 56-400.
-LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
+# Warps and the vocabulary / hidden tiles (block_v, block_d; the token tile is BLOCK_M everywhere) per target, from
+# the compiled model-suite launches: on NVIDIA 4 warps spill 888-1704 B/thread in the logits tiles (64 x 128 float32
+# over 128 threads); 8 warps with 128 x 64 tiles still spill 56 / 128 / 400 B/thread (forward / dh / dW) on sm_90a,
+# 184 / 304 / 896 on sm_80; 64-column vocabulary and 32-column hidden tiles spill none (128-223 registers).
+LAUNCH_SETTINGS = {"default": {"num_warps": 4, "block_v": 128,
+                               "block_d": 64},
+                   "cuda": {"num_warps": 8, "block_v": 64, "block_d": 32}}
 LOSS_BLOCK = 1024
 
 
@@ -147,9 +151,10 @@ def _forward(ctx, h, W, y, ignore_index, reduction):
     v = W.shape[0]
     lse = torch.empty(n, dtype=torch.float32, device=h.device)
     loss_tok = torch.empty(n, dtype=torch.float32, device=h.device)
+    settings = target_settings(h.device)
     vocab_blockwise_ce_fwd_kernel[(triton.cdiv(n, BLOCK_M),)](
         h, W, y, lse, loss_tok, n, v, d, h.stride(0), W.stride(0), ignore_index,
-        BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=target_settings(h.device)["num_warps"])
+        BLOCK_M=BLOCK_M, BLOCK_V=settings["block_v"], BLOCK_D=settings["block_d"], num_warps=settings["num_warps"])
     loss = torch.empty((), dtype=torch.float32, device=h.device)
     scale = torch.empty(1, dtype=torch.float32, device=h.device)
     vocab_blockwise_ce_loss_fwd_kernel[(1,)](loss_tok, y, loss, scale, n, ignore_index, MEAN=reduction == "mean",
@@ -237,19 +242,20 @@ class VocabBlockwiseCEFunction(torch.autograd.Function):
         v = W.shape[0]
         grad_loss = grad_loss.contiguous()
         dh = dw = None
-        warps = target_settings(h.device)["num_warps"]
+        settings = target_settings(h.device)
+        warps, block_v, block_d = settings["num_warps"], settings["block_v"], settings["block_d"]
         if ctx.needs_input_grad[0]:
             dh_acc = torch.zeros((n, d), dtype=torch.float32, device=h.device)
             dh = torch.empty((n, d), dtype=h.dtype, device=h.device)
             vocab_blockwise_ce_dh_bwd_kernel[(triton.cdiv(n, BLOCK_M),)](
                 h, W, y, lse, grad_loss, scale, dh_acc, dh, n, v, d, h.stride(0), W.stride(0), dh.stride(0),
-                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
+                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=warps)
         if ctx.needs_input_grad[1]:
             dw_acc = torch.zeros((v, d), dtype=torch.float32, device=h.device)
             dw = torch.empty((v, d), dtype=W.dtype, device=h.device)
-            vocab_blockwise_ce_dw_bwd_kernel[(triton.cdiv(v, BLOCK_V),)](
+            vocab_blockwise_ce_dw_bwd_kernel[(triton.cdiv(v, block_v),)](
                 h, W, y, lse, grad_loss, scale, dw_acc, dw, n, v, d, h.stride(0), W.stride(0), dw.stride(0),
-                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
+                ctx.ignore_index, BLOCK_M=BLOCK_M, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=warps)
         return dh, dw, None, None, None
 
 

@@ -38,11 +38,14 @@ def target_settings(device) -> dict:
             **LAUNCH_SETTINGS.get(target, {})}
 # Warps of every launch per target; the adapter gradients' dots take float32 operands when XA_DTYPE is float32:
 # float32-accurate on the tensor cores through split operands (3xTF32 on NVIDIA, 6xBF16 on AMD; the interpreter
-# multiplies in float32 itself).
+# multiplies in float32 itself). EPILOGUE_DOT: the same for the main GEMM's rank-r epilogue dot (float32 low-rank
+# intermediate): as an IEEE float32 dot (no tensor cores) it takes 255 registers and spills 56 B/thread on sm_90a
+# at rank 64 (176 on sm_80, 232 on sm_100a), as 3xTF32 169 registers and none (32 B on sm_80). AMD keeps the IEEE
+# dot: 6xBF16 there raises the GEMM from 83 to 232 VGPRs on gfx942 with nothing spilled either way.
 LAUNCH_SETTINGS = {
-    "default": {"num_warps": 4},
+    "default": {"num_warps": 4, "EPILOGUE_DOT": "ieee"},
     "interpreter": {"DOT": "ieee"},
-    "cuda": {"DOT": "tf32x3", "num_warps": 8},  # 4 warps spill 1184 B/thread in the main GEMM on sm_90a
+    "cuda": {"DOT": "tf32x3", "EPILOGUE_DOT": "tf32x3", "num_warps": 8},  # 4 warps spill 1184 B/thread (sm_90a)
     "hip": {"DOT": "bf16x6"},
 }
 
@@ -69,7 +72,7 @@ def lora_linear_lowrank_kernel(X, A, OUT_LR, N, K, R, stride_x, stride_a_r, stri
 @triton.jit
 def lora_linear_gemm_kernel(X, W, LR, U, Y, N, K, M_OUT, R, scaling, stride_x, stride_w_k, stride_w_n, stride_lr,
                             stride_u_r, stride_u_n, stride_y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+                            BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, EPILOGUE_DOT: tl.constexpr):
     """Stage 2: Y [N, M_OUT] = X [N, K] W' + scaling * LR [N, R] U' in one GEMM with the low-rank term in its
     epilogue; W'[k, n] = W + k * stride_w_k + n * stride_w_n, U'[r, n] = U + r * stride_u_r + n * stride_u_n.
     Forward: y = x W^T + scaling * xa B^T (W [OUT, IN], B [OUT, R]); backward: dx = dy W + scaling * dyb A.
@@ -89,7 +92,7 @@ def lora_linear_gemm_kernel(X, W, LR, U, Y, N, K, M_OUT, R, scaling, stride_x, s
                  other=0.0)  # [BLOCK_M, BLOCK_R] float32
     u = tl.load(U + rk[:, None] * stride_u_r + cols[None, :] * stride_u_n,
                 mask=(rk[:, None] < R) & (cols[None, :] < M_OUT), other=0.0)  # [BLOCK_R, BLOCK_N]
-    acc += tl.dot(lr, u.to(tl.float32), input_precision="ieee") * scaling
+    acc += tl.dot(lr, u.to(tl.float32), input_precision=EPILOGUE_DOT) * scaling
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], acc.to(Y.dtype.element_ty),
              mask=(rows[:, None] < N) & (cols[None, :] < M_OUT))
 
@@ -151,12 +154,13 @@ def _gemm(x, w, w_strides, lr, u, u_strides, scaling, m_out, block_r):
     n, k = x.shape
     rank = lr.shape[1]
     y = torch.empty(n, m_out, dtype=x.dtype, device=x.device)
-    warps = target_settings(x.device)["num_warps"]
+    settings = target_settings(x.device)
     if y.numel() > 0:
         grid = (triton.cdiv(n, BLOCK_M), triton.cdiv(m_out, BLOCK_N))
         lora_linear_gemm_kernel[grid](x, w, lr, u, y, n, k, m_out, rank, scaling, x.stride(0), *w_strides,
                                      lr.stride(0), *u_strides, y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                     BLOCK_K=BLOCK_K, BLOCK_R=block_r, num_warps=warps)
+                                     BLOCK_K=BLOCK_K, BLOCK_R=block_r, EPILOGUE_DOT=settings["EPILOGUE_DOT"],
+                                     num_warps=settings["num_warps"])
     return y
 
 

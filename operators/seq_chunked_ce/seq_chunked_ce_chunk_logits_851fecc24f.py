@@ -39,10 +39,17 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps of the chunk kernels per target, from the compiled model-suite launches: on NVIDIA 4 warps spill 232-576
-# B/thread in the logits, dh and dw GEMMs (64 x 128 float32 tiles over 128 threads), 8 none (the row softmax over
-# 64 x 128 tiles still spills 360 B on sm_90a).
-LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
+# Launch settings of the chunk kernels per target, from the compiled model-suite launches. Warps: on NVIDIA 4 warps
+# spill 232-576 B/thread in the logits, dh and dw GEMMs (64 x 128 float32 tiles over 128 threads), 8 none.
+# softmax_rows x softmax_cols: the row softmax's own tile. Over the GEMMs' 64 x 128 tile the compiler spreads the 8
+# warps over the columns and gives each thread 32 rows, so the per-row statistics take the registers (255 regs,
+# 360 B/thread spilled on sm_90a, 416 on sm_80, 248 on sm_100a); 8 rows x 1024 columns keep 8 rows per thread
+# (177 regs, none spilled on sm_90a). dh_block_v: the dh GEMM's reduction step over the vocabulary; 128 spills
+# 56 B/thread on sm_80 (255 regs), 64 none (194 regs); sm_90a and sm_100a keep 128 (197 and 190 regs, none).
+LAUNCH_SETTINGS = {"default": {"num_warps": 4, "softmax_rows": 64,
+                               "softmax_cols": 128, "dh_block_v": 128},
+                   "cuda": {"num_warps": 8, "softmax_rows": 8, "softmax_cols": 1024},
+                   "sm_80": {"dh_block_v": 64}}
 
 
 @triton.jit
@@ -236,21 +243,23 @@ class SeqChunkedCEFunction(torch.autograd.Function):
         loss_tok = torch.empty(n, dtype=torch.float32, device=h.device)
         dh_acc = torch.empty((n, d), dtype=torch.float32, device=h.device) if need_dh else None
         dw_acc = torch.zeros((v, d), dtype=torch.float32, device=h.device) if need_dw else None
-        warps = target_settings(h.device)["num_warps"]
+        settings = target_settings(h.device)
+        warps, soft_rows, soft_cols = settings["num_warps"], settings["softmax_rows"], settings["softmax_cols"]
+        dh_block_v = settings["dh_block_v"]
         for start in range(0, n, chunk):
             rows = min(chunk, n - start)
             hc, yc, z = h[start:start + rows], y[start:start + rows], logits[:rows]
             seq_chunked_ce_logits_fwd_kernel[(triton.cdiv(rows, BLOCK_M), triton.cdiv(v, BLOCK_V))](
                 hc, W, z, rows, v, d, hc.stride(0), W.stride(0), z.stride(0),
                 BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
-            seq_chunked_ce_softmax_fwd_kernel[(triton.cdiv(rows, BLOCK_M),)](
+            seq_chunked_ce_softmax_fwd_kernel[(triton.cdiv(rows, soft_rows),)](
                 z, yc, loss_tok[start:start + rows], rows, v, z.stride(0), ignore_index,
-                WRITE_GRAD=need_dh or need_dw, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, num_warps=warps)
+                WRITE_GRAD=need_dh or need_dw, BLOCK_M=soft_rows, BLOCK_V=soft_cols, num_warps=warps)
             if need_dh:
                 dhc = dh_acc[start:start + rows]
                 seq_chunked_ce_dh_fwd_kernel[(triton.cdiv(rows, BLOCK_M), triton.cdiv(d, BLOCK_D))](
                     z, W, dhc, rows, v, d, z.stride(0), W.stride(0), dhc.stride(0),
-                    BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D, num_warps=warps)
+                    BLOCK_M=BLOCK_M, BLOCK_V=dh_block_v, BLOCK_D=BLOCK_D, num_warps=warps)
             if need_dw:
                 seq_chunked_ce_dw_fwd_kernel[(triton.cdiv(v, BLOCK_V), triton.cdiv(d, BLOCK_D))](
                     z, hc, dw_acc, rows, v, d, z.stride(0), hc.stride(0), dw_acc.stride(0),

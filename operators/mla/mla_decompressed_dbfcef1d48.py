@@ -16,6 +16,35 @@ MM_BLOCK_N = 32
 MM_BLOCK_K = 32
 DOT_DTYPE = "input"  # "input": tl.dot operands in the input dtype (tensor cores), float32 accumulation
 NUM_WARPS = 4
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {})}
+# Warps of the dk/dv kernel per target, from the compiled model-suite launches: it holds three float32 accumulators
+# (dk_nope, dk_rope, dv: BLOCK_N x 320 values at Kimi K3's head dims) and the key block's k_nope, k_rope and v
+# across its loop; over 4 warps that takes 255 registers and spills 64 B/thread on sm_90a (8 on sm_80), over 8
+# warps 166-169 registers, none.
+LAUNCH_SETTINGS = {"default": {"dkdv_num_warps": 4}, "cuda": {"dkdv_num_warps": 8}}
 
 @triton.jit
 def mla_matmul_kernel(A, B, C, ADD, GATE, M, N, K, sam, sak, sbk, sbn, scm, scn, sab, sbb, scb,
@@ -306,7 +335,7 @@ class MLAFunction(torch.autograd.Function):
             args = (q, k_nope, k_rope, v, do, lse, delta)
             mla_attn_dkdv_kernel[(triton.cdiv(T, BLOCK_N), B * H)](
                 *args, dkn, dkr_h, dvv, T, H, DN, DR, DV, ctx.scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **pads,
-                num_warps=NUM_WARPS)
+                num_warps=target_settings(q.device)["dkdv_num_warps"])
             mla_attn_dq_kernel[(triton.cdiv(T, BLOCK_M), B * H)](
                 *args, dq, T, H, DN, DR, DV, ctx.scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **pads,
                 num_warps=NUM_WARPS)
