@@ -75,6 +75,16 @@ def test_a_broken_tail_mask_fails_exactly_that_operator(settings, tmp_path, base
     assert any("unwritten" in r or "now fails" in r for r in report["regressions"])
 
 
+def test_a_changed_only_baseline_update_keeps_the_operators_it_left_alone(settings, tmp_path, baseline):
+    _promote(settings, tmp_path, "swiglu", "flat", edit=("BLOCK = ", "ALSO = 1\nBLOCK = "))
+    result = runner.invoke(app, ["ci", "--changed-only", "--update-baseline", "--json", "--no-replays"])
+    assert result.exit_code == 0, result.output
+    assert [op["block"] for op in json.loads(result.stdout)["operators"]] == ["swiglu"]
+    written = json.loads((settings.operators_dir / "ci_baseline.json").read_text())
+    assert set(written) == {"rmsnorm", "swiglu"} and written["rmsnorm"] == baseline["rmsnorm"]
+    assert written["swiglu"]["source_hash"] != baseline["swiglu"]["source_hash"]
+
+
 def test_ci_replays_the_loss_curves_with_every_promoted_operator(settings, tmp_path, baseline):
     junit = tmp_path / "junit.xml"
     result = runner.invoke(app, ["ci", "--changed-only", "--junit", str(junit), "--json"])

@@ -213,8 +213,11 @@ def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: 
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def write_baseline(settings: Settings, reports: list[OperatorReport]) -> Path:
+def write_baseline(settings: Settings, job: CIJob) -> Path:
+    """operators/ci_baseline.json from ``job``: every operator it verified, and with --changed-only the last results
+    of those it left alone; an entry of a block no longer promoted is dropped."""
     path = settings.operators_dir / BASELINE_FILE
-    entries = {r.block: r.baseline_entry() for r in reports}
+    promoted = newest_promoted(settings.operators_dir)
+    entries = {k: v for k, v in job.summary["operators"].items() if k in promoted}
     path.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
     return path

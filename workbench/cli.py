@@ -630,7 +630,7 @@ def ci(
     if junit:
         write_junit(junit, job, reports, replay_reports)
     if update_baseline:
-        write_baseline(settings, reports)
+        write_baseline(settings, job)
     regressions = job.summary["regressions"]
     if as_json:
         _emit_json({"job": job.id, "status": job.status, "commit": job.commit, "regressions": regressions,
