@@ -94,7 +94,7 @@ def test_port_then_runs_show_and_verify_the_operator(settings):
     runs = json.loads(invoke("runs", "--json").stdout)
     assert runs[0]["id"] == outcome["run_id"] and runs[0]["status"] == "promoted"
     shown = json.loads(invoke("show", outcome["run_id"][:17], "--json").stdout)
-    assert [s["node"] for s in shown["steps"]] == ["plan", "render", "compile", "verify", "replay", "promote",
+    assert [s["node"] for s in shown["steps"]] == ["plan", "render", "contract", "verify", "replay", "promote",
                                                    "record"]
     assert shown["steps"][4]["message"] == "replay gate off"  # WORKBENCH_REPLAY_STEPS=0 in the tests
     assert shown["candidates"][0]["status"] == "pass"

@@ -173,7 +173,7 @@ def seed(tmp: Path, db_url: str | None = None) -> Seeded:
                      SOURCE.format(block_n=8192, acc="float16"), work)
     add_step(engine, run, "render", "#1 row_block: BLOCK_N=8192, ACC_DTYPE=float16 - user start point",
              {"candidate_id": bad})
-    add_step(engine, run, "compile", "ok: compiles, BLOCK and run(x, weight, eps)")
+    add_step(engine, run, "contract", "ok: parses, BLOCK = \"rmsnorm\" and run(x, weight, eps)")
     _verify(engine, bad, "rmsnorm", "fail", "6 of 12 checks failed (float16)", _checks(fp16_scale=9.0))
     add_step(engine, run, "verify", "fail: 6 of 12 checks failed (float16) (4.2 s)")
     add_step(engine, run, "diagnose", "precision: float16 errors up to 1.4x the bound while float32 passes; the sum "
@@ -183,7 +183,7 @@ def seed(tmp: Path, db_url: str | None = None) -> Seeded:
                       SOURCE.format(block_n=8192, acc="float32"), work)
     add_step(engine, run, "render", "#2 row_block: BLOCK_N=8192, ACC_DTYPE=float32 - accumulate in float32",
              {"candidate_id": good})
-    add_step(engine, run, "compile", "ok: compiles, BLOCK and run(x, weight, eps)")
+    add_step(engine, run, "contract", "ok: parses, BLOCK = \"rmsnorm\" and run(x, weight, eps)")
     _verify(engine, good, "rmsnorm", "pass", "12 checks pass", _checks(fp16_scale=0.5),
             [_build("sm_90a", "rmsnorm_fwd_kernel", 0), _build("sm_90a", "rmsnorm_bwd_kernel", 376),
              _build("gfx942", "rmsnorm_fwd_kernel", 0), _build("gfx942", "rmsnorm_bwd_kernel", 0)])
@@ -202,7 +202,7 @@ def seed(tmp: Path, db_url: str | None = None) -> Seeded:
     add_step(engine, blocked, "plan", "templates: rows (rank 1), flat (rank 2); budget 2 candidates")
     broken = _candidate(engine, blocked, "situ", 1, "rows", {"BLOCK_N": 128}, "BLOCK = 'situ'\ndef run(:\n", work)
     set_candidate_status(engine, broken, "compile_error", "SyntaxError: invalid syntax (line 2)")
-    add_step(engine, blocked, "compile", "compile_error: SyntaxError: invalid syntax (line 2)")
+    add_step(engine, blocked, "contract", "compile_error: SyntaxError: invalid syntax (line 2)")
     add_step(engine, blocked, "diagnose", "compile_error: the template's code is suspect; try another template")
     crash = _candidate(engine, blocked, "situ", 2, "flat", {"BLOCK_SIZE": 1024},
                        "BLOCK = 'situ'\ndef run(gate_up, beta, linear_beta):\n    raise RuntimeError('boom')\n", work)

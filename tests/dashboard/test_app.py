@@ -243,7 +243,7 @@ def test_runs_page_shows_a_run_written_while_the_app_runs(seeded):
     engine = get_engine(seeded.db_url)
     new_run = records.start_run(engine, block="situ", proposer="search", backend="interpreter", budget=3, config={})
     records.add_step(engine, new_run, "plan", "a run started while the dashboard was open")
-    records.add_step(engine, seeded.running_run, "compile", "ok: compiles (a step written live)")
+    records.add_step(engine, seeded.running_run, "contract", "ok: parses (a step written live)")
     st.cache_data.clear()  # what the 1 s cache would do by the next 2 s refresh
     at.run()
 

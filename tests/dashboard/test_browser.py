@@ -195,7 +195,7 @@ def test_runs_page_follows_a_run_while_it_runs(page, server, seeded, shots):
     expect(running.locator("[data-testid='stMetricValue']")).to_have_text("1")
 
     engine = get_engine(seeded.db_url)
-    records.add_step(engine, seeded.running_run, "compile", "ok: compiles, written while the page was open")
+    records.add_step(engine, seeded.running_run, "contract", "ok: parses, written while the page was open")
     expect(page.locator("li").filter(has_text="written while the page was open")).to_be_visible(timeout=15_000)
 
     new_run = records.start_run(engine, block="situ", proposer="search", backend="interpreter", budget=3,

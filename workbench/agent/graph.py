@@ -1,9 +1,14 @@
 r"""The porting workflow as a LangGraph StateGraph.
 
-    plan -> render -> compile -> verify --pass--> replay_gate --a candidate holds its curve--> promote -> record -> END
-               |         |         |  \--pass, exploring--> revise       \--none does--> record (blocked)
-               +---------+---------+--fail--> diagnose -> revise --point left--> render
-                                                              \--budget or space spent--> replay_gate | record
+    plan -> render -> contract -> verify --pass--> replay_gate --a candidate holds its curve--> promote -> record
+               |         |          |  \--pass, exploring--> revise       \--none does--> record (blocked)
+               +---------+----------+--fail--> diagnose -> revise --point left--> render
+                                                               \--budget or space spent--> replay_gate | record
+
+The nodes are module-level functions of (state, runtime): the run's PortContext (block, templates, proposer,
+store, backend, options) is LangGraph's runtime context, given when the graph is streamed; the routers between
+them are named functions of the state. ``contract`` reads the candidate's source (it parses, it says its BLOCK,
+its run has the reference's parameters) before anything runs it.
 
 Every node writes a RunStep as it runs and streams it (``get_stream_writer``) to whoever drives the graph;
 candidates and their checks are written when rendered and verified. Nodes are safe to run again after a crash (a
@@ -27,6 +32,7 @@ from typing import Any, Protocol
 
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from sqlalchemy.engine import Engine
 
@@ -49,7 +55,7 @@ from workbench.verify.contract import contract_problem
 from workbench.verify.harness import source_hash, suite_shapes, verify_candidate
 from workbench.vocabulary import NUMERIC_VERDICTS, RunStatus, Verdict
 
-NODES_PER_ITERATION = 5  # render, compile, verify, diagnose, revise
+NODES_PER_ITERATION = 5  # render, contract, verify, diagnose, revise
 
 
 class Proposer(Protocol):
@@ -108,238 +114,276 @@ def describe(proposal: Proposal) -> str:
     return f"{text}; endpoint failed: {proposal['error']}" if "error" in proposal else text
 
 
-def build_graph(ctx: PortContext, checkpointer=None):
-    """The compiled StateGraph for one block; invoke with {"run_id", "block", "budget", "explore"}. With a
-    checkpointer (thread_id = the run id) a run can be resumed and approval can interrupt it."""
+# --- nodes: each reads the run's context from LangGraph's runtime --------------------------------------------
 
-    def plan(state: PortState) -> dict:
-        proposal, trace = split_trace(ctx.start or ctx.proposer.first())
-        names = ", ".join(f"{t.name} (rank {t.rank})" for t in ctx.templates.values())
-        first = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
-        ctx.emit(state["run_id"], "plan",
-                 f"proposer {ctx.proposer.name}; templates: {names or 'none'}; verify "
-                 f"{'+'.join(ctx.options.suites)} x {'/'.join(ctx.options.dtypes)} x {ctx.options.seeds} seeds on "
-                 f"{ctx.backend.name}; budget {state['budget']} candidates"
-                 + ("; promotion waits for approval" if ctx.options.approve else ""),
-                 {"templates": list(ctx.templates), "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
-                  "first": first, **({"llm": trace} if trace else {})})
-        return {"proposal": proposal, "attempt": 0, "status": "running",
-                "reason": "" if proposal else "no template point meets the requirements of every shape"}
+def plan(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    proposal, trace = split_trace(ctx.start or ctx.proposer.first())
+    names = ", ".join(f"{t.name} (rank {t.rank})" for t in ctx.templates.values())
+    first = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
+    ctx.emit(state["run_id"], "plan",
+             f"proposer {ctx.proposer.name}; templates: {names or 'none'}; verify "
+             f"{'+'.join(ctx.options.suites)} x {'/'.join(ctx.options.dtypes)} x {ctx.options.seeds} seeds on "
+             f"{ctx.backend.name}; budget {state['budget']} candidates"
+             + ("; promotion waits for approval" if ctx.options.approve else ""),
+             {"templates": list(ctx.templates), "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
+              "first": first, **({"llm": trace} if trace else {})})
+    return {"proposal": proposal, "attempt": 0, "status": "running",
+            "reason": "" if proposal else "no template point meets the requirements of every shape"}
 
-    def render(state: PortState) -> dict:
-        p = state["proposal"]
-        attempt = state["attempt"] + 1
-        current: Attempt = {"iteration": attempt, "template": p["template"], "params": p["params"], "why": p["reason"]}
-        run_id = state["run_id"]
-        if "error" in p:  # the model's endpoint failed: the iteration's verdict, recorded like a candidate's
-            cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
-                ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=p["template"],
-                params=p["params"], source="", source_hash=source_hash(""), path="", status=Verdict.LLM_ERROR,
-                message=p["error"])
-            current.update(verdict=Verdict.LLM_ERROR, message=p["error"], candidate_id=cid)
-            ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {Verdict.LLM_ERROR}: {p['error']}",
-                     {"candidate_id": cid})
-            return {"attempt": attempt, "current": current}
-        if "source" in p:
-            name, source = p["template"], p["source"]
-        else:
-            template = ctx.templates.get(p["template"])
-            try:
-                if template is None:
-                    raise TemplateError(f"no template '{p['template']}' for block {ctx.spec.name}")
-                name, source = template.name, template.render(p["params"])
-            except TemplateError as exc:
-                current.update(verdict=Verdict.TEMPLATE_ERROR, message=str(exc))
-                ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {exc}", dict(current))
-                return {"attempt": attempt, "current": current}
-        folder = ctx.settings.work_dir / "candidates" / run_id
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / candidate_filename(ctx.spec.name, name, source)
-        path.write_text(source)
+def render(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    p = state["proposal"]
+    attempt = state["attempt"] + 1
+    current: Attempt = {"iteration": attempt, "template": p["template"], "params": p["params"], "why": p["reason"]}
+    run_id = state["run_id"]
+    if "error" in p:  # the model's endpoint failed: the iteration's verdict, recorded like a candidate's
         cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
-            ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=name, params=p["params"],
-            source=source, source_hash=source_hash(source), path=str(path))
-        current.update(candidate_id=cid, path=str(path))
-        ctx.emit(run_id, "render", f"#{attempt} {name}: {format_point(p['params'])} - {p['reason']}",
-                 {"candidate_id": cid, "path": str(path)})
+            ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=p["template"],
+            params=p["params"], source="", source_hash=source_hash(""), path="", status=Verdict.LLM_ERROR,
+            message=p["error"])
+        current.update(verdict=Verdict.LLM_ERROR, message=p["error"], candidate_id=cid)
+        ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {Verdict.LLM_ERROR}: {p['error']}",
+                 {"candidate_id": cid})
         return {"attempt": attempt, "current": current}
+    if "source" in p:
+        name, source = p["template"], p["source"]
+    else:
+        template = ctx.templates.get(p["template"])
+        try:
+            if template is None:
+                raise TemplateError(f"no template '{p['template']}' for block {ctx.spec.name}")
+            name, source = template.name, template.render(p["params"])
+        except TemplateError as exc:
+            current.update(verdict=Verdict.TEMPLATE_ERROR, message=str(exc))
+            ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {exc}", dict(current))
+            return {"attempt": attempt, "current": current}
+    folder = ctx.settings.work_dir / "candidates" / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / candidate_filename(ctx.spec.name, name, source)
+    path.write_text(source)
+    cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
+        ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=name, params=p["params"],
+        source=source, source_hash=source_hash(source), path=str(path))
+    current.update(candidate_id=cid, path=str(path))
+    ctx.emit(run_id, "render", f"#{attempt} {name}: {format_point(p['params'])} - {p['reason']}",
+             {"candidate_id": cid, "path": str(path)})
+    return {"attempt": attempt, "current": current}
 
-    def compile_node(state: PortState) -> dict:
-        current = dict(state["current"])
-        problem = contract_problem(Path(current["path"]).read_text(), current["path"], ctx.spec.name,
-                                   ctx.spec.arg_names)
-        if problem:
-            current.update(verdict="compile_error", message=problem)
-            records.set_candidate_status(ctx.engine, current["candidate_id"], "compile_error", problem)
-            ctx.emit(state["run_id"], "compile", f"compile_error: {problem}")
-        else:
-            ctx.emit(state["run_id"], "compile", f"ok: compiles, BLOCK and run({', '.join(ctx.spec.arg_names)})")
-        return {"current": current}
+def check_contract(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    current = dict(state["current"])
+    problem = contract_problem(Path(current["path"]).read_text(), current["path"], ctx.spec.name,
+                               ctx.spec.arg_names)
+    if problem:
+        current.update(verdict="compile_error", message=problem)
+        records.set_candidate_status(ctx.engine, current["candidate_id"], "compile_error", problem)
+        ctx.emit(state["run_id"], "contract", f"compile_error: {problem}")
+    else:
+        ctx.emit(state["run_id"], "contract",
+                 f"ok: parses, BLOCK = \"{ctx.spec.name}\" and run({', '.join(ctx.spec.arg_names)})")
+    return {"current": current}
 
-    def verify(state: PortState) -> dict:
-        current = dict(state["current"])
-        opts = ctx.options
-        result = verify_candidate(current["path"], block=ctx.spec.name, suites=opts.suites, dtypes=opts.dtypes,
-                                  seeds=opts.seeds, backend=ctx.backend, timeout_s=opts.timeout_s,
-                                  targets=opts.targets, forward_only=opts.forward_only)
-        records.record_verification(ctx.engine, current["candidate_id"], result)
-        evidence = result.evidence()
-        modelled = modelled_summary(ctx.spec.name, suite_shapes(ctx.spec, "model"), result.builds, result.targets,
-                                    backward=not ctx.options.forward_only) if result.passed else {}
-        current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
-                       evidence=evidence, modelled=modelled)
-        if result.passed and ctx.measures:
-            current["measured"] = measure_candidate(
-                current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
-                timeout_s=ctx.options.timeout_s, forward_only=ctx.options.forward_only)
-            figure = current["measured"]
-            ctx.emit(state["run_id"], "measure", f"#{current['iteration']} " + (
-                f"{figure['time_ms']:.3f} ms measured on {figure['device']} ({figure['shapes']} shapes, median of "
-                f"{MEASURE_TRIALS})" if "time_ms" in figure else f"not measured: {figure['error']}"), figure)
-        where = f"; compiles on {len(evidence['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
-        spills = f"; {len([f for f in result.findings if f.startswith('spills:')])} spill findings" \
-            if any(f.startswith("spills:") for f in result.findings) else ""
-        ctx.emit(state["run_id"], "verify",
-                 f"{result.verdict}: {result.message} ({result.seconds:.1f} s){where}{spills}", result.summary())
-        update: dict[str, Any] = {"current": current, "last_checks": [vars(c) for c in result.checks]}
-        if result.passed:
-            update.update(history=[current], passing=[current])
-        return update
+def verify(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    current = dict(state["current"])
+    opts = ctx.options
+    result = verify_candidate(current["path"], block=ctx.spec.name, suites=opts.suites, dtypes=opts.dtypes,
+                              seeds=opts.seeds, backend=ctx.backend, timeout_s=opts.timeout_s,
+                              targets=opts.targets, forward_only=opts.forward_only)
+    records.record_verification(ctx.engine, current["candidate_id"], result)
+    evidence = result.evidence()
+    modelled = modelled_summary(ctx.spec.name, suite_shapes(ctx.spec, "model"), result.builds, result.targets,
+                                backward=not ctx.options.forward_only) if result.passed else {}
+    current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
+                   evidence=evidence, modelled=modelled)
+    if result.passed and ctx.measures:
+        current["measured"] = measure_candidate(
+            current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
+            timeout_s=ctx.options.timeout_s, forward_only=ctx.options.forward_only)
+        figure = current["measured"]
+        ctx.emit(state["run_id"], "measure", f"#{current['iteration']} " + (
+            f"{figure['time_ms']:.3f} ms measured on {figure['device']} ({figure['shapes']} shapes, median of "
+            f"{MEASURE_TRIALS})" if "time_ms" in figure else f"not measured: {figure['error']}"), figure)
+    where = f"; compiles on {len(evidence['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
+    spills = f"; {len([f for f in result.findings if f.startswith('spills:')])} spill findings" \
+        if any(f.startswith("spills:") for f in result.findings) else ""
+    ctx.emit(state["run_id"], "verify",
+             f"{result.verdict}: {result.message} ({result.seconds:.1f} s){where}{spills}", result.summary())
+    update: dict[str, Any] = {"current": current, "last_checks": [vars(c) for c in result.checks]}
+    if result.passed:
+        update.update(history=[current], passing=[current])
+    return update
 
-    def diagnose_node(state: PortState) -> dict:
-        current = state["current"]
-        template = ctx.templates.get(current["template"])
-        if current["verdict"] == Verdict.LLM_ERROR:
-            d = {"class": Verdict.LLM_ERROR, "reason": current["message"], "evidence": {}}
-        elif current["verdict"] == Verdict.TEMPLATE_ERROR or (template is None and current["template"] != LLM_TEMPLATE):
-            d = {"class": Verdict.TEMPLATE_ERROR, "reason": current["message"], "evidence": {}}
-        else:
-            checks = state.get("last_checks", []) \
-                if current["verdict"] in (*NUMERIC_VERDICTS, Verdict.RUNTIME_ERROR, Verdict.CONSTANT_OUTPUT) else []
-            d = diagnose(current["verdict"], current["message"], checks, template, current["params"])
-        ctx.emit(state["run_id"], "diagnose", f"{d['class']}: {d['reason']}", {"class": d["class"]})
-        return {"diagnosis": d, "history": [{**current, "diagnosis": d}], "last_checks": []}
+def diagnose_failure(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    current = state["current"]
+    template = ctx.templates.get(current["template"])
+    if current["verdict"] == Verdict.LLM_ERROR:
+        d = {"class": Verdict.LLM_ERROR, "reason": current["message"], "evidence": {}}
+    elif current["verdict"] == Verdict.TEMPLATE_ERROR or (template is None and current["template"] != LLM_TEMPLATE):
+        d = {"class": Verdict.TEMPLATE_ERROR, "reason": current["message"], "evidence": {}}
+    else:
+        checks = state.get("last_checks", []) \
+            if current["verdict"] in (*NUMERIC_VERDICTS, Verdict.RUNTIME_ERROR, Verdict.CONSTANT_OUTPUT) else []
+        d = diagnose(current["verdict"], current["message"], checks, template, current["params"])
+    ctx.emit(state["run_id"], "diagnose", f"{d['class']}: {d['reason']}", {"class": d["class"]})
+    return {"diagnosis": d, "history": [{**current, "diagnosis": d}], "last_checks": []}
 
-    def revise(state: PortState) -> dict:
-        current = state["current"]
-        passed = current.get("verdict") == "pass"
-        if state["attempt"] >= state["budget"]:
-            ctx.emit(state["run_id"], "revise", f"budget of {state['budget']} candidates spent")
-            return {"proposal": None, "reason": f"budget of {state['budget']} candidates spent"}
-        d = {"class": "explore", "reason": f"{len(state['passing'])} passing of {state['explore']} wanted",
-             "evidence": {}} if passed else state["diagnosis"]
-        proposal, trace = split_trace(ctx.proposer.propose(current, d, state["history"]))
-        message = f"next: {describe(proposal)}" if proposal else "every covering point of every template has been tried"
-        shown = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
-        ctx.emit(state["run_id"], "revise", message, {"proposal": shown, **({"llm": trace} if trace else {})})
-        return {"proposal": proposal, "reason": "" if proposal else message}
+def revise(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    current = state["current"]
+    passed = current.get("verdict") == "pass"
+    if state["attempt"] >= state["budget"]:
+        ctx.emit(state["run_id"], "revise", f"budget of {state['budget']} candidates spent")
+        return {"proposal": None, "reason": f"budget of {state['budget']} candidates spent"}
+    d = {"class": "explore", "reason": f"{len(state['passing'])} passing of {state['explore']} wanted",
+         "evidence": {}} if passed else state["diagnosis"]
+    proposal, trace = split_trace(ctx.proposer.propose(current, d, state["history"]))
+    message = f"next: {describe(proposal)}" if proposal else "every covering point of every template has been tried"
+    shown = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
+    ctx.emit(state["run_id"], "revise", message, {"proposal": shown, **({"llm": trace} if trace else {})})
+    return {"proposal": proposal, "reason": "" if proposal else message}
 
-    def replay_gate(state: PortState) -> dict:
-        from workbench.replay.arch import replay_model_for
-        from workbench.replay.presets import get_preset
-        from workbench.replay.runner import run_replay
+def replay_gate(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    from workbench.replay.arch import replay_model_for
+    from workbench.replay.presets import get_preset
+    from workbench.replay.runner import run_replay
 
-        ranked, why = rank_passing(state["passing"], ctx.options.targets or [])
-        if why:
-            ctx.emit(state["run_id"], "rank", why)
-        model = replay_model_for(ctx.spec.name, ctx.options.replay_model, get_preset("tiny").layers)
-        mode = ("lora" if ctx.spec.name == "lora_linear" else "scratch") if model else None
-        if not ctx.options.replay_steps or mode is None or ctx.options.forward_only:
-            why = "off" if not ctx.options.replay_steps else \
-                "off for a forward-only port (training needs the backward)" if ctx.options.forward_only else \
-                f"{ctx.spec.name} is not part of any card's replay model"
-            ctx.emit(state["run_id"], "replay", f"replay gate {why}")
-            return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
-        failures = []
-        for attempt in ranked:
-            outcome = run_replay(model, mode, ctx.settings, steps=ctx.options.replay_steps,
-                                 ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
-            ctx.emit(state["run_id"], "replay",
-                     f"#{attempt['iteration']} {outcome.status}: {outcome.reason} (replay #{outcome.replay_id}, "
-                     f"{ctx.options.replay_steps} {mode} steps)",
-                     {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
-                      "status": outcome.status, "left_band_step": outcome.left_band_step})
-            if outcome.status == "pass":
-                return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
-                                 "model": model, "mode": mode, "steps": ctx.options.replay_steps}}
-            failures.append(f"#{attempt['iteration']} {outcome.reason}")
-        return {"gate": {"candidate_id": None}, "status": RunStatus.BLOCKED,
-                "reason": f"every passing candidate failed the replay gate: {'; '.join(failures)}"}
+    ranked, why = rank_passing(state["passing"], ctx.options.targets or [])
+    if why:
+        ctx.emit(state["run_id"], "rank", why)
+    model = replay_model_for(ctx.spec.name, ctx.options.replay_model, get_preset("tiny").layers)
+    mode = ("lora" if ctx.spec.name == "lora_linear" else "scratch") if model else None
+    if not ctx.options.replay_steps or mode is None or ctx.options.forward_only:
+        why = "off" if not ctx.options.replay_steps else \
+            "off for a forward-only port (training needs the backward)" if ctx.options.forward_only else \
+            f"{ctx.spec.name} is not part of any card's replay model"
+        ctx.emit(state["run_id"], "replay", f"replay gate {why}")
+        return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
+    failures = []
+    for attempt in ranked:
+        outcome = run_replay(model, mode, ctx.settings, steps=ctx.options.replay_steps,
+                             ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
+        ctx.emit(state["run_id"], "replay",
+                 f"#{attempt['iteration']} {outcome.status}: {outcome.reason} (replay #{outcome.replay_id}, "
+                 f"{ctx.options.replay_steps} {mode} steps)",
+                 {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
+                  "status": outcome.status, "left_band_step": outcome.left_band_step})
+        if outcome.status == "pass":
+            return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
+                             "model": model, "mode": mode, "steps": ctx.options.replay_steps}}
+        failures.append(f"#{attempt['iteration']} {outcome.reason}")
+    return {"gate": {"candidate_id": None}, "status": RunStatus.BLOCKED,
+            "reason": f"every passing candidate failed the replay gate: {'; '.join(failures)}"}
 
-    def promote(state: PortState) -> dict:
-        decision = None
-        if ctx.options.approve:  # first thing in the node: on resume the node runs again from here with the answer
-            decision = interrupt({"run_id": state["run_id"], "question": "promote the best passing candidate?"})
-            if not decision.get("approved"):
-                reason = f"not promoted at review: {decision.get('why') or 'no reason given'}"
-                ctx.emit(state["run_id"], "promote", reason)
-                return {"status": RunStatus.REJECTED, "reason": reason}
-        best = gated_candidate(state)
-        source = Path(best["path"]).read_text()
-        manifest = {
-            "block": ctx.spec.name, "template": best["template"], "params": best["params"],
-            "source_hash": source_hash(source), "run_id": state["run_id"], "candidate_id": best["candidate_id"],
-            "promoted_at": utcnow().isoformat(timespec="seconds"), "workbench_version": __version__,
-            "verification": {"backend": ctx.backend.name, "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
-                             "seeds": ctx.options.seeds, "verdict": best["verdict"], "message": best["message"],
-                             "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.options.forward_only},
-            "launch_settings": launch_settings(source),
-            "evidence": best.get("evidence", {}), "modelled": best.get("modelled", {}),
-            **({"measured": best["measured"]} if best.get("measured") else {}),
-            "replay": {k: v for k, v in state.get("gate", {}).items() if k != "candidate_id"},
-        }
-        if decision is not None:
-            manifest["approval"] = {k: v for k, v in decision.items() if k in ("approved", "why", "by")}
-        dest = promote_file(best["path"], ctx.settings.operators_dir, ctx.spec.name, manifest)
-        reason = f"promoted {best['template']} ({format_point(best['params'])}), worst error " \
-                 f"{best['worst_ratio']:.2f} of the bound, {len(state['passing'])} passing"
-        ctx.emit(state["run_id"], "promote", f"{reason} -> {dest}", {"operator": str(dest)})
-        return {"status": RunStatus.PROMOTED, "operator_path": str(dest), "reason": reason}
+def promote(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    decision = None
+    if ctx.options.approve:  # first thing in the node: on resume the node runs again from here with the answer
+        decision = interrupt({"run_id": state["run_id"], "question": "promote the best passing candidate?"})
+        if not decision.get("approved"):
+            reason = f"not promoted at review: {decision.get('why') or 'no reason given'}"
+            ctx.emit(state["run_id"], "promote", reason)
+            return {"status": RunStatus.REJECTED, "reason": reason}
+    best = gated_candidate(state)
+    source = Path(best["path"]).read_text()
+    manifest = {
+        "block": ctx.spec.name, "template": best["template"], "params": best["params"],
+        "source_hash": source_hash(source), "run_id": state["run_id"], "candidate_id": best["candidate_id"],
+        "promoted_at": utcnow().isoformat(timespec="seconds"), "workbench_version": __version__,
+        "verification": {"backend": ctx.backend.name, "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
+                         "seeds": ctx.options.seeds, "verdict": best["verdict"], "message": best["message"],
+                         "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.options.forward_only},
+        "launch_settings": launch_settings(source),
+        "evidence": best.get("evidence", {}), "modelled": best.get("modelled", {}),
+        **({"measured": best["measured"]} if best.get("measured") else {}),
+        "replay": {k: v for k, v in state.get("gate", {}).items() if k != "candidate_id"},
+    }
+    if decision is not None:
+        manifest["approval"] = {k: v for k, v in decision.items() if k in ("approved", "why", "by")}
+    dest = promote_file(best["path"], ctx.settings.operators_dir, ctx.spec.name, manifest)
+    reason = f"promoted {best['template']} ({format_point(best['params'])}), worst error " \
+             f"{best['worst_ratio']:.2f} of the bound, {len(state['passing'])} passing"
+    ctx.emit(state["run_id"], "promote", f"{reason} -> {dest}", {"operator": str(dest)})
+    return {"status": RunStatus.PROMOTED, "operator_path": str(dest), "reason": reason}
 
-    def record(state: PortState) -> dict:
-        status, reason = state.get("status"), state.get("reason", "")
-        best_id = None
-        if status in (RunStatus.PROMOTED, RunStatus.REJECTED):
-            best_id = gated_candidate(state)["candidate_id"]
-        elif state.get("gate", {}).get("candidate_id", 0) is None:  # passing candidates, none held its curve
-            status, best_id = RunStatus.BLOCKED, min(state["passing"], key=lambda a: a["worst_ratio"])["candidate_id"]
-        else:
-            status = RunStatus.BLOCKED
-            tried = [h for h in state.get("history", []) if h.get("candidate_id")]
-            if tried:
-                best = min(tried, key=lambda a: a.get("worst_ratio", float("inf")))
-                best_id = best["candidate_id"]
-                last = state.get("diagnosis", {})
-                reason = f"{reason}; no passing candidate in {state['attempt']}; closest #{best['iteration']} " \
-                         f"{best['template']} ({best.get('verdict')}); last diagnosis {last.get('class')}: " \
-                         f"{last.get('reason', '')}"
-        records.finish_run(ctx.engine, state["run_id"], status, reason, operator_path=state.get("operator_path"),
-                           best_candidate_id=best_id)
-        ctx.emit(state["run_id"], "record", f"{status}: {reason}")
-        return {"status": status, "reason": reason}
+def record(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    status, reason = state.get("status"), state.get("reason", "")
+    best_id = None
+    if status in (RunStatus.PROMOTED, RunStatus.REJECTED):
+        best_id = gated_candidate(state)["candidate_id"]
+    elif state.get("gate", {}).get("candidate_id", 0) is None:  # passing candidates, none held its curve
+        status, best_id = RunStatus.BLOCKED, min(state["passing"], key=lambda a: a["worst_ratio"])["candidate_id"]
+    else:
+        status = RunStatus.BLOCKED
+        tried = [h for h in state.get("history", []) if h.get("candidate_id")]
+        if tried:
+            best = min(tried, key=lambda a: a.get("worst_ratio", float("inf")))
+            best_id = best["candidate_id"]
+            last = state.get("diagnosis", {})
+            reason = f"{reason}; no passing candidate in {state['attempt']}; closest #{best['iteration']} " \
+                     f"{best['template']} ({best.get('verdict')}); last diagnosis {last.get('class')}: " \
+                     f"{last.get('reason', '')}"
+    records.finish_run(ctx.engine, state["run_id"], status, reason, operator_path=state.get("operator_path"),
+                       best_candidate_id=best_id)
+    ctx.emit(state["run_id"], "record", f"{status}: {reason}")
+    return {"status": status, "reason": reason}
 
-    graph = StateGraph(PortState)
-    for name, fn in [("plan", plan), ("render", render), ("compile", compile_node), ("verify", verify),
-                     ("diagnose", diagnose_node), ("revise", revise), ("replay_gate", replay_gate),
-                     ("promote", promote), ("record", record)]:
-        graph.add_node(name, fn)
+
+# --- routers: which node follows, from the state alone ----------------------------------------------------------
+
+def after_plan(state: PortState) -> str:
+    return "render" if state["proposal"] else "record"
+
+
+def after_render(state: PortState) -> str:
+    """A template that did not render has its verdict already: straight to the diagnosis."""
+    return "diagnose" if state["current"].get("verdict") else "contract"
+
+
+def after_contract(state: PortState) -> str:
+    return "diagnose" if state["current"].get("verdict") else "verify"
+
+
+def after_verify(state: PortState) -> str:
+    """A pass collects the candidate (the gate once ``explore`` have passed); anything else is diagnosed."""
+    if state["current"]["verdict"] != "pass":
+        return "diagnose"
+    return "replay_gate" if len(state["passing"]) >= state["explore"] else "revise"
+
+
+def after_revise(state: PortState) -> str:
+    """Another proposal is rendered; with none left, the passing candidates go to the gate, else the run ends."""
+    return "render" if state["proposal"] else ("replay_gate" if state["passing"] else "record")
+
+
+def after_replay_gate(state: PortState) -> str:
+    return "promote" if state["gate"]["candidate_id"] else "record"
+
+
+NODES = {"plan": plan, "render": render, "contract": check_contract, "verify": verify, "diagnose": diagnose_failure,
+         "revise": revise, "replay_gate": replay_gate, "promote": promote, "record": record}
+
+
+def build_graph(checkpointer=None):
+    """The compiled StateGraph of a port; run it with ``context=PortContext(...)`` (LangGraph's runtime context,
+    which each node reads as ``runtime.context``) and the input {"run_id", "block", "budget", "explore",
+    "history", "passing"}. With a checkpointer (thread_id = the run id) a run can be resumed and approval can
+    interrupt it."""
+    graph = StateGraph(PortState, context_schema=PortContext)
+    for name, node in NODES.items():
+        graph.add_node(name, node)
     graph.add_edge(START, "plan")
-    graph.add_conditional_edges("plan", lambda s: "render" if s["proposal"] else "record", ["render", "record"])
-    graph.add_conditional_edges("render", lambda s: "diagnose" if s["current"].get("verdict") else "compile",
-                                ["compile", "diagnose"])
-    graph.add_conditional_edges("compile", lambda s: "diagnose" if s["current"].get("verdict") else "verify",
-                                ["verify", "diagnose"])
-    graph.add_conditional_edges(
-        "verify",
-        lambda s: ("replay_gate" if len(s["passing"]) >= s["explore"] else "revise")
-        if s["current"]["verdict"] == "pass" else "diagnose",
-        ["replay_gate", "revise", "diagnose"])
+    graph.add_conditional_edges("plan", after_plan, ["render", "record"])
+    graph.add_conditional_edges("render", after_render, ["contract", "diagnose"])
+    graph.add_conditional_edges("contract", after_contract, ["verify", "diagnose"])
+    graph.add_conditional_edges("verify", after_verify, ["replay_gate", "revise", "diagnose"])
     graph.add_edge("diagnose", "revise")
-    graph.add_conditional_edges(
-        "revise", lambda s: "render" if s["proposal"] else ("replay_gate" if s["passing"] else "record"),
-        ["render", "replay_gate", "record"])
-    graph.add_conditional_edges("replay_gate", lambda s: "promote" if s["gate"]["candidate_id"] else "record",
-                                ["promote", "record"])
+    graph.add_conditional_edges("revise", after_revise, ["render", "replay_gate", "record"])
+    graph.add_conditional_edges("replay_gate", after_replay_gate, ["promote", "record"])
     graph.add_edge("promote", "record")
     graph.add_edge("record", END)
     return graph.compile(checkpointer=checkpointer)

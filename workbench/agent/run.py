@@ -207,7 +207,7 @@ def _checkpointed(ctx: PortContext) -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(str(path), check_same_thread=False)
     try:
-        yield build_graph(ctx, checkpointer=SqliteSaver(conn, serde=CHECKPOINT_SERDE))
+        yield build_graph(checkpointer=SqliteSaver(conn, serde=CHECKPOINT_SERDE))
     finally:
         conn.close()
 
@@ -218,7 +218,8 @@ def _drive(ctx: PortContext, run_id: str, budget: int, given: dict | Command | N
     config = _thread(run_id, budget)
     with _checkpointed(ctx) as graph:
         try:
-            for mode, chunk in graph.stream(given, config, stream_mode=["updates", "custom"], durability="sync"):
+            for mode, chunk in graph.stream(given, config, context=ctx, stream_mode=["updates", "custom"],
+                                            durability="sync"):
                 if mode == "custom" and ctx.on_event:
                     ctx.on_event(chunk["node"], chunk["message"], chunk["data"])
         except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """The graph's state: plain JSON-able values only (it is checkpointed); the spec, templates and store live in the
-PortContext the nodes close over."""
+PortContext each node reads from LangGraph's runtime context; the options a run was started with (PortOptions) are
+stored with the run."""
 
 from __future__ import annotations
 
