@@ -7,10 +7,12 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from sqlmodel import Session, select
 from typer.testing import CliRunner
 
 from workbench.cli import app
 from workbench.operators import promote_file
+from workbench.store import CIJob, get_engine
 from workbench.templating import load_template
 from workbench.verify.harness import source_hash
 
@@ -50,6 +52,8 @@ def test_ci_passes_on_intact_operators_and_the_junit_lists_every_check(settings,
         assert {(f"operators.{block}", key) for key in entry["checks"]} <= names
     assert ("operators.rmsnorm", "grad:weight float16") in names and ("operators.swiglu", "integrity") in names
     assert suite.get("failures") == "0"
+    with Session(get_engine(settings.db_url)) as s:
+        assert s.exec(select(CIJob).order_by(CIJob.id.desc())).first().junit_path == str(junit)
 
 
 def test_a_wrong_gradient_fails_exactly_that_operator(settings, tmp_path, baseline):

@@ -213,6 +213,12 @@ def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: 
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
+def record_junit(settings: Settings, job: CIJob, path: Path) -> None:
+    """The job's row says where its JUnit report was written."""
+    with session_scope(get_engine(settings.db_url)) as s:
+        s.get(CIJob, job.id).junit_path = str(path)
+
+
 def write_baseline(settings: Settings, job: CIJob) -> Path:
     """operators/ci_baseline.json from ``job``: every operator it verified, and with --changed-only the last results
     of those it left alone; an entry of a block no longer promoted is dropped."""

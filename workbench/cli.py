@@ -610,7 +610,7 @@ def ci(
 ) -> None:
     """Re-verify every promoted operator against the last recorded results and replay short loss curves with them:
     exit 1 on a regression."""
-    from workbench.ci import CI_REPLAYS, run_ci, write_baseline, write_junit
+    from workbench.ci import CI_REPLAYS, record_junit, run_ci, write_baseline, write_junit
 
     settings = Settings.load(db, operators)
 
@@ -629,6 +629,7 @@ def ci(
                                           on_replay=show_replay, targets=_targets(targets))
     if junit:
         write_junit(junit, job, reports, replay_reports)
+        record_junit(settings, job, junit)
     if update_baseline:
         write_baseline(settings, job)
     regressions = job.summary["regressions"]

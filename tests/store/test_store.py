@@ -94,7 +94,7 @@ def test_engine_is_cached_per_url_and_creates_tables(tmp_path, store_url, engine
     assert get_engine(store_url) is engine
     assert get_engine(f"sqlite:///{tmp_path / 'other.db'}") is not engine
     tables = set(sa_inspect(engine).get_table_names())
-    assert {"port_run", "run_step", "candidate", "verification_check", "benchmark", "model", "block",
+    assert {"port_run", "run_step", "candidate", "verification_check", "benchmark",
             "loss_replay", "ci_job"} <= tables
 
 

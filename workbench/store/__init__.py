@@ -3,17 +3,15 @@
 from workbench.store.db import get_engine, session_scope
 from workbench.store.models import (
     Benchmark,
-    BlockRow,
     Candidate,
     CIJob,
     LossReplay,
-    ModelCardRow,
     PortRun,
     RunStep,
     VerificationCheck,
 )
 
 __all__ = [
-    "Benchmark", "BlockRow", "CIJob", "Candidate", "LossReplay", "ModelCardRow", "PortRun", "RunStep",
+    "Benchmark", "CIJob", "Candidate", "LossReplay", "PortRun", "RunStep",
     "VerificationCheck", "get_engine", "session_scope",
 ]

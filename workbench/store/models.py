@@ -15,24 +15,6 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class ModelCardRow(SQLModel, table=True):
-    """A model card as last synced from workbench/models/*.yaml."""
-
-    __tablename__ = "model"
-    name: str = Field(primary_key=True)
-    title: str
-    card: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
-    synced_at: datetime = Field(default_factory=utcnow)
-
-
-class BlockRow(SQLModel, table=True):
-    __tablename__ = "block"
-    name: str = Field(primary_key=True)
-    family: str
-    summary: str
-    synced_at: datetime = Field(default_factory=utcnow)
-
-
 class PortRun(SQLModel, table=True):
     """One agent run porting one block. status: running, promoted, blocked, interrupted, failed, waiting_approval
     (paused before promotion until `workbench approve` or `reject`), rejected. A resumed run is running again;
