@@ -37,7 +37,10 @@ def target_settings(device) -> dict:
             **LAUNCH_SETTINGS.get(target, {})}
 # Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps hold a [BT, BD] tile and its W shifted
 # copies in 150-255 registers a thread, 2 CTAs (8 warps) per SM, too few to keep HBM busy; 8 warps halve that.
-LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
+# On sm_90a the backward's 134 registers a thread at 8 warps hold one CTA (8 warps) an SM; capped at 128 it holds
+# two, without spilling (sm_80 and sm_100a would spill 8 B/thread under the cap, so they keep one).
+LAUNCH_SETTINGS = {"default": {"num_warps": 4, "bwd_options": {}}, "cuda": {"num_warps": 8},
+                   "sm_90a": {"bwd_options": {"maxnreg": 128}}}
 
 
 @triton.jit
@@ -143,7 +146,8 @@ class ShortConvFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x_c, w_c = ctx.saved_tensors
         b, t, d = x_c.shape
-        warps = target_settings(x_c.device)["num_warps"]
+        settings = target_settings(x_c.device)
+        warps = settings["num_warps"]
         dy_c = dy.contiguous()
         grid = (b * triton.cdiv(t, BT), triton.cdiv(d, BD))
         dx = torch.empty_like(x_c)
@@ -153,7 +157,7 @@ class ShortConvFunction(torch.autograd.Function):
             kda_short_conv_dpre_kernel[grid](x_c, w_c, dy_c, dpre, t, d, W=w_c.shape[1], BT=BT, BD=BD,
                                              num_warps=warps)
             kda_short_conv_bwd_kernel[grid](x_c, w_c, dpre, dx, dwp, t, d, W=w_c.shape[1], BT=BT, BD=BD,
-                                            num_warps=warps)
+                                            num_warps=warps, **settings["bwd_options"])
         return dx, _reduce_weight_grads(dwp, w_c)
 
 
