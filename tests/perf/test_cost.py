@@ -87,6 +87,13 @@ def test_too_few_resident_warps_slow_a_memory_bound_kernel_more_than_a_compute_b
     one_cta = cost.estimate("lora_linear", gemm, "sm_90a", [_build(ctas_per_sm=1, num_warps=8, uses_dot=True,
                                                                    tensor_cores=True)])
     assert one_cta.bound == "compute" and one_cta.time_s == one_cta.floor_s
+    # a pipelined dot kernel keeps num_stages - 1 tile loads in flight per warp: one CTA of 8 warps at 3 stages is
+    # enough for the memory-bound roof, at 1 stage it is not
+    piped = cost.estimate("rmsnorm", rows, "sm_90a", [_build(ctas_per_sm=1, num_warps=8, num_stages=3, uses_dot=True,
+                                                             tensor_cores=True)])
+    flat = cost.estimate("rmsnorm", rows, "sm_90a", [_build(ctas_per_sm=1, num_warps=8, num_stages=1, uses_dot=True,
+                                                            tensor_cores=True)])
+    assert piped.time_s == piped.floor_s and flat.time_s == pytest.approx(2 * flat.floor_s)
     # spills and occupancy of one kernel multiply; the worst kernel's product applies
     both = cost.estimate("rmsnorm", rows, "sm_90a", [_build(ctas_per_sm=2, num_warps=4, spilled_bytes=512),
                                                      _build("k_bwd_kernel", spilled_bytes=1024)])

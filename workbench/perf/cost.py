@@ -16,7 +16,8 @@ Penalties, from the model-suite builds of an operator on a target (``workbench.v
     spilled bytes per thread: time x (1 + spilled / register bytes per thread), at most x5;
     occupancy: fewer resident warps per SM than the roof needs to hide memory latency (a quarter of the SM's
         warps for a memory-bound block, an eighth for a compute-bound one, which hides latency in its tiles) slow
-        the kernel by need / resident, at most x4;
+        the kernel by need / resident, at most x4; a dot kernel's warps count once per pipelined load in flight
+        (num_stages - 1);
     the two multiply, per kernel, and the dominant kernel's product applies.
 Not modelled: idle SMs of a grid smaller than the machine, wave quantization, and L2 reuse (the floor assumes
 every input is read from HBM once).
@@ -247,9 +248,12 @@ def _kernel_penalty(build: dict, target: str, bound: str) -> tuple[float, list[s
     if ctas and warps and target in TARGETS:
         most = TARGETS[target].max_warps_per_sm
         need = OCCUPANCY_NEED[bound] * most
-        if ctas * warps < need:
-            factor *= min(OCCUPANCY_PENALTY_CAP, need / (ctas * warps))
-            reasons.append(f"{ctas * warps} of {most} warps resident per SM (needs {need:g})")
+        # a dot kernel's loop is software-pipelined: each stage past the first keeps one more tile load in flight
+        depth = max(1, (build.get("num_stages") or 1) - 1) if build.get("uses_dot") else 1
+        if ctas * warps * depth < need:
+            factor *= min(OCCUPANCY_PENALTY_CAP, need / (ctas * warps * depth))
+            piped = f" x {depth} pipelined loads" if depth > 1 else ""
+            reasons.append(f"{ctas * warps} of {most} warps resident per SM{piped} (needs {need:g})")
     return factor, reasons
 
 
