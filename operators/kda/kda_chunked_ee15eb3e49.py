@@ -46,15 +46,20 @@ def target_settings(device) -> dict:
 # over thousands of chunks amplify operand rounding; plain tf32 or bf16 operands lose ~1e-3 per product). On GPUs
 # that accuracy comes from the tensor cores through split operands: 3xTF32 on NVIDIA, 6xBF16 on AMD (CDNA has no
 # TF32 split); the interpreter multiplies in float32 itself.
-# KB: key columns per register tile of the kernels that span all K (prep, solve, the state passes, wy_bwd). A
-# [BT, K] or [K, BV] float32 tile at K = 128 overflowed the 255 registers of sm_90a (spills before this split:
-# state_bwd 2552, state_fwd 1936, wy_bwd 1024, prep 704, solve 104 B/thread); 64 columns is fla's choice (its
-# b_h1..b_h4). The state passes hold K / KB accumulators (at most 4: KB grows past 64 for K > 256). The interpreter
-# takes 8 so that the small verification shapes (K <= 32) run every one of the four state accumulators.
+# KB: key columns per register tile of the kernels that span all K (prep, solve, the state passes, wy_bwd). Whole
+# [BT, K] and [K, BV] float32 tiles at K = 128 overflowed the 255 registers of sm_90a (B/thread spilled with one
+# [K, BV] state on 8 warps, BV 32, the rest on 4 warps: state_bwd 2552, state_fwd 1936, wy_bwd 1024, prep 704,
+# solve 104, intra_fwd 80). The state passes hold K / KB accumulators (at most 4: KB grows past 64 for K > 256), as
+# fla's b_h1..b_h4. Measured on sm_90a at the model suite with BV 16: KB 32 spills least (state_fwd 376 on 4 warps,
+# 504 on 8; state_bwd 1928 on 8 warps, 2384 on 4; KB 64: 1128 and 2528), and 8 warps for the kernels parallel over
+# chunks take prep, intra_fwd to 0, solve to 80 and wy_bwd to 608 (776 on 4). AMD keeps 64 columns (gfx942:
+# state_fwd 44, state_bwd 292, the rest 0). The interpreter takes 8 so that the small verification shapes (K <= 32)
+# run every one of the four state accumulators. What still spills on sm_90a is mostly the 3xTF32 split (state_bwd
+# with plain tf32 operands would spill 512), kept for the accuracy above.
 LAUNCH_SETTINGS = {
     "default": {"num_warps": 4, "state_fwd_warps": 8, "state_bwd_warps": 8, "state_stages": 1, "KB": 64},
     "interpreter": {"DOT": "ieee", "KB": 8},
-    "cuda": {"DOT": "tf32x3", "KB": 32, "state_fwd_warps": 4},
+    "cuda": {"DOT": "tf32x3", "KB": 32, "num_warps": 8, "state_fwd_warps": 4},
     "hip": {"DOT": "bf16x6"},
 }
 
