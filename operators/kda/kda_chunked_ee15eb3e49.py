@@ -1,7 +1,7 @@
 """kda candidate rendered from templates/kda/chunked.py.j2.
 
 chunked WY form, forward and backward; tl.dot within and across chunks, the state carried chunk to chunk
-params: BT=64, BC=16, BV=32, KC=32, num_warps=4
+params: BT=64, BC=16, BV=16, KC=32, num_warps=4
 """
 import torch
 import triton
@@ -16,7 +16,7 @@ BLOCK = "kda"
 TEMPLATE = "chunked"
 BT = 64  # chunk length: the WY transform runs within a chunk, the state is carried from chunk to chunk
 BC = 16  # sub-chunk: pairs in different sub-chunks use tl.dot, pairs within one use exact per-pair decays
-BV = 32  # value columns per program of the state passes
+BV = 16  # value columns per program of the state passes
 KC = 32  # key columns per tile of the intra-chunk kernels (capped at K rounded up to a power of two)
 # Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
 # backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
@@ -46,10 +46,20 @@ def target_settings(device) -> dict:
 # over thousands of chunks amplify operand rounding; plain tf32 or bf16 operands lose ~1e-3 per product). On GPUs
 # that accuracy comes from the tensor cores through split operands: 3xTF32 on NVIDIA, 6xBF16 on AMD (CDNA has no
 # TF32 split); the interpreter multiplies in float32 itself.
+# KB: key columns per register tile of the kernels that span all K (prep, solve, the state passes, wy_bwd). Whole
+# [BT, K] and [K, BV] float32 tiles at K = 128 overflowed the 255 registers of sm_90a (B/thread spilled with one
+# [K, BV] state on 8 warps, BV 32, the rest on 4 warps: state_bwd 2552, state_fwd 1936, wy_bwd 1024, prep 704,
+# solve 104, intra_fwd 80). The state passes hold K / KB accumulators (at most 4: KB grows past 64 for K > 256), as
+# fla's b_h1..b_h4. Measured on sm_90a at the model suite with BV 16: KB 32 spills least (state_fwd 376 on 4 warps,
+# 504 on 8; state_bwd 1928 on 8 warps, 2384 on 4; KB 64: 1128 and 2528), and 8 warps for the kernels parallel over
+# chunks take prep, intra_fwd to 0, solve to 80 and wy_bwd to 608 (776 on 4). AMD keeps 64 columns (gfx942:
+# state_fwd 44, state_bwd 292, the rest 0). The interpreter takes 8 so that the small verification shapes (K <= 32)
+# run every one of the four state accumulators. What still spills on sm_90a is mostly the 3xTF32 split (state_bwd
+# with plain tf32 operands would spill 512), kept for the accuracy above.
 LAUNCH_SETTINGS = {
-    "default": {"num_warps": 4, "state_warps": 8, "state_stages": 1},
-    "interpreter": {"DOT": "ieee"},
-    "cuda": {"DOT": "tf32x3"},
+    "default": {"num_warps": 4, "state_fwd_warps": 8, "state_bwd_warps": 8, "state_stages": 1, "KB": 64},
+    "interpreter": {"DOT": "ieee", "KB": 8},
+    "cuda": {"DOT": "tf32x3", "KB": 32, "num_warps": 8, "state_fwd_warps": 4},
     "hip": {"DOT": "bf16x6"},
 }
 
@@ -63,23 +73,25 @@ LAUNCH_SETTINGS = {
 
 
 @triton.jit
-def kda_chunk_prep_kernel(q, k, g, qs, ks, gc, scale, T, H, HV, K, TP, BT: tl.constexpr, BK: tl.constexpr):
+def kda_chunk_prep_kernel(q, k, g, qs, ks, gc, scale, T, H, HV, K, TP, BT: tl.constexpr, BK: tl.constexpr,
+                          KB: tl.constexpr):
     """Per (chunk, batch x value head): gc = g cumulated within the chunk (inclusive); the first value head of each
-    GVA group also copies its q/k head into qs = scale q and ks = k."""
+    GVA group also copies its q/k head into qs = scale q and ks = k. KB key columns at a time."""
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     ot = i_t * BT + tl.arange(0, BT)
-    ok = tl.arange(0, BK)
-    m_tk = (ot < T)[:, None] & (ok < K)[None, :]
-    o_tk = ot[:, None] * BK + ok[None, :]
-    b_g = tl.load(g + ((i_b * T + ot[:, None]) * HV + i_hv) * K + ok[None, :], mask=m_tk, other=0.0)
-    tl.store(gc + i_bh * TP * BK + o_tk, tl.associative_scan(b_g.to(tl.float32), 0, add))
-    if i_hv % (HV // H) == 0:
-        p_in = ((i_b * T + ot[:, None]) * H + i_h) * K + ok[None, :]
-        p_out = (i_b * H + i_h) * TP * BK + o_tk
-        tl.store(qs + p_out, tl.load(q + p_in, mask=m_tk, other=0.0).to(tl.float32) * scale)
-        tl.store(ks + p_out, tl.load(k + p_in, mask=m_tk, other=0.0).to(tl.float32))
+    for c0 in range(0, BK, KB):
+        ok = c0 + tl.arange(0, KB)
+        m_tk = (ot < T)[:, None] & (ok < K)[None, :]
+        o_tk = ot[:, None] * BK + ok[None, :]
+        b_g = tl.load(g + ((i_b * T + ot[:, None]) * HV + i_hv) * K + ok[None, :], mask=m_tk, other=0.0)
+        tl.store(gc + i_bh * TP * BK + o_tk, tl.associative_scan(b_g.to(tl.float32), 0, add))
+        if i_hv % (HV // H) == 0:
+            p_in = ((i_b * T + ot[:, None]) * H + i_h) * K + ok[None, :]
+            p_out = (i_b * H + i_h) * TP * BK + o_tk
+            tl.store(qs + p_out, tl.load(q + p_in, mask=m_tk, other=0.0).to(tl.float32) * scale)
+            tl.store(ks + p_out, tl.load(k + p_in, mask=m_tk, other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -136,7 +148,8 @@ def kda_chunk_intra_fwd_kernel(qs, ks, gc, aa, aqk, H, HV, TP, BT: tl.constexpr,
 
 @triton.jit
 def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, BT: tl.constexpr,
-                           LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+                           LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
+                           DOT: tl.constexpr):
     """Per chunk: M = (I + L)^-1 with L = diag(beta) aa (strictly lower), then with Tm = M diag(beta):
     w = Tm (exp(G) k) and u = Tm v; M is kept for the backward.
     The inverse doubles its diagonal blocks: X starts as I (1 x 1 blocks); with blocks of s rows inverted, each pair
@@ -147,7 +160,6 @@ def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, B
     i_h = i_hv // (HV // H)
     ot = i_t * BT + tl.arange(0, BT)
     oc = tl.arange(0, BT)
-    ok = tl.arange(0, BK)
     mt = ot < T
     o_tt = (i_bh * TP + ot[:, None]) * BT + oc[None, :]
     b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
@@ -160,9 +172,10 @@ def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, B
         b_m -= tl.dot(b_m, tl.dot(b_p, b_m, input_precision=DOT), input_precision=DOT)
     tl.store(mm + o_tt, b_m)
     b_tm = b_m * b_beta[None, :]
-    o_tk = ot[:, None] * BK + ok[None, :]
-    b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
-    tl.store(w + i_bh * TP * BK + o_tk, tl.dot(b_tm, b_kh, input_precision=DOT))
+    for c0 in range(0, BK, KB):
+        o_tk = ot[:, None] * BK + c0 + tl.arange(0, KB)[None, :]
+        b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
+        tl.store(w + i_bh * TP * BK + o_tk, tl.dot(b_tm, b_kh, input_precision=DOT))
     for i_v in range(NV):
         ov = i_v * BV + tl.arange(0, BV)
         b_v = tl.load(v + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :], mask=mt[:, None] & (ov < V)[None, :],
@@ -171,104 +184,217 @@ def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, B
                  mask=(ov < V)[None, :])
 
 
+# The state passes keep the state (or its gradient) as up to four [KB, BV] accumulators, key columns c0..c0+KB of
+# [BK, BV], and read the chunk's [BT, BK] operands KB columns at a time, each block loaded where it is used: fewer
+# live float32 tiles than one [BK, BV] state with whole [BT, BK] operands. The helpers below do one block's share.
+
+
+@triton.jit
+def _kda_state_load(p, c0, okb, ov, K, V):
+    """Key rows c0..c0+KB of a [K, V] state in memory (zero past K and V), as float32."""
+    ok = c0 + okb
+    return tl.load(p + ok[:, None] * V + ov[None, :], mask=(ok < K)[:, None] & (ov < V)[None, :],
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _kda_state_store(p, s, c0, okb, ov, K, V):
+    ok = c0 + okb
+    tl.store(p + ok[:, None] * V + ov[None, :], s.to(p.dtype.element_ty), mask=(ok < K)[:, None] & (ov < V)[None, :])
+
+
+@triton.jit
+def _kda_fwd_read(s, c0, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT: tl.constexpr):
+    """One key block's share of U = u - w S and of o = (q~ exp(G)) S."""
+    b_vn -= tl.dot(tl.load(p_w + c0 + o_ck), s, input_precision=DOT)
+    b_o += tl.dot(tl.load(p_q + c0 + o_ck) * tl.exp(tl.load(p_g + c0 + o_ck)), s, input_precision=DOT)
+    return b_vn, b_o
+
+
+@triton.jit
+def _kda_fwd_step(s, c0, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT: tl.constexpr):
+    """One key block of S = exp(G_last) S + (exp(G_last - G) k)^T U."""
+    b_gl = tl.load(p_gl + c0 + okb)
+    b_kb = tl.load(p_k + c0 + o_ck) * tl.exp(b_gl[None, :] - tl.load(p_g + c0 + o_ck))
+    return s * tl.exp(b_gl)[:, None] + tl.dot(tl.trans(b_kb), b_vn, input_precision=DOT)
+
+
 @triton.jit
 def kda_chunk_state_fwd_kernel(qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, T, H, HV, K, V, TP, NT,
-                               HAS_H0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
-    """One (V tile, batch x value head) per program, chunk after chunk, the state S [BK, BV] (float32) in registers:
+                               HAS_H0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                               KB: tl.constexpr, DOT: tl.constexpr):
+    """One (V tile, batch x value head) per program, chunk after chunk, the state S [BK, BV] (float32) in registers
+    as BK / KB blocks s1..s4 of KB key rows:
         U = u - w S;  o = (q~ exp(G)) S + aqk U;  S = exp(G_last) S + (exp(G_last - G) k)^T U
     Keeps the state before each chunk (hs) and U (vn) for the backward."""
-    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    NKB: tl.constexpr = BK // KB
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # V tile offsets stay int32 (fewer registers)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
-    ok = tl.arange(0, BK)
+    okb = tl.arange(0, KB)
     ov = i_v * BV + tl.arange(0, BV)
     oc = tl.arange(0, BT)
     mv = ov < V
-    o_ck = oc[:, None] * BK + ok[None, :]
+    o_ck = oc[:, None] * BK + okb[None, :]
     o_cv = oc[:, None] * V + ov[None, :]
-    o_kv = ok[:, None] * V + ov[None, :]
-    m_kv = (ok < K)[:, None] & mv[None, :]
-    s = tl.full([BK, BV], 0.0, tl.float32)
+    p_h0 = h0 + i_bh * K * V
+    s1 = tl.full([KB, BV], 0.0, tl.float32)
     if HAS_H0:
-        s += tl.load(h0 + i_bh * K * V + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(tl.float32)
+        s1 = _kda_state_load(p_h0, 0, okb, ov, K, V)
+    if NKB >= 2:
+        s2 = tl.full([KB, BV], 0.0, tl.float32)
+        if HAS_H0:
+            s2 = _kda_state_load(p_h0, KB, okb, ov, K, V)
+    if NKB >= 4:
+        s3 = tl.full([KB, BV], 0.0, tl.float32)
+        s4 = tl.full([KB, BV], 0.0, tl.float32)
+        if HAS_H0:
+            s3 = _kda_state_load(p_h0, 2 * KB, okb, ov, K, V)
+            s4 = _kda_state_load(p_h0, 3 * KB, okb, ov, K, V)
     for i_t in range(NT):
-        tl.store(hs + (i_bh * NT + i_t) * BK * V + o_kv, s, mask=mv[None, :])
         r0 = i_t * BT
-        p_qk = (i_b * H + i_h) * TP * BK + r0 * BK + o_ck
-        p_hk = (i_bh * TP + r0) * BK + o_ck
-        p_hv = (i_bh * TP + r0) * V + o_cv
-        b_g = tl.load(gc + p_hk)
-        b_gl = tl.load(gc + (i_bh * TP + r0 + BT - 1) * BK + ok)
-        b_vn = tl.load(u + p_hv, mask=mv[None, :], other=0.0) - tl.dot(tl.load(w + p_hk), s, input_precision=DOT)
-        tl.store(vn + p_hv, b_vn, mask=mv[None, :])
-        b_o = tl.dot(tl.load(qs + p_qk) * tl.exp(b_g), s, input_precision=DOT)
+        p_hs = hs + (i_bh * NT + i_t) * BK * V
+        p_q = qs + (i_b * H + i_h) * TP * BK + r0 * BK
+        p_k = ks + (i_b * H + i_h) * TP * BK + r0 * BK
+        p_g = gc + (i_bh * TP + r0) * BK
+        p_w = w + (i_bh * TP + r0) * BK
+        p_gl = p_g + (BT - 1) * BK
+        p_hv = (i_bh * TP + r0) * V
+        b_vn = tl.load(u + p_hv + o_cv, mask=mv[None, :], other=0.0)
+        b_o = tl.full([BT, BV], 0.0, tl.float32)
+        _kda_state_store(p_hs, s1, 0, okb, ov, BK, V)
+        b_vn, b_o = _kda_fwd_read(s1, 0, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
+        if NKB >= 2:
+            _kda_state_store(p_hs, s2, KB, okb, ov, BK, V)
+            b_vn, b_o = _kda_fwd_read(s2, KB, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
+        if NKB >= 4:
+            _kda_state_store(p_hs, s3, 2 * KB, okb, ov, BK, V)
+            _kda_state_store(p_hs, s4, 3 * KB, okb, ov, BK, V)
+            b_vn, b_o = _kda_fwd_read(s3, 2 * KB, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
+            b_vn, b_o = _kda_fwd_read(s4, 3 * KB, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
+        tl.store(vn + p_hv + o_cv, b_vn, mask=mv[None, :])
         b_o += tl.dot(tl.load(aqk + (i_bh * TP + r0 + oc[:, None]) * BT + oc[None, :]), b_vn, input_precision=DOT)
-        ot = r0 + oc
-        tl.store(o + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :], b_o.to(o.dtype.element_ty),
-                 mask=(ot < T)[:, None] & mv[None, :])
-        b_kb = tl.load(ks + p_qk) * tl.exp(b_gl[None, :] - b_g)
-        s = s * tl.exp(b_gl)[:, None] + tl.dot(tl.trans(b_kb), b_vn, input_precision=DOT)
-    tl.store(ht + i_bh * K * V + ok[:, None] * V + ov[None, :], s.to(ht.dtype.element_ty), mask=m_kv)
+        tl.store(o + ((i_b * T + r0) * HV + i_hv) * V + oc[:, None] * (HV * V) + ov[None, :],
+                 b_o.to(o.dtype.element_ty), mask=(r0 + oc < T)[:, None] & mv[None, :])
+        s1 = _kda_fwd_step(s1, 0, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
+        if NKB >= 2:
+            s2 = _kda_fwd_step(s2, KB, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
+        if NKB >= 4:
+            s3 = _kda_fwd_step(s3, 2 * KB, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
+            s4 = _kda_fwd_step(s4, 3 * KB, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
+    p_ht = ht + i_bh * K * V
+    _kda_state_store(p_ht, s1, 0, okb, ov, K, V)
+    if NKB >= 2:
+        _kda_state_store(p_ht, s2, KB, okb, ov, K, V)
+    if NKB >= 4:
+        _kda_state_store(p_ht, s3, 2 * KB, okb, ov, K, V)
+        _kda_state_store(p_ht, s4, 3 * KB, okb, ov, K, V)
+
+
+@triton.jit
+def _kda_bwd_du(d_s, c0, b_du, p_k, p_g, p_gl, o_ck, okb, DOT: tl.constexpr):
+    """One key block's share of dU: (exp(G_last - G) k) dS."""
+    b_gl = tl.load(p_gl + c0 + okb)
+    b_kb = tl.load(p_k + c0 + o_ck) * tl.exp(b_gl[None, :] - tl.load(p_g + c0 + o_ck))
+    return b_du + tl.dot(b_kb, d_s, input_precision=DOT)
+
+
+@triton.jit
+def _kda_bwd_step(d_s, c0, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl, o_ck, okb, ov,
+                  BK, V, DOT: tl.constexpr):
+    """One key block: its shares of dQh, dw, dKb and dgl, then dS = exp(G_last) dS + (q~ exp(G))^T do - w^T dU."""
+    b_s0 = _kda_state_load(p_s0, c0, okb, ov, BK, V)
+    b_s0t = tl.trans(b_s0)
+    tl.store(p_dqh + c0 + o_ck, tl.dot(b_do, b_s0t, input_precision=DOT))
+    tl.store(p_dw + c0 + o_ck, -tl.dot(b_du, b_s0t, input_precision=DOT))
+    tl.store(p_dkb + c0 + o_ck, tl.dot(b_vn, tl.trans(d_s), input_precision=DOT))
+    b_egl = tl.exp(tl.load(p_gl + c0 + okb))
+    tl.store(p_dgl + c0 + okb, tl.reduce(d_s * b_s0, 1, add) * b_egl)
+    b_qh = tl.load(p_q + c0 + o_ck) * tl.exp(tl.load(p_g + c0 + o_ck))
+    d_s = d_s * b_egl[:, None] + tl.dot(tl.trans(b_qh), b_do, input_precision=DOT)
+    return d_s - tl.dot(tl.trans(tl.load(p_w + c0 + o_ck)), b_du, input_precision=DOT)
 
 
 @triton.jit
 def kda_chunk_state_bwd_kernel(qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, B, T, H, HV,
                                K, V, TP, NT, STORE_DH0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                               BV: tl.constexpr, DOT: tl.constexpr):
-    """Chunks last to first, the state gradient dS [BK, BV] (float32) in registers. With S0 the chunk's initial state:
+                               BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
+    """Chunks last to first, the state gradient dS [BK, BV] (float32) in registers as BK / KB blocks d1..d4 of KB
+    key rows. With S0 the chunk's initial state:
         dU = aqk^T do + (exp(G_last - G) k) dS;  dS = exp(G_last) dS + (q~ exp(G))^T do - w^T dU
     du [B*HV, TP, V] is exact per V tile; this tile's shares of dQh = do S0^T, dw = -dU S0^T, dKb = U dS^T
     ([NV, B*HV, TP, BK]), dgl = exp(G_last) rowsum(dS * S0) ([NV, B*HV, NT, BK]) and daqk = do U^T ([NV, B*HV, TP, BT])
     are summed over V tiles by the kernels that read them."""
-    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    NKB: tl.constexpr = BK // KB
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # V tile offsets stay int32 (fewer registers)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
-    ok = tl.arange(0, BK)
+    okb = tl.arange(0, KB)
     ov = i_v * BV + tl.arange(0, BV)
     oc = tl.arange(0, BT)
     mv = ov < V
-    o_ck = oc[:, None] * BK + ok[None, :]
+    o_ck = oc[:, None] * BK + okb[None, :]
     o_cv = oc[:, None] * V + ov[None, :]
     o_cc = oc[:, None] * BT + oc[None, :]
-    o_kv = ok[:, None] * V + ov[None, :]
-    m_kv = (ok < K)[:, None] & mv[None, :]
     part = i_v * B * HV + i_bh
-    d_s = tl.load(dht + i_bh * K * V + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(tl.float32)
+    p_dht = dht + i_bh * K * V
+    d1 = _kda_state_load(p_dht, 0, okb, ov, K, V)
+    if NKB >= 2:
+        d2 = _kda_state_load(p_dht, KB, okb, ov, K, V)
+    if NKB >= 4:
+        d3 = _kda_state_load(p_dht, 2 * KB, okb, ov, K, V)
+        d4 = _kda_state_load(p_dht, 3 * KB, okb, ov, K, V)
     for ic in range(NT):
         i_t = NT - 1 - ic
         r0 = i_t * BT
-        p_qk = (i_b * H + i_h) * TP * BK + r0 * BK + o_ck
-        p_hk = (i_bh * TP + r0) * BK + o_ck
-        p_hv = (i_bh * TP + r0) * V + o_cv
-        p_part = (part * TP + r0) * BK + o_ck
-        b_g = tl.load(gc + p_hk)
-        b_gl = tl.load(gc + (i_bh * TP + r0 + BT - 1) * BK + ok)
-        b_vn = tl.load(vn + p_hv, mask=mv[None, :], other=0.0)
-        b_s0 = tl.load(hs + (i_bh * NT + i_t) * BK * V + o_kv, mask=mv[None, :], other=0.0)
-        ot = r0 + oc
-        b_do = tl.load(do + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :],
-                       mask=(ot < T)[:, None] & mv[None, :], other=0.0).to(tl.float32)
-        b_kb = tl.load(ks + p_qk) * tl.exp(b_gl[None, :] - b_g)
+        p_q = qs + (i_b * H + i_h) * TP * BK + r0 * BK
+        p_k = ks + (i_b * H + i_h) * TP * BK + r0 * BK
+        p_g = gc + (i_bh * TP + r0) * BK
+        p_w = w + (i_bh * TP + r0) * BK
+        p_gl = p_g + (BT - 1) * BK
+        p_s0 = hs + (i_bh * NT + i_t) * BK * V
+        p_dqh = dqh + (part * TP + r0) * BK
+        p_dw = dw + (part * TP + r0) * BK
+        p_dkb = dkb + (part * TP + r0) * BK
+        p_dgl = dgl + (part * NT + i_t) * BK
+        p_hv = (i_bh * TP + r0) * V
+        b_do = tl.load(do + ((i_b * T + r0) * HV + i_hv) * V + oc[:, None] * (HV * V) + ov[None, :],
+                       mask=(r0 + oc < T)[:, None] & mv[None, :], other=0.0).to(tl.float32)
         b_du = tl.dot(tl.trans(tl.load(aqk + (i_bh * TP + r0) * BT + o_cc)), b_do, input_precision=DOT)
-        b_du += tl.dot(b_kb, d_s, input_precision=DOT)
-        tl.store(du + p_hv, b_du, mask=mv[None, :])
-        b_s0t = tl.trans(b_s0)
-        tl.store(dqh + p_part, tl.dot(b_do, b_s0t, input_precision=DOT))
-        tl.store(dw + p_part, -tl.dot(b_du, b_s0t, input_precision=DOT))
-        tl.store(dkb + p_part, tl.dot(b_vn, tl.trans(d_s), input_precision=DOT))
-        tl.store(dgl + (part * NT + i_t) * BK + ok, tl.reduce(d_s * b_s0, 1, add) * tl.exp(b_gl))
+        b_du = _kda_bwd_du(d1, 0, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
+        if NKB >= 2:
+            b_du = _kda_bwd_du(d2, KB, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
+        if NKB >= 4:
+            b_du = _kda_bwd_du(d3, 2 * KB, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
+            b_du = _kda_bwd_du(d4, 3 * KB, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
+        tl.store(du + p_hv + o_cv, b_du, mask=mv[None, :])
+        b_vn = tl.load(vn + p_hv + o_cv, mask=mv[None, :], other=0.0)
         b_da = tl.dot(b_do, tl.trans(b_vn), input_precision=DOT)
         tl.store(daqk + (part * TP + r0) * BT + o_cc, tl.where(oc[:, None] >= oc[None, :], b_da, 0.0))
-        d_s = d_s * tl.exp(b_gl)[:, None] + tl.dot(tl.trans(tl.load(qs + p_qk) * tl.exp(b_g)), b_do,
-                                                   input_precision=DOT)
-        d_s -= tl.dot(tl.trans(tl.load(w + p_hk)), b_du, input_precision=DOT)
+        d1 = _kda_bwd_step(d1, 0, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl, o_ck,
+                           okb, ov, BK, V, DOT)
+        if NKB >= 2:
+            d2 = _kda_bwd_step(d2, KB, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl, o_ck,
+                               okb, ov, BK, V, DOT)
+        if NKB >= 4:
+            d3 = _kda_bwd_step(d3, 2 * KB, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl,
+                               o_ck, okb, ov, BK, V, DOT)
+            d4 = _kda_bwd_step(d4, 3 * KB, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl,
+                               o_ck, okb, ov, BK, V, DOT)
     if STORE_DH0:
-        tl.store(dh0 + i_bh * K * V + ok[:, None] * V + ov[None, :], d_s.to(dh0.dtype.element_ty), mask=m_kv)
+        p_dh0 = dh0 + i_bh * K * V
+        _kda_state_store(p_dh0, d1, 0, okb, ov, K, V)
+        if NKB >= 2:
+            _kda_state_store(p_dh0, d2, KB, okb, ov, K, V)
+        if NKB >= 4:
+            _kda_state_store(p_dh0, d3, 2 * KB, okb, ov, K, V)
+            _kda_state_store(p_dh0, d4, 3 * KB, okb, ov, K, V)
 
 
 @triton.jit
 def kda_chunk_wy_bwd_kernel(v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, B, T, H, HV, V, TP, NV,
-                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
+                            DOT: tl.constexpr):
     """Per chunk, back through u = Tm v, w = Tm (exp(G) k), Tm = M diag(beta), M = (I + diag(beta) aa)^-1:
         dTm = dU v^T + dw (exp(G) k)^T;  dv = Tm^T dU;  dKh = Tm^T dw;  dM = dTm diag(beta)
         dL = -(M^T dM M^T) below the diagonal;  dbeta_j = sum_i dTm[i, j] M[i, j] + sum_j' dL[j, j'] aa[j, j']
@@ -279,20 +405,21 @@ def kda_chunk_wy_bwd_kernel(v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da,
     i_h = i_hv // (HV // H)
     ot = i_t * BT + tl.arange(0, BT)
     oc = tl.arange(0, BT)
-    ok = tl.arange(0, BK)
     mt = ot < T
     o_tt = (i_bh * TP + ot[:, None]) * BT + oc[None, :]
-    o_tk = ot[:, None] * BK + ok[None, :]
     b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
     b_m = tl.load(mm + o_tt)
     b_tm = b_m * b_beta[None, :]
-    b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
-    p_dw = dw + i_bh * TP * BK + o_tk
-    b_dw = tl.load(p_dw)
-    for i_v in range(1, NV):
-        b_dw += tl.load(p_dw + i_v * B * HV * TP * BK)
-    b_dt = tl.dot(b_dw, tl.trans(b_kh), input_precision=DOT)
-    tl.store(dkh + i_bh * TP * BK + o_tk, tl.dot(tl.trans(b_tm), b_dw, input_precision=DOT))
+    b_dt = tl.full([BT, BT], 0.0, tl.float32)
+    for c0 in range(0, BK, KB):  # KB key columns at a time
+        o_tk = ot[:, None] * BK + c0 + tl.arange(0, KB)[None, :]
+        b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
+        p_dw = dw + i_bh * TP * BK + o_tk
+        b_dw = tl.load(p_dw)
+        for i_v in range(1, NV):
+            b_dw += tl.load(p_dw + i_v * B * HV * TP * BK)
+        b_dt += tl.dot(b_dw, tl.trans(b_kh), input_precision=DOT)
+        tl.store(dkh + i_bh * TP * BK + o_tk, tl.dot(tl.trans(b_tm), b_dw, input_precision=DOT))
     for i_v in range(NV):
         ov = i_v * BV + tl.arange(0, BV)
         m_tv = mt[:, None] & (ov < V)[None, :]
@@ -455,6 +582,7 @@ class KDAChunkFunction(torch.autograd.Function):
         settings = target_settings(v.device)
         dot, warps = settings["DOT"], settings["num_warps"]
         bk = max(16, triton.next_power_of_2(dk))
+        kb = max(min(settings["KB"], bk), bk // 4)         # at most four key blocks in the state passes
         nt = triton.cdiv(t_len, BT)
         tp = nt * BT
         f32 = dict(dtype=torch.float32, device=v.device)
@@ -473,14 +601,15 @@ class KDAChunkFunction(torch.autograd.Function):
         if b * hv > 0:
             grid = (nt, b * hv)
             kda_chunk_prep_kernel[grid](q, k, g, qs, ks, gc, scale, t_len, h, hv, dk, tp, BT=BT, BK=bk,
-                                        num_warps=warps)
+                                        KB=kb, num_warps=warps)
             kda_chunk_intra_fwd_kernel[grid](qs, ks, gc, aa, aqk, h, hv, tp, BT=BT, BC=BC, BK=bk, KC=min(KC, bk),
                                              DOT=dot, num_warps=warps)
             kda_chunk_solve_kernel[grid](v, beta, ks, gc, aa, mm, w, u, t_len, h, hv, dv, tp, triton.cdiv(dv, BV),
-                                         BT=BT, LOG_BT=BT.bit_length() - 1, BK=bk, BV=BV, DOT=dot, num_warps=warps)
+                                         BT=BT, LOG_BT=BT.bit_length() - 1, BK=bk, BV=BV, KB=kb, DOT=dot,
+                                         num_warps=warps)
             kda_chunk_state_fwd_kernel[(triton.cdiv(dv, BV), b * hv)](
                 qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, t_len, h, hv, dk, dv, tp, nt, HAS_H0=has_h0, BT=BT, BK=bk,
-                BV=BV, DOT=dot, num_warps=settings["state_warps"], num_stages=settings["state_stages"])
+                BV=BV, KB=kb, DOT=dot, num_warps=settings["state_fwd_warps"], num_stages=settings["state_stages"])
         ctx.save_for_backward(qs, ks, v, beta, gc, aa, aqk, mm, w, vn, hs)
         ctx.scale, ctx.has_h0, ctx.state_dtype, ctx.dims = scale, has_h0, state_dtype, (b, t_len, h, dk, q.dtype)
         return o, ht
@@ -494,6 +623,7 @@ class KDAChunkFunction(torch.autograd.Function):
         nt, tp, bk = hs.shape[1], gc.shape[1], gc.shape[2]
         settings = target_settings(v.device)
         dot, warps = settings["DOT"], settings["num_warps"]
+        kb = max(min(settings["KB"], bk), bk // 4)
         nv = triton.cdiv(dv_, BV)
         f32 = dict(dtype=torch.float32, device=v.device)
         du = torch.empty(b * hv, tp, dv_, **f32)
@@ -513,10 +643,11 @@ class KDAChunkFunction(torch.autograd.Function):
         if b * hv > 0:
             kda_chunk_state_bwd_kernel[(nv, b * hv)](
                 qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, b, t_len, h, hv, dk, dv_, tp,
-                nt, STORE_DH0=ctx.has_h0, BT=BT, BK=bk, BV=BV, DOT=dot, num_warps=settings["state_warps"],
+                nt, STORE_DH0=ctx.has_h0, BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot, num_warps=settings["state_bwd_warps"],
                 num_stages=settings["state_stages"])
             kda_chunk_wy_bwd_kernel[(nt, b * hv)](v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, b, t_len, h, hv,
-                                                  dv_, tp, nv, BT=BT, BK=bk, BV=BV, DOT=dot, num_warps=warps)
+                                                  dv_, tp, nv, BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot,
+                                                  num_warps=warps)
             kc = min(KC, bk)
             kda_chunk_intra_bwd_kernel[(nt, b * hv, bk // kc)](qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part,
                                                                dk_part, dg, ctx.scale, b, t_len, h, hv, dk, tp, nt, nv,
