@@ -74,6 +74,24 @@ def _constant(t: torch.Tensor) -> bool:
     return t.numel() > 1 and bool((t == t.reshape(-1)[0]).all())
 
 
+def _spread(t: torch.Tensor) -> float:
+    """max - min of the finite values (0 when there are none)."""
+    finite = t[torch.isfinite(t)].double()
+    return float(finite.max() - finite.min()) if finite.numel() else 0.0
+
+
+def _quantities(spec: BlockSpec, exp: dict, got: dict) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(direction, truth, same-precision reference, candidate's tensor) of each output and each gradient the truth
+    has, paired by name as the numeric checks pair them."""
+    (true_out, true_grads), (low_out, low_grads) = exp["truth"], exp["lowp"]
+    outputs, grads = got.get("outputs") or [], got.get("grads") or {}
+    pairs = [(f"forward:{name}", t, r, o)
+             for name, t, r, o in zip(spec.outputs, true_out, low_out, outputs, strict=False)]
+    pairs += [(f"grad:{name}", true_grads[name], low_grads[name], grads.get(name)) for name in spec.grad_inputs
+              if true_grads.get(name) is not None and low_grads.get(name) is not None]
+    return [(d, t, r, o) for d, t, r, o in pairs if isinstance(o, torch.Tensor)]
+
+
 def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[int, dict],
              numeric: dict[int, list[Check]]) -> list[Check]:
     """Failed integrity checks, each naming its verdict; an empty list when the candidate behaved."""
@@ -106,13 +124,13 @@ def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[i
         for name, t in _tensors(got):
             if count := poisoned(t):
                 unwritten.append(f"{name} [{exp['shape']}] {exp['dtype']}: {count} elements")
-        # constant where the truth varies, and where the reference in the same precision varies too (a float16
-        # output can round to a constant legitimately)
-        truths = list(exp["truth"][0]) + [v for v in exp["truth"][1].values() if v is not None]
-        lowps = list(exp["lowp"][0]) + [v for v in exp["lowp"][1].values() if v is not None]
-        for t, r, o in zip(truths, lowps, outputs + grads, strict=False):
+        # constant where the truth varies by more than the error the quantity is allowed, and where the reference
+        # in the same precision varies too (a float16 output can round to a constant legitimately; a gradient
+        # that is zero in exact arithmetic comes out as rounding noise in the truth and as exact zeros from a kernel)
+        bounds = {c.direction: c.bound or 0.0 for c in numeric.get(exp["id"], [])}
+        for direction, t, r, o in _quantities(spec, exp, got):
             if o.is_floating_point() and o.shape == t.shape and _constant(o) and not _constant(t) \
-                    and not _constant(r):
+                    and not _constant(r) and _spread(t) > bounds.get(direction, 0.0):
                 constant.append(f"[{exp['shape']}] {exp['dtype']}")
     if fallback:
         what = ", ".join(sorted(op if op != "numpy" else "tensors handed to numpy" for op in fallback))
