@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from workbench.agent.llm import LLMConfig
 from workbench.config import Settings
@@ -29,6 +30,10 @@ def test_flags_win_over_the_environment_which_wins_over_the_defaults(monkeypatch
     assert env.model_dirs == [tmp_path / "a", tmp_path / "b"]
     assert Settings.load("sqlite:///flag.db", "ops").db_url == "sqlite:///flag.db"
     assert Settings.load("sqlite:///flag.db", "ops").operators_dir == Path("ops")
+    # in code a field is set by its own name, over the environment; a name that is no field is an error
+    assert Settings(db_url="sqlite:///code.db").db_url == "sqlite:///code.db"
+    with pytest.raises(ValidationError):
+        Settings(db="sqlite:///typo.db")
 
 
 def test_a_value_that_does_not_parse_names_its_variable(monkeypatch):

@@ -30,8 +30,9 @@ DEFAULT_DB_URL = "sqlite:///workbench.db"
 class Settings(BaseSettings):
     """Where the workbench keeps things and what it runs on (the module docstring lists each variable)."""
 
-    # fields are set by their variables' names only (no env lookup by a field's own name: DB_URL is not ours)
-    model_config = SettingsConfigDict(frozen=True, extra="ignore")
+    # the environment is read by the variables' names only (no lookup by a field's own name: DB_URL is not ours);
+    # in code a field is set by its own name (__init__), and an unknown one is an error
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
 
     db_url: str = Field(DEFAULT_DB_URL, validation_alias="WORKBENCH_DB")
     operators_dir: Path = Field(Path("operators"), validation_alias="WORKBENCH_OPERATORS")
@@ -44,11 +45,15 @@ class Settings(BaseSettings):
     compile_cache: Path | None = Field(None, validation_alias="WORKBENCH_COMPILE_CACHE")
     replay_steps: int = Field(6, ge=0, validation_alias="WORKBENCH_REPLAY_STEPS")
 
+    def __init__(self, **values):
+        aliases = {name: f.validation_alias for name, f in type(self).model_fields.items()}
+        super().__init__(**{aliases.get(k, k): v for k, v in values.items()})
+
     @classmethod
     def load(cls, db: str | None = None, operators_dir: str | Path | None = None) -> Settings:
         """Explicit values first, then the environment, then defaults. A value that does not parse is a
         WorkbenchError naming its variable."""
-        given = {"WORKBENCH_DB": db, "WORKBENCH_OPERATORS": operators_dir}
+        given = {"db_url": db, "operators_dir": operators_dir}
         try:
             return cls(**{k: v for k, v in given.items() if v})
         except ValidationError as exc:

@@ -125,7 +125,7 @@ def test_the_references_kept_in_the_repository_match_the_code(model):
     from workbench.replay.arch import architecture
     from workbench.replay.runner import BASE_SEED, reference_key
 
-    repo = Settings.model_construct(db_url="sqlite://", operators_dir=REPO / "operators",
+    repo = Settings(db_url="sqlite://", operators_dir=REPO / "operators",
                                     work_dir=REPO / ".workbench", replays_dir=REPO / "replays")
     tiny = get_preset("tiny")
     arch = architecture(model, tiny.layers)

@@ -22,7 +22,7 @@ def shared(tmp_path_factory) -> Settings:
     """One store for the module with the reference run recorded in it first, so that every replay, in any order,
     reads it from the store."""
     root = tmp_path_factory.mktemp("sensitivity")
-    settings = Settings.model_construct(db_url=f"sqlite:///{root / 'workbench.db'}",
+    settings = Settings(db_url=f"sqlite:///{root / 'workbench.db'}",
                                         operators_dir=root / "operators", work_dir=root / "home",
                                         replays_dir=root / "replays")
     assert run_replay(MODEL, "scratch", settings, ops=["reference"]).reference_source == "run"
