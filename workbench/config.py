@@ -17,6 +17,7 @@ The LLM proposer's settings are the same scheme under WORKBENCH_LLM_ (workbench.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, ValidationError
@@ -63,8 +64,6 @@ class Settings(BaseSettings):
     @property
     def model_dirs(self) -> list[Path]:
         """The extra model-card folders of $WORKBENCH_MODELS, in order."""
-        import os
-
         return [Path(p) for p in self.models.split(os.pathsep) if p]
 
     @property

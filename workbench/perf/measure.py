@@ -30,7 +30,7 @@ def measure_candidate(path: str | Path, block: str, shapes: list[dict], backend:
     clock = clock or ("cuda" if backend.device == "cuda" else "wall")
     figure = {"label": "measured", "device": torch.cuda.get_device_name() if clock == "cuda" else backend.name}
     job = {"candidate": str(path), "block": block, "shapes": shapes, "device": backend.device, "dtype": dtype,
-           "clock": clock, "trials": trials, "forward_only": forward_only, "token": secrets.token_hex(16)}
+           "clock": clock, "trials": trials, "token": secrets.token_hex(16)}
     job_dir = Path(tempfile.mkdtemp(prefix="measure-"))
     try:
         torch.save(job, job_dir / "job.pt")

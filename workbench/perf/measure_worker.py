@@ -4,7 +4,7 @@ Started by workbench.perf.measure as ``python -s -P -B measure_worker.py JOB_DIR
 limits and isolation (workbench.verify.sandbox), like the verification worker. It imports the workbench: every
 timed call's outputs are checked against the block's reference (workbench.perf.bench), so a candidate that is
 fast because it is wrong gets no time. Reads JOB_DIR/job.pt {candidate, block, shapes, device, dtype, clock,
-trials, forward_only, token}; writes {"rows": [BenchRow dicts], "error", "token"} to RESULT_FD.
+trials, token}; writes {"rows": [BenchRow dicts], "error", "token"} to RESULT_FD.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(job_dir: str, result_fd: int) -> int:
         module = load_operator(Path(job["candidate"]))
         rows = measured_rows(spec, module, job["shapes"], trials=job["trials"], device=job["device"],
                              dtype=getattr(torch, job["dtype"]), clock=clock, subjects=["operator"])
-        result["rows"] = [r.to_dict() for r in rows if not (job["forward_only"] and r.passes != "fwd")]
+        result["rows"] = [r.to_dict() for r in rows]
     except Exception as exc:  # noqa: BLE001 - the candidate's failure to run at these sizes is the answer
         result["error"] = f"{type(exc).__name__}: {exc}"[:300]
         traceback.print_exc()
