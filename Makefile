@@ -17,7 +17,7 @@ port: setup
 test: setup
 	./scripts/setup-debian.sh chromium chromium "the browser tests will be skipped"
 	./scripts/setup-debian.sh '/usr/lib/postgresql/*/bin/initdb' postgresql "the PostgreSQL store tests will be skipped"
-	$(VENV)/bin/ruff check workbench tests dashboards bench
+	$(VENV)/bin/ruff check workbench tests bench
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=15 --junitxml=junit.xml $(PYTEST_ARGS)
 
 # The edit-test loop: everything but the interpreter, end-to-end and slow tests.
@@ -25,4 +25,4 @@ test-fast: setup
 	$(VENV)/bin/python -m pytest -n 2 -m "not interpreter and not e2e and not slow" $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check workbench tests dashboards bench
+	$(VENV)/bin/ruff check workbench tests bench

@@ -28,7 +28,7 @@ from workbench.vocabulary import (
 )
 
 PACKAGE = Path(workbench.__file__).resolve().parent
-DASHBOARDS = PACKAGE.parent / "dashboards"
+DASHBOARDS = PACKAGE / "dashboard"
 
 
 @pytest.mark.parametrize("words", [Verdict, RunStatus, BlockStatus, ReplayStatus, JobStatus], ids=lambda e: e.__name__)

@@ -761,9 +761,9 @@ def dashboard(db: DbOption = None, operators: OpsOption = None,
     import os
     import subprocess
 
-    app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
-    if not app_path.is_file():
-        raise WorkbenchError(f"no dashboard at {app_path} (run from a checkout of the workbench)")
+    from workbench.resources import dashboard_app
+
+    app_path = dashboard_app()
     settings = Settings.load(db, operators)
     env = {**os.environ, "WORKBENCH_DB": settings.db_url, "WORKBENCH_OPERATORS": str(settings.operators_dir)}
     console.print(f"dashboard on http://localhost:{port} (database {settings.db_url}); Ctrl-C stops it")

@@ -1,4 +1,5 @@
-"""Kernel templates: Jinja2 sources under templates/<block>/<name>.py.j2, each with a sidecar <name>.yaml that
+"""Kernel templates: Jinja2 sources under templates/<block>/<name>.py.j2 (package data, found through
+workbench.resources), each with a sidecar <name>.yaml that
 declares its parameter space, the constraints every point must meet, and the requirements a point must meet for
 each shape it will run on.
 
@@ -26,14 +27,14 @@ import yaml
 
 from workbench.config import Settings
 from workbench.errors import TemplateError, one_line
+from workbench.resources import templates_root
 from workbench.vocabulary import key_values
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 Point = dict[str, Any]
 
 
 def templates_dir() -> Path:
-    return Settings.load().templates or REPO_ROOT / "templates"
+    return Settings.load().templates or templates_root()
 
 
 def _eval(expr: str, names: Mapping[str, Any], where: str) -> bool:

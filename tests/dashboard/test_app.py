@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import streamlit as st
@@ -20,10 +19,11 @@ from workbench.blocks import REGISTRY
 from workbench.cli import app as cli_app
 from workbench.models import get_model
 from workbench.operators import EVIDENCE
+from workbench.resources import dashboard_app
 from workbench.store import get_engine, records
 from workbench.store.queries import block_status
 
-APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+APP = dashboard_app()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])

@@ -23,13 +23,14 @@ from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
 from seed import MODEL, seed  # noqa: E402
 
 from workbench.models import get_model  # noqa: E402
+from workbench.resources import dashboard_app  # noqa: E402
 from workbench.store import get_engine, records  # noqa: E402
 from workbench.store.queries import block_status  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 expect.set_options(timeout=60_000)  # the first script run imports torch; CI machines can be slow
 
-APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+APP = dashboard_app()
 # Without the background-networking flags Chromium's own connections are refused in bulk here (PRACTICES.md).
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -50,7 +51,7 @@ def seeded(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(seeded, tmp_path_factory):
-    """`streamlit run dashboards/app.py` on a free port, up once /_stcore/health answers "ok"."""
+    """`streamlit run workbench/dashboard/app.py` on a free port, up once /_stcore/health answers "ok"."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
     env = {**os.environ, "WORKBENCH_DB": seeded.db_url, "WORKBENCH_OPERATORS": str(seeded.operators_dir)}

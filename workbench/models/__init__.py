@@ -16,8 +16,9 @@ import yaml
 from workbench.blocks.base import Shape
 from workbench.config import Settings
 from workbench.errors import UnknownModelError, WorkbenchError, one_line
+from workbench.resources import cards_dir
 
-CARDS_DIR = Path(__file__).parent
+CARDS_DIR = cards_dir()
 DEFAULT_MODEL = "kimi-k3.1-pro"  # the card the main job ports (`make port`) and the dashboard opens on
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import altair as alt
-import board
 import pandas as pd
 import streamlit as st
 
+from workbench.dashboard import board
 from workbench.store.queries import ci_operators, ci_regressions
 
 RED = board.STATUS_COLORS["fail"]

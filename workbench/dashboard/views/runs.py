@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import board
 import pandas as pd
 import streamlit as st
 
+from workbench.dashboard import board
 from workbench.vocabulary import RunStatus
 
 st.title("Agent runs")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import difflib
 
 import altair as alt
-import board
 import pandas as pd
 import streamlit as st
 
+from workbench.dashboard import board
 from workbench.operators import list_promoted
 
 settings = board.settings()

@@ -1,18 +1,11 @@
-"""The workbench dashboard: `workbench dashboard` (or `streamlit run dashboards/app.py`). It reads the store named
-by --db / $WORKBENCH_DB and the operators folder named by $WORKBENCH_OPERATORS; it never writes."""
+"""The workbench dashboard: `workbench dashboard` (or `streamlit run workbench/dashboard/app.py`). It reads the
+store named by --db / $WORKBENCH_DB and the operators folder named by $WORKBENCH_OPERATORS; it never writes."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import streamlit as st
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-import board  # noqa: E402
+from workbench.dashboard import board
 
 st.set_page_config(page_title="workbench", page_icon=":material/memory:", layout="wide")
 

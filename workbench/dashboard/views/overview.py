@@ -4,10 +4,10 @@ the runs waiting for approval."""
 from __future__ import annotations
 
 import altair as alt
-import board
 import pandas as pd
 import streamlit as st
 
+from workbench.dashboard import board
 from workbench.models import DEFAULT_MODEL, list_models
 from workbench.operators import EVIDENCE
 from workbench.store.queries import STATUSES

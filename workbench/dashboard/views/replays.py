@@ -4,9 +4,10 @@ the band the operator curve must stay inside."""
 from __future__ import annotations
 
 import altair as alt
-import board
 import pandas as pd
 import streamlit as st
+
+from workbench.dashboard import board
 
 DEFAULT_BAND = 0.05  # relative, used when a replay did not record its band (ops["band"])
 

@@ -4,9 +4,10 @@ measured (on the device named) side by side, the operator against each baseline,
 from __future__ import annotations
 
 import altair as alt
-import board
 import pandas as pd
 import streamlit as st
+
+from workbench.dashboard import board
 
 st.title("Performance")
 figures: pd.DataFrame = board.read("benchmarks_frame")

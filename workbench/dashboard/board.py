@@ -31,7 +31,8 @@ STATUS_COLORS = {word: TONE_COLOR[t] for word, t in TONE.items()}
 
 
 def settings() -> Settings:
-    """`streamlit run dashboards/app.py -- --db URL --operators DIR`, else $WORKBENCH_DB / $WORKBENCH_OPERATORS."""
+    """`streamlit run workbench/dashboard/app.py -- --db URL --operators DIR`, else $WORKBENCH_DB /
+    $WORKBENCH_OPERATORS."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--db")
     parser.add_argument("--operators")

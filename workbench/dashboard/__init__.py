@@ -1,0 +1,1 @@
+"""The Streamlit dashboard (app.py and its pages in views/), shipped as package data: `workbench dashboard`."""
