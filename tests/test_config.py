@@ -48,10 +48,10 @@ def test_a_value_that_does_not_parse_names_its_variable(monkeypatch):
 def test_the_llm_settings_are_the_same_scheme_under_workbench_llm(monkeypatch):
     monkeypatch.setenv("WORKBENCH_LLM_BASE_URL", "http://127.0.0.1:8000/v1")
     monkeypatch.setenv("WORKBENCH_LLM_RETRIES", "5")
-    monkeypatch.setenv("WORKBENCH_LLM_RETRY_DELAY", "0.5")
+    monkeypatch.setenv("WORKBENCH_LLM_TIMEOUT", "0.5")
     monkeypatch.setenv("WORKBENCH_LLM_MAX_TOKENS", "")  # empty: unset
     config = LLMConfig.load()
-    assert (config.base_url, config.retries, config.retry_delay_s, config.max_tokens) == (
+    assert (config.base_url, config.retries, config.timeout_s, config.max_tokens) == (
         "http://127.0.0.1:8000/v1", 5, 0.5, None)
     monkeypatch.setenv("WORKBENCH_LLM_RETRIES", "-2")
     with pytest.raises(WorkbenchError, match="retries must be at least 0"):

@@ -64,7 +64,8 @@ def completion(content: str, model: str = MODEL) -> dict:
 
 class ScriptedServer:
     """POST /v1/chat/completions answered from ``script`` in order (a string: a completion with that content; a
-    Raw: that response), GET /v1/models listing MODEL. ``requests`` keeps what came in: path, headers, JSON body.
+    Raw: that response), GET /v1/models listing MODEL. ``requests`` keeps what came in: path, headers, JSON body and
+the monotonic time it arrived.
     Use as a context manager; ``base_url`` is http://127.0.0.1:<free port>/v1."""
 
     def __init__(self, script: list[str | Raw]):
@@ -100,7 +101,8 @@ class ScriptedServer:
                 length = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server.lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body,
+                                            "at": time.monotonic()})
                     step = server.script.pop(0) if server.script else Raw(503, json.dumps(
                         {"error": {"message": "the script has no more replies"}}))
                 if self.path != "/v1/chat/completions":

@@ -43,7 +43,7 @@ def scripted(*replies: str) -> tuple[GenericFakeChatModel, PromptRecorder]:
 
 
 def fake_config(**kw) -> LLMConfig:
-    return LLMConfig(base_url="http://127.0.0.1:9/v1", model="fake-coder", retry_delay_s=0.0, **kw)
+    return LLMConfig(base_url="http://127.0.0.1:9/v1", model="fake-coder", **kw)
 
 
 def free_port() -> int:
@@ -90,7 +90,6 @@ def test_cli_port_against_a_local_openai_server_retries_its_failures(settings, m
     header and nowhere else."""
     key = "sk-test-7f3a9c-never-stored"
     monkeypatch.setenv("WORKBENCH_LLM_API_KEY", key)
-    monkeypatch.setenv("WORKBENCH_LLM_RETRY_DELAY", "0.01")
     monkeypatch.delenv("WORKBENCH_LLM_MODEL", raising=False)
     script = [Raw(500, json.dumps({"error": {"message": "overloaded"}})), Raw(200, "<html>not json</html>"),
               BROKEN_REPLY, Raw(429, json.dumps({"error": {"message": "slow down"}})), "", FIXED_REPLY]
@@ -126,8 +125,7 @@ def test_cli_port_against_a_local_openai_server_retries_its_failures(settings, m
 
 
 def test_an_endpoint_that_refuses_connections_ends_the_run_blocked_with_the_verdict(settings):
-    config = LLMConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", retries=2, retry_delay_s=0.01,
-                       timeout_s=5)
+    config = LLMConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", retries=2, timeout_s=5)
     outcome = port_block("rmsnorm", settings, proposer="llm", llm=config, budget=2, **FAST)
     assert outcome.status == "blocked" and "budget of 2 candidates spent" in outcome.reason
     engine = get_engine(settings.db_url)
@@ -140,9 +138,36 @@ def test_an_endpoint_that_refuses_connections_ends_the_run_blocked_with_the_verd
     assert diagnoses and all(m.startswith("llm_error: 3 tries failed") for m in diagnoses)
 
 
+def test_the_client_retries_a_rate_limit_after_the_delay_the_server_asks_for_and_the_trace_keeps_each_try():
+    """Transport retries are the OpenAI client's own (max_retries): it waits what Retry-After says (2 s here, against
+    its own first backoff of at most 0.5 s) and says so in its retry-count header; the proposal's trace still lists
+    every try."""
+    spec = get_block("rmsnorm")
+    slow_down = json.dumps({"error": {"message": "slow down"}})
+    with ScriptedServer([Raw(429, slow_down, {"Retry-After": "2"}), FIXED_REPLY]) as server:
+        llm = LLMProposer(spec, LLMConfig(base_url=server.base_url, model=MODEL, retries=1), suites=["smoke"],
+                          dtypes=["float32"], shapes={"smoke": spec.shapes["smoke"]}, start_source=None)
+        proposal = llm.first()
+    first, second = server.requests
+    assert second["at"] - first["at"] >= 1.9
+    assert {k.lower(): v for k, v in second["headers"].items()}["x-stainless-retry-count"] == "1"
+    assert proposal["source"] == FIXED and "error" not in proposal
+    assert proposal["trace"]["tries"] == 2
+    assert proposal["trace"]["errors"] == ["rate limited (HTTP 429): Error code: 429 - slow down"]
+    assert "after 1 failed tries (rate limited (HTTP 429)" in proposal["reason"]
+
+    with ScriptedServer([Raw(503, slow_down)] * 3) as server:
+        llm = LLMProposer(spec, LLMConfig(base_url=server.base_url, model=MODEL, retries=1), suites=["smoke"],
+                          dtypes=["float32"], shapes={"smoke": spec.shapes["smoke"]}, start_source=None)
+        proposal = llm.first()
+    assert len(server.requests) == 2 and len(server.script) == 1  # the bound: one retry, then the error
+    assert proposal["error"] == "2 tries failed: HTTP 503: Error code: 503 - slow down; HTTP 503: Error code: " \
+                                "503 - slow down"
+
+
 def test_refusals_and_prose_without_code_are_not_retried_with_the_same_prompt(settings):
     with ScriptedServer([Raw(401, json.dumps({"error": {"message": "invalid api key"}}))]) as server:
-        config = LLMConfig(base_url=server.base_url, model=MODEL, retries=3, retry_delay_s=0.01)
+        config = LLMConfig(base_url=server.base_url, model=MODEL, retries=3)
         outcome = port_block("rmsnorm", settings, proposer="llm", llm=config, budget=1, **FAST)
     assert len(server.requests) == 1 and outcome.status == "blocked"
     (candidate,) = run_candidates(get_engine(settings.db_url), outcome.run_id)
@@ -162,7 +187,7 @@ def test_a_reply_that_does_not_parse_is_a_candidate_and_the_next_prompt_shows_it
     (line, message and the offending line), and the second prompt carries exactly that; the second reply passes."""
     broken = FIXED_REPLY.replace("def run(x, weight, eps):", "def run(x, weight, eps)")
     with ScriptedServer([broken, FIXED_REPLY]) as server:
-        config = LLMConfig(base_url=server.base_url, model=MODEL, retries=2, retry_delay_s=0.01)
+        config = LLMConfig(base_url=server.base_url, model=MODEL, retries=2)
         outcome = port_block("rmsnorm", settings, proposer="llm", llm=config, budget=2, **FAST)
         prompts = server.prompts()
     assert outcome.status == "promoted", outcome.reason

@@ -1,25 +1,29 @@
-"""The llm proposer: candidates written by a chat model behind any OpenAI-compatible endpoint (a local vLLM, SGLang
-or Ollama server, or a hosted API), through langchain's chat-model interface; and the hybrid proposer, which
-searches the templates first and asks the model when search is exhausted or a failure has no repair rule.
+"""The llm proposer: candidates written by a chat model behind any OpenAI-compatible endpoint (a local vLLM, SGLang or
+Ollama server, or a hosted API), through langchain's chat-model interface; and the hybrid proposer, which searches
+the templates first and asks the model when search is exhausted or a failure has no repair rule.
 
-Configuration: --llm-base-url / --llm-model, else $WORKBENCH_LLM_BASE_URL / $WORKBENCH_LLM_MODEL (without a model,
-the endpoint's /models list is read and its first model taken). $WORKBENCH_LLM_TIMEOUT (seconds per request),
-$WORKBENCH_LLM_RETRIES (tries after the first), $WORKBENCH_LLM_RETRY_DELAY (seconds before the first retry, doubled
-each time), $WORKBENCH_LLM_PROMPT_CHARS (the prompt's budget), $WORKBENCH_LLM_TEMPERATURE and
-$WORKBENCH_LLM_MAX_TOKENS. The API key is read from $WORKBENCH_LLM_API_KEY when a request is made, and nowhere else:
-it is never stored with the run, never logged, never part of a prompt (local servers take any key).
+Configuration: --llm-base-url / --llm-model, else $WORKBENCH_LLM_BASE_URL / $WORKBENCH_LLM_MODEL (without a model, the
+endpoint's /models list is read and its first model taken). $WORKBENCH_LLM_TIMEOUT (seconds per request),
+$WORKBENCH_LLM_RETRIES (transport retries after the first try), $WORKBENCH_LLM_PROMPT_CHARS (the prompt's budget),
+$WORKBENCH_LLM_TEMPERATURE and $WORKBENCH_LLM_MAX_TOKENS. The API key is read from $WORKBENCH_LLM_API_KEY when a request
+is made, and nowhere else: it is never stored with the run, never logged, never part of a prompt (local servers take any
+key).
 
-Transport failures (connection refused, timeout, rate limit, a 5xx, a body that cannot be read) are retried with the
-same prompt and exponential backoff a bounded number of times; then the proposal carries the error, and the
-iteration is recorded with the verdict ``llm_error``. A request the endpoint refuses outright (401, 404, ...) is not
-retried. A reply that came back but cannot be used is not retried with the same prompt either (at temperature 0 the
-same prompt gets the same answer): an empty reply or one with no python block is an ``llm_error`` iteration whose
-message the next prompt gives the model; a python block that does not parse is a candidate like any other, whose
-verdict (compile_error, with the SyntaxError's line, message and the line itself) the next prompt shows.
+Transport failures (connection refused, timeout, 408, 409, rate limit, a 5xx) are retried by the OpenAI client itself
+(``max_retries``): exponential backoff with jitter, and the delay a server asks for in ``Retry-After`` honoured (up to
+the client's cap). Every try goes through a recording transport, so the run's trace still lists each try and what it
+met. A 200 whose body cannot be read is retried by the proposer with the same prompt, within the same bound of tries.
+When the tries are spent the proposal carries the error, and the iteration is recorded with the verdict ``llm_error``. A
+request the endpoint refuses outright (401, 404, ...) is not retried. A reply that came back but cannot be used is not
+retried with the same prompt either (at temperature 0 the same prompt gets the same answer): an empty reply or one with
+no python block is an ``llm_error`` iteration whose message the next prompt gives the model; a python block that does
+not parse is a candidate like any other, whose verdict (compile_error, with the SyntaxError's line, message and the line
+itself) the next prompt shows.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -42,8 +46,8 @@ LLM_TEMPLATE = "llm"     # the template name recorded for a model-written candid
 
 
 class LLMConfig(BaseSettings):
-    """Where and how to ask: each field from its argument, else $WORKBENCH_LLM_<NAME> (timeout_s: _TIMEOUT,
-    retry_delay_s: _RETRY_DELAY), else its default; an empty variable counts as unset. Holds no key (see
+    """Where and how to ask: each field from its argument, else $WORKBENCH_LLM_<NAME> (timeout_s: _TIMEOUT), else its
+    default; an empty variable counts as unset. Holds no key (see
     API_KEY_ENV): ``public()`` of it is what a run records."""
 
     model_config = SettingsConfigDict(env_prefix="WORKBENCH_LLM_", frozen=True, populate_by_name=True,
@@ -53,7 +57,6 @@ class LLMConfig(BaseSettings):
     model: str = ""
     timeout_s: float = Field(120.0, validation_alias="WORKBENCH_LLM_TIMEOUT")
     retries: int = Field(3, ge=0)
-    retry_delay_s: float = Field(2.0, validation_alias="WORKBENCH_LLM_RETRY_DELAY")
     prompt_chars: int = Field(24_000, ge=4000)
     temperature: float | None = None
     max_tokens: int | None = None
@@ -96,9 +99,53 @@ def require_client() -> None:
                              "pip install 'workbench[llm]'") from None
 
 
-def chat_model(config: LLMConfig):
-    """A langchain ChatOpenAI on the endpoint; its own retries are off (the proposer retries with backoff)."""
+class TryLog:
+    """The HTTP tries of one request, as the client's transport saw them: a transport error, or an error status with
+    the endpoint's message. Wraps the client's own transport (``transport()``), so retries stay the client's."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.errors: list[str] = []
+
+    def transport(self):
+        try:
+            import httpx2 as httpx  # the HTTP library of openai>=3
+        except ImportError:
+            import httpx
+        log = self
+
+        class RecordingTransport(httpx.HTTPTransport):
+            def handle_request(self, request):
+                log.tries += 1
+                try:
+                    response = super().handle_request(request)
+                except httpx.TransportError as exc:
+                    kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection error"
+                    log.errors.append(f"{kind}: {one_line(_root(exc))[:300]}")
+                    raise
+                if response.status_code >= 400:
+                    response.read()
+                    log.errors.append(status_error(response.status_code, response.text))
+                return response
+
+        return RecordingTransport()
+
+
+def status_error(code: int, body: str) -> str:
+    """An error status as the trace words it: "rate limited (HTTP 429): Error code: 429 - slow down"."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body
+    kind = "rate limited (HTTP 429)" if code == 429 else f"HTTP {code}"
+    return f"{kind}: {one_line(f'Error code: {code} - {message}')[:300]}"
+
+
+def chat_model(config: LLMConfig, tries: TryLog | None = None):
+    """A langchain ChatOpenAI on the endpoint; the OpenAI client retries transport failures (``config.retries``
+    times, honouring Retry-After) and ``tries`` records each try."""
     require_client()
+    import openai
     from langchain_openai import ChatOpenAI
     from pydantic import SecretStr
 
@@ -107,8 +154,10 @@ def chat_model(config: LLMConfig):
         kwargs["temperature"] = config.temperature
     if config.max_tokens is not None:
         kwargs["max_tokens"] = config.max_tokens
+    if tries is not None:
+        kwargs["http_client"] = openai.DefaultHttpxClient(transport=tries.transport())
     return ChatOpenAI(model=config.model, base_url=config.base_url, api_key=SecretStr(api_key()),
-                      timeout=config.timeout_s, max_retries=0, **kwargs)
+                      timeout=config.timeout_s, max_retries=config.retries, **kwargs)
 
 
 def resolve_model(config: LLMConfig) -> LLMConfig:
@@ -120,7 +169,7 @@ def resolve_model(config: LLMConfig) -> LLMConfig:
 
     try:
         client = openai.OpenAI(base_url=config.base_url, api_key=api_key(), timeout=min(config.timeout_s, 30.0),
-                               max_retries=0)
+                               max_retries=config.retries)
         served = [m.id for m in client.models.list()]
     except openai.OpenAIError as exc:
         raise WorkbenchError(f"no model named (--llm-model or $WORKBENCH_LLM_MODEL) and the models of "
@@ -193,19 +242,19 @@ class LLMProposer:
 
     def __init__(self, spec: BlockSpec, config: LLMConfig, *, suites: list[str], dtypes: list[str],
                  shapes: dict[str, list[Shape]], start_source: str | None,
-                 checks_of: Callable[[int], list[dict]] = lambda _cid: [], chat=None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 checks_of: Callable[[int], list[dict]] = lambda _cid: [], chat=None):
         self.spec, self.config = spec, config
         self.suites, self.dtypes, self.shapes = suites, dtypes, shapes
         self.start_source = start_source
         self.checks_of = checks_of
-        self.sleep = sleep
         self._chat = chat
+        self._tries: TryLog | None = None  # the HTTP tries of our own client (none for a chat model handed in)
 
     @property
     def chat(self):
         if self._chat is None:
-            self._chat = chat_model(self.config)
+            self._tries = TryLog()
+            self._chat = chat_model(self.config, self._tries)
         return self._chat
 
     @property
@@ -261,14 +310,19 @@ class LLMProposer:
         return self._ask(prompt, call=calls, why=why)
 
     def _ask(self, prompt: str, *, call: int, why: str) -> Proposal:
+        """One proposal: the reply's module, or the error once the tries are spent. Transport failures were retried
+        by the client (each try is in the TryLog); an unreadable 200 is asked again here, within the same bound."""
         from langchain_core.messages import HumanMessage, SystemMessage
 
         messages = [SystemMessage(SYSTEM), HumanMessage(prompt)]
         chat = self.chat  # a missing client library is the user's to fix, not an endpoint failure
         params = {"model": self.model_name, "call": call}
-        errors: list[str] = []
+        tries, errors = 0, []
         started = time.monotonic()
-        for attempt in range(self.config.retries + 1):
+        while True:
+            log = self._tries
+            if log is not None:
+                log.tries, log.errors = 0, []
             try:
                 text = reply_text(chat.invoke(messages).content)
                 if not text.strip():
@@ -277,25 +331,37 @@ class LLMProposer:
                 if module is None:
                     raise ReplyError(f"{REPLY_PROBLEM}had no python block with a module defining run "
                                      f"({len(text)} characters)")
+                failure = None
             except Exception as exc:  # every endpoint failure ends as a verdict, never as a crash of the run
-                kind, retryable = classify(exc)
-                detail = one_line(_root(exc) if kind in ("connection error", "timeout") else exc)[:300]
+                failure = exc
+            tries += log.tries if log is not None else 1
+            errors += log.errors if log is not None else []
+            if failure is None:
+                break
+            kind, retryable = classify(failure)
+            if log is None or not _transport_error(failure):  # the client's own tries are in the log already
+                detail = one_line(_root(failure) if kind in ("connection error", "timeout") else failure)[:300]
                 errors.append(kind if detail.lower().rstrip(".") in kind.lower() else f"{kind}: {detail}")
-                if not retryable or attempt == self.config.retries:
-                    break
-                self.sleep(self.config.retry_delay_s * 2 ** attempt)
-                continue
-            trace = {"prompt": prompt, "prompt_chars": len(prompt), "reply_chars": len(text), "tries": attempt + 1,
-                     "errors": errors, "seconds": round(time.monotonic() - started, 2)}
-            retried = f" after {attempt} failed tries ({errors[-1]})" if errors else ""
-            return Proposal(template=LLM_TEMPLATE, params=params, source=module, trace=trace,
-                            reason=f"{why}: {self.model_name} call {call}{retried}")
-        tries = len(errors)
-        error = f"{tries} {'try' if tries == 1 else 'tries'} failed: {'; '.join(errors)}"
-        trace = {"prompt": prompt, "prompt_chars": len(prompt), "tries": tries, "errors": errors,
-                 "seconds": round(time.monotonic() - started, 2)}
-        return Proposal(template=LLM_TEMPLATE, params=params, reason=f"{why}: {self.model_name} call {call}",
-                        error=error, trace=trace)
+            if not retryable or (log is not None and _transport_error(failure)) or tries > self.config.retries:
+                error = f"{tries} {'try' if tries == 1 else 'tries'} failed: {'; '.join(errors)}"
+                trace = {"prompt": prompt, "prompt_chars": len(prompt), "tries": tries, "errors": errors,
+                         "seconds": round(time.monotonic() - started, 2)}
+                return Proposal(template=LLM_TEMPLATE, params=params, reason=f"{why}: {self.model_name} call {call}",
+                                error=error, trace=trace)
+        trace = {"prompt": prompt, "prompt_chars": len(prompt), "reply_chars": len(text), "tries": tries,
+                 "errors": errors, "seconds": round(time.monotonic() - started, 2)}
+        retried = f" after {tries - 1} failed tries ({errors[-1]})" if errors else ""
+        return Proposal(template=LLM_TEMPLATE, params=params, source=module, trace=trace,
+                        reason=f"{why}: {self.model_name} call {call}{retried}")
+
+
+def _transport_error(exc: BaseException) -> bool:
+    """A failure the OpenAI client met on the wire (and retried, where it could), as opposed to a reply it got."""
+    try:
+        import openai
+    except ImportError:
+        return False
+    return isinstance(exc, openai.APIConnectionError | openai.APIStatusError)
 
 
 class HybridProposer:
