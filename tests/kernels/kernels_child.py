@@ -4,6 +4,7 @@ the Triton interpreter, which must be selected before triton is first imported, 
 
     fake     every block's op and backward op on its first smoke shape, real and fake: shapes and dtypes
     equal    op forward and gradients against the operator's own run (rmsnorm, situ, both loss blocks, kda)
+    opcheck  torch.library.opcheck (schema, autograd registration, fake tensors, AOT dispatch with dynamic shapes)
     compile  torch.compile(fullgraph=True) of RMSNorm, SiTUMLP and LinearCrossEntropyLoss against eager
     replay   a few tiny-preset replay steps with the operators loaded as files and through the library
 """
@@ -23,6 +24,7 @@ from workbench.blocks import get_block
 
 OPERATORS = Path(__file__).resolve().parents[2] / "operators"
 REPLAY_STEPS = 3
+OPCHECK_BLOCKS = ("rmsnorm", "situ", "vocab_blockwise_ce", "moe_router", "kda")
 
 
 def _tensors(outputs) -> list[torch.Tensor]:
@@ -87,6 +89,18 @@ def check_equal() -> dict:
     return found
 
 
+def check_opcheck() -> dict:
+    """{block: {test: "SUCCESS" | why}} of torch.library.opcheck on the first smoke shape, gradients requested."""
+    found = {}
+    for block in OPCHECK_BLOCKS:
+        spec = get_block(block)
+        args = [v.requires_grad_(k in spec.grad_inputs) if isinstance(v, torch.Tensor) else v
+                for k, v in _inputs(block).items()]
+        found[block] = {test: str(result) for test, result in
+                        torch.library.opcheck(wk.OPS[block].op.default, tuple(args), raise_exception=False).items()}
+    return found
+
+
 def _compare_compiled(layer: torch.nn.Module, inputs: list[torch.Tensor], backend: str) -> dict:
     """Eager and compiled runs of ``layer`` on the same inputs: max |difference| of the output and of every
     gradient (inputs and parameters), and whether all are bitwise equal."""
@@ -145,7 +159,8 @@ def check_replay() -> dict:
             "library_ops": library_ops}
 
 
-CHECKS = {"fake": check_fake, "equal": check_equal, "compile": check_compile, "replay": check_replay}
+CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
+          "replay": check_replay}
 
 
 if __name__ == "__main__":

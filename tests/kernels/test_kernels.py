@@ -49,6 +49,17 @@ def test_ops_equal_the_promoted_operators_run_bitwise():
         assert set(figures["grads"]) == set(get_block(block).grad_inputs), block
 
 
+def test_ops_pass_torch_library_opcheck():
+    """torch's own checks of a custom op: schema, autograd registration, fake tensors and AOT dispatch with dynamic
+    shapes (forward and backward traced, run and compared with eager)."""
+    found = run_child("opcheck")
+    assert set(found) == {"rmsnorm", "situ", "vocab_blockwise_ce", "moe_router", "kda"}
+    for block, results in found.items():
+        assert set(results) == {"test_schema", "test_autograd_registration", "test_faketensor",
+                                "test_aot_dispatch_dynamic"}, block
+        assert set(results.values()) == {"SUCCESS"}, (block, results)
+
+
 def test_compiled_layers_with_fullgraph_match_eager():
     """torch.compile(layer, fullgraph=True) with inductor (C++ on CPU) around the opaque ops: no graph break, and
     output and gradients bitwise equal to eager."""
