@@ -692,7 +692,7 @@ def replay(
     preset: Annotated[str, typer.Option(help="tiny (CPU, CI), small or medium (GPU)")] = "tiny",
     steps: Annotated[int | None, typer.Option(help="training steps (default: the preset's for the mode)")] = None,
     ops: Annotated[list[str] | None, typer.Option(
-        "--ops", help="promoted | reference | <block>=<file|reference>; repeatable, later words win")] = None,
+        "--ops", help="promoted | library | reference | <block>=<file|reference>; repeatable, later words win")] = None,
     seed: Annotated[int, typer.Option(help="initialization and data seed")] = 0,
     rerun_reference: Annotated[bool, typer.Option(
         "--rerun-reference", help="run the reference again (twice, checked bit-identical) instead of the stored one")]

@@ -115,6 +115,20 @@ def test_promoted_operators_on_the_interpreter_stay_in_the_band(settings, model)
     assert all(v != "reference" for v in used.values())
 
 
+@pytest.mark.interpreter
+@pytest.mark.slow
+def test_a_replay_through_the_kernels_library_trains_as_the_operator_files(settings):
+    """--ops library, in the replay's sandboxed child: the promoted operators called through workbench.kernels'
+    custom ops give the operator files' curve exactly, and the record names each op "library:<file>"."""
+    shutil.copytree(REPO / "operators", settings.operators_dir)
+    files = run_replay(MODEL, "scratch", settings, steps=2)
+    library = run_replay(MODEL, "scratch", settings, ops=["library"], steps=2)
+    assert library.status == "pass", library.reason
+    assert library.curve == files.curve and len(files.curve) == 2
+    used = {k: v for k, v in _rows(settings)[-1].ops.items() if k != "band"}
+    assert all(v.startswith("library:") for v in used.values()), used
+
+
 @pytest.mark.parametrize("model", CARDS)
 def test_the_references_kept_in_the_repository_match_the_code(model):
     """replays/ holds the reference runs CI compares against: each file's key must be what the code computes now

@@ -5,7 +5,8 @@ stdout as lines ``@@replay <json>``: {"event": "step", "step", "loss", "seconds"
 {"event": "done", "result": RunResult} or {"event": "error", "message"}; anything else an operator prints is passed
 through untouched.
 
-job: {"task": "train" | "base", "preset", "mode", "steps", "seed", "ops": {block: "reference" | file},
+job: {"task": "train" | "base", "preset", "mode", "steps", "seed",
+      "ops": {block: "reference" | file | "library:" file},
       "device", "base": checkpoint path (LoRA, and where "base" saves), "writable": the folders it may write}
 
 The operator files are candidates too: while their code is on the stack every filesystem write outside
@@ -16,7 +17,6 @@ without them.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from dataclasses import asdict
@@ -34,15 +34,16 @@ def main() -> None:
     import torch
 
     from workbench.replay.arch import Architecture
-    from workbench.replay.ops import REFERENCE, load_ops
+    from workbench.replay.ops import absolute_target, load_ops, operator_file
     from workbench.replay.presets import get_preset
     from workbench.replay.train import make_base, train
     from workbench.verify.worker import install_write_guard
 
     torch.set_num_threads(1)
     job = json.loads(sys.stdin.read())
-    chosen = {block: f if f == REFERENCE else os.path.abspath(f) for block, f in job["ops"].items()}
-    install_write_guard([f for f in chosen.values() if f != REFERENCE], job.get("writable", []), "the replay sandbox")
+    chosen = {block: absolute_target(target) for block, target in job["ops"].items()}
+    install_write_guard([f for f in map(operator_file, chosen.values()) if f is not None], job.get("writable", []),
+                        "the replay sandbox")
     try:
         preset, arch = get_preset(job["preset"]), Architecture(**job["arch"])
         ops = load_ops(chosen)

@@ -36,7 +36,7 @@ from workbench.replay import train as train_module
 from workbench.replay.arch import CALLABLE, Architecture, architecture
 from workbench.replay.child import MARK
 from workbench.replay.compare import Judgement, judge
-from workbench.replay.ops import describe, reference_ops, resolve_ops
+from workbench.replay.ops import describe, operator_file, reference_ops, resolve_ops
 from workbench.replay.presets import Preset, check_mode, get_preset
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
@@ -113,7 +113,8 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
            ) -> RunResult:
     """Train in a child process (the backend's environment, e.g. the Triton interpreter); raises ReplayError."""
     base = Path(job["base"]).parent if job.get("base") else None
-    readable = [Path(f).parent for f in job["ops"].values() if f != "reference"] + ([base] if base else [])
+    files = [operator_file(target) for target in job["ops"].values()]
+    readable = [Path(f).parent for f in files if f is not None] + ([base] if base else [])
     writable = [base] if base and job["task"] == "base" else []  # the base checkpoint is written beside the curves
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,51 @@
+"""The promoted operators as a library a training framework imports: one opaque ``torch.library`` custom op per block
+(namespace ``workbench``), with its autograd and a fake implementation, so it runs under
+``torch.compile(fullgraph=True)`` without graph breaks, and nn.Module layers over them.
+
+    import workbench.kernels as wk                      # registers every op; imports no operator yet
+
+    y = wk.rmsnorm(x, weight, 1e-6)                     # or torch.ops.workbench.rmsnorm(x, weight, 1e-6)
+    norm = wk.RMSNorm(hidden_size, eps=1e-6)            # layers: RMSNorm, SiTUMLP, SwiGLUMLP, LinearCrossEntropyLoss
+    loss = wk.LinearCrossEntropyLoss()(hidden, lm_head.weight, targets)
+    model = torch.compile(model, fullgraph=True)
+
+Each op takes exactly the arguments of the block's reference (workbench/blocks/<block>.py) in its order, tensors and
+non-tensors (eps, scale, topk, reduction, ...) alike, and returns its outputs; ``torch.ops.workbench.<block>_backward``
+is the matching backward op: it runs the operator's forward again and then its own backward kernels (one extra
+forward per backward; workbench/kernels/_ops.py says why). Block modules: ``workbench.kernels.<block>`` defines
+``<block>`` (a BlockOp); ``OPS`` holds them all by block name.
+
+Operators come from the operators folder: ``$WORKBENCH_OPERATORS``, else ``./operators`` (workbench.config), or the
+folder given to ``set_operators_dir(folder)``; each op takes the newest operator promoted for its block, imported at
+its first call; ``wk.rmsnorm.forward_only`` is the block's forward-only (decode) operator where one was promoted.
+The operators are Triton kernels: on a GPU they compile; on CPU they run only through the Triton interpreter, which
+needs ``TRITON_INTERPRET=1`` in the environment before anything imports triton (torch.compile and AdamW import it).
+"""
+
+from workbench.kernels._ops import BlockOp, operators_dir, set_operators_dir
+from workbench.kernels.attnres import attnres
+from workbench.kernels.dsa_indexer import dsa_indexer
+from workbench.kernels.dsa_sparse_attention import dsa_sparse_attention
+from workbench.kernels.kda import kda
+from workbench.kernels.kda_gate import kda_gate
+from workbench.kernels.kda_short_conv import kda_short_conv
+from workbench.kernels.layers import LinearCrossEntropyLoss, RMSNorm, SiTUMLP, SwiGLUMLP
+from workbench.kernels.lora_linear import lora_linear
+from workbench.kernels.mla import mla
+from workbench.kernels.moe_combine import moe_combine
+from workbench.kernels.moe_grouped_gemm import moe_grouped_gemm
+from workbench.kernels.moe_permute import moe_permute
+from workbench.kernels.moe_router import moe_router
+from workbench.kernels.rmsnorm import rmsnorm
+from workbench.kernels.seq_chunked_ce import seq_chunked_ce
+from workbench.kernels.situ import situ
+from workbench.kernels.swiglu import swiglu
+from workbench.kernels.vocab_blockwise_ce import vocab_blockwise_ce
+
+OPS: dict[str, BlockOp] = {op.block: op for op in (
+    attnres, dsa_indexer, dsa_sparse_attention, kda, kda_gate, kda_short_conv, lora_linear, mla, moe_combine,
+    moe_grouped_gemm, moe_permute, moe_router, rmsnorm, seq_chunked_ce, situ, swiglu, vocab_blockwise_ce)}
+"""Every block's op by block name."""
+
+__all__ = ["OPS", "BlockOp", "LinearCrossEntropyLoss", "RMSNorm", "SiTUMLP", "SwiGLUMLP", "operators_dir",
+           "set_operators_dir", *OPS]

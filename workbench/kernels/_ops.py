@@ -1,0 +1,221 @@
+"""The machinery behind every block module: a block's promoted operator as a pair of opaque ``torch.library`` custom
+ops, ``workbench::<block>`` and ``workbench::<block>_backward``.
+
+    workbench::<block>(<the reference's arguments>) -> <the reference's outputs>
+    workbench::<block>_backward(Tensor?[] grads, bool[] needs, <the reference's arguments>) -> Tensor[]
+
+The schema is read from the block's reference (workbench/blocks/<block>.py): tensors, optional tensors and the
+non-tensor arguments (eps, scale, topk, reduction, ...) in its order, one output per name in ``spec.outputs``.
+The forward op calls the promoted operator's ``run`` without grad. The backward op gives one gradient per name in
+``spec.grad_inputs`` (an empty tensor where ``needs`` is False or the input is None): it runs ``run`` again with
+grad enabled on the saved inputs and calls ``torch.autograd.grad``, so the gradients come from the operator's own
+autograd.Function backward (its Triton backward kernels) at the cost of one extra forward. What that Function keeps
+for its backward cannot be returned from the forward op generically: its count and shapes are only known by running
+the kernels (a fake implementation cannot), and part of it is Python state on ``ctx``, some of it data-dependent.
+The fake implementations run the block's reference on the fake inputs (or a per-block rule where the reference is
+data-dependent), so both ops trace under ``torch.compile(fullgraph=True)`` without graph breaks.
+
+Which operator backs a block: the newest promoted one in the operators folder (``set_operators_dir``; default
+``Settings.load().operators_dir``: ``$WORKBENCH_OPERATORS`` or ``./operators``), resolved at the first call and kept;
+the training operator under the block's name, a forward-only (decode) port under ``<block>:forward-only``
+(``BlockOp.forward_only``: ``workbench::<block>_forward_only``, no autograd).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from workbench.blocks import get_block
+from workbench.config import Settings
+from workbench.errors import WorkbenchError
+from workbench.numerics import compute_dtype
+from workbench.operators import FORWARD_ONLY_SUFFIX, newest_promoted
+
+NAMESPACE = "workbench"
+
+SCHEMA_TYPES = {"torch.Tensor": "Tensor", "torch.Tensor | None": "Tensor?", "float": "float", "float | None": "float?",
+                "int": "int", "int | None": "int?", "bool": "bool", "str": "str"}
+"""The reference's annotations (as written) and their types in a torch.library schema."""
+
+_folder: Path | None = None
+_resolved: dict[str, str] = {}          # key -> operator file, for the current folder
+_modules: dict[str, ModuleType] = {}    # operator file -> its imported module
+
+
+def set_operators_dir(folder: str | Path | None) -> None:
+    """Back every op by the operators promoted in ``folder`` (None: the settings' folder again), from the next call."""
+    global _folder
+    _folder = Path(folder) if folder is not None else None
+    _resolved.clear()
+
+
+def operators_dir() -> Path:
+    """The folder the ops take their operators from."""
+    return _folder if _folder is not None else Settings.load().operators_dir
+
+
+def operator_path(key: str) -> str:
+    """The file of the newest promoted operator under ``key`` (a block's name, or it and ":forward-only")."""
+    if key not in _resolved:
+        folder = operators_dir()
+        found = newest_promoted(folder).get(key)
+        if found is None:
+            raise WorkbenchError(f"no promoted operator for '{key}' in {folder}")
+        _resolved[key] = str(Path(found["path"]).resolve())
+    return _resolved[key]
+
+
+def load_operator(block: str, path: str) -> ModuleType:
+    """The operator file ``path`` imported as a module (once per file); it must define BLOCK = ``block`` and run."""
+    if path not in _modules:
+        name = f"workbench_kernels_{Path(path).stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise WorkbenchError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        if getattr(module, "BLOCK", None) != block or not callable(getattr(module, "run", None)):
+            raise WorkbenchError(f"{path} does not define BLOCK = '{block}' and run(...)")
+        _modules[path] = module
+    return _modules[path]
+
+
+def _as_tuple(outputs: Any) -> tuple:
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def _fresh(outputs: Sequence[torch.Tensor], inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """Contiguous outputs, none sharing memory with an input or another output (a custom op's contract)."""
+    taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
+    fresh = []
+    for out in outputs:
+        out = out.contiguous()
+        if out.numel() and out.untyped_storage().data_ptr() in taken:
+            out = out.clone()
+        taken.add(out.untyped_storage().data_ptr())
+        fresh.append(out)
+    return fresh
+
+
+class BlockOp:
+    """A block's promoted operator as custom ops. Call it like the block's reference (same arguments, same outputs);
+    ``op`` is ``torch.ops.workbench.<block>``. fake(*args) -> outputs like the reference's, for blocks whose
+    reference cannot run on fake tensors (data-dependent sizes or values)."""
+
+    def __init__(self, block: str, fake: Callable[..., Any] | None = None, forward_only: bool = False):
+        self.spec = get_block(block)
+        self.block = block
+        self.key = block + (FORWARD_ONLY_SUFFIX if forward_only else "")
+        self.name = block + ("_forward_only" if forward_only else "")
+        self._fake_rule = fake
+        self._forward_only_op: BlockOp | None = None
+        params = inspect.signature(self.spec.reference).parameters
+        self.arg_names = tuple(params)
+        self.grad_positions = tuple(self.arg_names.index(name) for name in self.spec.grad_inputs)
+        args = ", ".join(f"{self._schema_type(p)} {name}" for name, p in params.items())
+        outputs = ", ".join(["Tensor"] * len(self.spec.outputs))
+        returns = outputs if len(self.spec.outputs) == 1 else f"({outputs})"
+        qualified = f"{NAMESPACE}::{self.name}"
+        self.custom_op = torch.library.custom_op(qualified, self._forward, mutates_args=(),
+                                                 schema=f"({args}) -> {returns}")
+        self.custom_op.register_fake(self._fake)
+        self.op = getattr(getattr(torch.ops, NAMESPACE), self.name)
+        self.backward_op = None
+        if not forward_only:
+            backward = torch.library.custom_op(f"{qualified}_backward", self._backward, mutates_args=(),
+                                               schema=f"(Tensor?[] grads, bool[] needs, {args}) -> Tensor[]")
+            backward.register_fake(self._backward_fake)
+            self.backward_op = getattr(getattr(torch.ops, NAMESPACE), f"{self.name}_backward")
+            self.custom_op.register_autograd(self._autograd_backward, setup_context=self._setup_context)
+
+    def _schema_type(self, param: inspect.Parameter) -> str:
+        annotation = param.annotation if isinstance(param.annotation, str) else inspect.formatannotation(
+            param.annotation)
+        if annotation not in SCHEMA_TYPES:
+            raise WorkbenchError(f"{self.block}: argument '{param.name}' of type {annotation} has no schema type")
+        return SCHEMA_TYPES[annotation]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.op(*args)
+
+    def operator_path(self) -> str:
+        """The operator file backing this op (resolved in the operators folder at the first call)."""
+        return operator_path(self.key)
+
+    def operator(self) -> ModuleType:
+        """The promoted operator's module (BLOCK, run, its kernels)."""
+        return load_operator(self.block, self.operator_path())
+
+    @property
+    def forward_only(self) -> BlockOp:
+        """``workbench::<block>_forward_only``: the block's forward-only (decode) operator, no autograd; registered
+        at first use."""
+        if self._forward_only_op is None:
+            self._forward_only_op = BlockOp(self.block, self._fake_rule, forward_only=True)
+        return self._forward_only_op
+
+    # --- implementations -------------------------------------------------------------------------------------
+
+    def _forward(self, *args: Any) -> Any:
+        with torch.no_grad():
+            outputs = _fresh(_as_tuple(self.operator().run(*args)), args)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _fake(self, *args: Any) -> Any:
+        reference = self._fake_rule or self.spec.reference
+        with torch.no_grad():
+            outputs = [o.new_empty(o.shape) for o in _as_tuple(reference(*args))]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _backward(self, grads: list[torch.Tensor | None], needs: list[bool], *args: Any) -> list[torch.Tensor]:
+        inputs, leaves = list(args), {}
+        for pos, need in zip(self.grad_positions, needs, strict=True):
+            if need and args[pos] is not None:
+                leaves[pos] = inputs[pos] = args[pos].detach().requires_grad_(True)
+        with torch.enable_grad():
+            outputs = _as_tuple(self.operator().run(*inputs))
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None and o.requires_grad]
+        found = dict.fromkeys(leaves)
+        if pairs and leaves:
+            found = dict(zip(leaves, torch.autograd.grad([o for o, _ in pairs], list(leaves.values()),
+                                                         [g for _, g in pairs], allow_unused=True), strict=True))
+        like = next(t for t in args if isinstance(t, torch.Tensor))
+        return _fresh([like.new_empty(0) if pos not in leaves else found[pos] if found[pos] is not None
+                       else torch.zeros_like(leaves[pos]) for pos in self.grad_positions], args)
+
+    def _backward_fake(self, grads: list[torch.Tensor | None], needs: list[bool], *args: Any) -> list[torch.Tensor]:
+        like = next(t for t in args if isinstance(t, torch.Tensor))
+        return [args[pos].new_empty(args[pos].shape) if need and args[pos] is not None else like.new_empty(0)
+                for pos, need in zip(self.grad_positions, needs, strict=True)]
+
+    def _setup_context(self, ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in inputs))
+        ctx.plain = [None if isinstance(a, torch.Tensor) else a for a in inputs]
+
+    def _autograd_backward(self, ctx: Any, *grads: torch.Tensor | None) -> tuple:
+        needs = [bool(ctx.needs_input_grad[pos]) for pos in self.grad_positions]
+        result: list[torch.Tensor | None] = [None] * len(self.arg_names)
+        if not any(needs):
+            return tuple(result)
+        args = [t if t is not None else plain for t, plain in zip(ctx.saved_tensors, ctx.plain, strict=True)]
+        found = self.backward_op(list(grads), needs, *args)
+        for pos, need, grad in zip(self.grad_positions, needs, found, strict=True):
+            if need and args[pos] is not None:
+                result[pos] = grad
+        return tuple(result)
+
+
+def linear_ce_fake(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_index: int, reduction: str
+                   ) -> torch.Tensor:
+    """The linear cross-entropy blocks' loss: 0-dim in the compute dtype (their reference divides by a count of the
+    targets, a data-dependent value)."""
+    return h.new_empty((), dtype=compute_dtype(h))
