@@ -19,16 +19,16 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
+from workbench.dashboard.frames import loss_replays_frame
 from workbench.operators import evidence, evidence_line, list_promoted, promote_file
+from workbench.status import block_status
 from workbench.store import Candidate, LossReplay, PortRun, get_engine, session_scope
 from workbench.store.db import BUSY_TIMEOUT_MS
 from workbench.store.models import KernelBuild
 from workbench.store.queries import (
-    block_status,
     candidate_checks,
     find_run,
     list_runs,
-    loss_replays_frame,
     run_candidates,
     run_steps,
 )
