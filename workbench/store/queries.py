@@ -43,13 +43,6 @@ def find_run(engine: Engine, run_id: str) -> PortRun | None:
         return matches[0] if len(matches) == 1 else None
 
 
-def run_info(engine: Engine, run_id: str) -> dict[str, Any] | None:
-    """One run as a plain dict (None if there is no such run)."""
-    with Session(engine) as s:
-        run = s.get(PortRun, run_id)
-        return run.model_dump() if run else None
-
-
 def run_steps(engine: Engine, run_id: str, after_seq: int = 0) -> list[RunStep]:
     """The steps of a run in order, those after ``after_seq``."""
     with Session(engine) as s:
