@@ -78,7 +78,7 @@ def _engine(settings: Settings):
 def blocks(db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
     """The block catalog: name, family, shape suites, templates, port status."""
     from workbench.blocks import REGISTRY
-    from workbench.store.queries import block_status
+    from workbench.status import block_status
     from workbench.templating import list_templates
 
     settings = Settings.load(db, operators)
@@ -156,7 +156,7 @@ def onboard(
 def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
     """Each block a model needs, its sizes and its port status."""
     from workbench.models import get_model
-    from workbench.store.queries import block_status
+    from workbench.status import block_status
 
     settings = Settings.load(db, operators)
     card = get_model(model)

@@ -10,8 +10,10 @@ from typer.testing import CliRunner
 
 from workbench.agent.run import port_block
 from workbench.cli import app
+from workbench.dashboard.frames import runs_frame
+from workbench.status import block_status
 from workbench.store import get_engine
-from workbench.store.queries import block_status, find_run, run_steps, runs_frame
+from workbench.store.queries import find_run, run_steps
 
 pytestmark = pytest.mark.interpreter
 

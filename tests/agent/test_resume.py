@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 
 from workbench.agent.run import port_block, resume_port
 from workbench.cli import app
+from workbench.dashboard.frames import runs_frame
 from workbench.errors import WorkbenchError
 from workbench.store import get_engine, records
-from workbench.store.queries import candidate_checks, find_run, list_runs, run_candidates, run_steps, runs_frame
+from workbench.store.queries import candidate_checks, find_run, list_runs, run_candidates, run_steps
 
 FAST = {"seeds": 1, "suites": ["smoke"], "dtypes": ["float32"]}
 

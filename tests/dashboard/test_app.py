@@ -20,8 +20,8 @@ from workbench.cli import app as cli_app
 from workbench.models import get_model
 from workbench.operators import EVIDENCE
 from workbench.resources import dashboard_app
+from workbench.status import block_status
 from workbench.store import get_engine, records
-from workbench.store.queries import block_status
 
 APP = dashboard_app()
 

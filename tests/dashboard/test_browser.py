@@ -24,8 +24,8 @@ from seed import MODEL, seed  # noqa: E402
 
 from workbench.models import get_model  # noqa: E402
 from workbench.resources import dashboard_app  # noqa: E402
+from workbench.status import block_status  # noqa: E402
 from workbench.store import get_engine, records  # noqa: E402
-from workbench.store.queries import block_status  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 expect.set_options(timeout=60_000)  # the first script run imports torch; CI machines can be slow

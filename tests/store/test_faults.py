@@ -16,8 +16,9 @@ import pytest
 from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from workbench.dashboard.frames import candidates_frame, runs_frame, steps_frame
 from workbench.store import get_engine
-from workbench.store.queries import candidates_frame, list_runs, run_candidates, run_steps, runs_frame, steps_frame
+from workbench.store.queries import list_runs, run_candidates, run_steps
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.e2e]
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,15 +19,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
 from workbench.operators import evidence, evidence_line, list_promoted, promote_file
+from workbench.status import block_status
 from workbench.store import Candidate, LossReplay, PortRun, get_engine, session_scope
 from workbench.store.db import BUSY_TIMEOUT_MS
 from workbench.store.models import KernelBuild
 from workbench.store.queries import (
-    block_status,
     candidate_checks,
     find_run,
     list_runs,
-    loss_replays_frame,
     run_candidates,
     run_steps,
 )
@@ -338,27 +336,6 @@ def test_list_promoted_skips_a_manifest_that_is_not_an_object(tmp_path):
     (ops / "rmsnorm" / "listy.py").write_text("x = 1\n")
     (ops / "rmsnorm" / "listy.json").write_text("[1, 2]")
     assert [m["path"] for m in list_promoted(ops)] == [str(good)]
-
-
-def test_a_database_from_an_older_workbench_gains_the_new_columns(tmp_path):
-    """A loss_replay table as the first release created it: opened by this release, its rows read with the new
-    columns at their defaults."""
-    path = tmp_path / "old.db"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE loss_replay (id INTEGER PRIMARY KEY, model VARCHAR NOT NULL, mode VARCHAR NOT NULL, "
-                "preset VARCHAR NOT NULL, seed INTEGER NOT NULL, ops JSON, curve JSON, reference_curve JSON, "
-                "status VARCHAR NOT NULL, reason VARCHAR NOT NULL, created_at DATETIME NOT NULL)")
-    con.execute("INSERT INTO loss_replay (model, mode, preset, seed, ops, curve, reference_curve, status, reason, "
-                "created_at) VALUES ('kimi-k3.1-pro', 'scratch', 'tiny', 0, '{}', '[2.0]', '[2.0]', 'pass', '', "
-                "'2026-11-01 00:00:00')")
-    con.commit()
-    con.close()
-    frame = loss_replays_frame(get_engine(f"sqlite:///{path}"))
-    assert list(frame["status"]) == ["pass"] and frame["left_band_step"].isna().all()
-    columns = {row[1] for row in sqlite3.connect(path).execute("PRAGMA table_info(loss_replay)")}
-    assert {"kind", "steps", "backend", "left_band_step", "detail", "finished_at"} <= columns
-    kinds = sqlite3.connect(path).execute("SELECT kind FROM loss_replay").fetchall()
-    assert kinds == [("operators",)]
 
 
 def _build(target: str, ok: bool = True, spilled: int = 0, suite: str = "model") -> dict:

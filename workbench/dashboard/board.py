@@ -1,5 +1,6 @@
-"""Shared pieces of the dashboard pages: settings, the engine, cached reads through workbench.store.queries,
-number and status formatting, empty states. The dashboard only reads the store."""
+"""Shared pieces of the dashboard pages: settings, the engine, cached reads (READERS: the DataFrames of
+workbench.dashboard.frames, the block statuses, a candidate's source), number and status formatting, empty states.
+The dashboard only reads the store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.engine import make_url
 
+from workbench import status
 from workbench.config import Settings
+from workbench.dashboard import frames
 from workbench.store import get_engine, queries
 from workbench.vocabulary import LIGHT_TONES, TONE, Tone, tone
 
@@ -45,18 +48,25 @@ def engine(url: str):
     return get_engine(url)
 
 
+# What the pages read, by name: each takes the engine first and returns plain data or a DataFrame (never ORM rows).
+READERS = {reader.__name__: reader for reader in (
+    frames.model_plan, frames.runs_frame, frames.steps_frame, frames.candidates_frame, frames.checks_frame,
+    frames.builds_frame, frames.loss_replays_frame, frames.replay_curves, frames.ci_jobs_frame, frames.latest_ci_job,
+    frames.benchmarks_frame, status.block_status, status.known_blocks, queries.candidate_source)}
+
+
 @st.cache_data(ttl="5s", show_spinner=False)
 def _read(query: str, url: str, *args):
-    return getattr(queries, query)(engine(url), *args)
+    return READERS[query](engine(url), *args)
 
 
 @st.cache_data(ttl="1s", show_spinner=False)
 def _read_live(query: str, url: str, *args):
-    return getattr(queries, query)(engine(url), *args)
+    return READERS[query](engine(url), *args)
 
 
 def read(query: str, *args, live: bool = False):
-    """workbench.store.queries.<query>(engine, *args) on the configured database, cached for 5 s (1 s if live)."""
+    """READERS[query](engine, *args) on the configured database, cached for 5 s (1 s if live)."""
     return (_read_live if live else _read)(query, settings().db_url, *args)
 
 

@@ -188,7 +188,7 @@ def load_operator(path: Path):
     return module
 
 
-def record(engine, rows: list[BenchRow], candidate_id: int | None = None) -> None:
+def record(engine, rows: list[BenchRow]) -> None:
     """Each row's figures into the store's benchmark table (time, floor, fraction; label and subject kept)."""
     from workbench.store.db import session_scope
     from workbench.store.models import Benchmark
@@ -198,7 +198,7 @@ def record(engine, rows: list[BenchRow], candidate_id: int | None = None) -> Non
             for metric, value, unit in (("time", r.time_ms, "ms"), ("floor", r.floor_ms, "ms"),
                                         ("roofline_fraction", r.fraction, "")):
                 if value is not None:
-                    session.add(Benchmark(block=r.block, candidate_id=candidate_id, backend=r.target, shape=r.shape,
+                    session.add(Benchmark(block=r.block, backend=r.target, shape=r.shape,
                                           dtype="bfloat16", metric=f"{metric}:{r.passes}", value=float(value),
                                           unit=unit, label=r.label, subject=r.subject))
 

@@ -13,8 +13,12 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from importlib.resources import files
 
-from sqlalchemy import event, inspect, text
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import event, inspect
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, create_engine
@@ -22,7 +26,7 @@ from sqlmodel import Session, SQLModel, create_engine
 from workbench.store import models  # noqa: F401 - registers the tables on SQLModel.metadata
 
 BUSY_TIMEOUT_MS = 30_000
-SCHEMA_LOCK = 0x776F726B  # the PostgreSQL advisory lock held while the tables are created ("work")
+SCHEMA_LOCK = 0x776F726B  # the PostgreSQL advisory lock held while the schema is migrated ("work")
 
 
 def _finite(value):
@@ -51,7 +55,9 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 
 @cache
 def get_engine(url: str) -> Engine:
-    """One engine per URL, tables created. In-memory SQLite shares one connection (StaticPool)."""
+    """One engine per URL, its database migrated to the newest revision (workbench/store/migrations) under a lock,
+    so processes opening a new or older database together migrate it once. In-memory SQLite shares one connection
+    (StaticPool)."""
     kwargs: dict = {"json_serializer": json_serializer}
     if url.startswith("postgresql"):
         kwargs["connect_args"] = {"options": "-c timezone=UTC"}
@@ -63,42 +69,58 @@ def get_engine(url: str) -> Engine:
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
-    with engine.begin() as conn:  # processes starting together on a new database: one creates the tables
+    with engine.begin() as conn:  # processes starting together on a new database: one migrates it
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
         elif engine.dialect.name == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock (waits up to busy_timeout for another's)
-        SQLModel.metadata.create_all(conn)
-        add_missing_columns(conn)
+        migrate(conn)
     return engine
 
 
-def add_missing_columns(conn: Connection) -> list[str]:
-    """Columns a newer workbench added to a table that an older one created: added in place (nullable, or with
-    their scalar default), so an existing database keeps working. Returns "table.column" for each one added."""
-    added = []
+def alembic_config(conn: Connection | None = None) -> Config:
+    """Alembic's configuration for the migrations shipped in workbench/store/migrations, run on ``conn``."""
+    config = Config()
+    config.set_main_option("script_location", str(files("workbench.store").joinpath("migrations")))
+    config.attributes["connection"] = conn
+    return config
+
+
+def migrate(conn: Connection) -> str:
+    """The database behind ``conn`` brought to the newest revision; returns the revision it had (``"new"`` for an
+    empty database, which gets today's tables and is stamped, ``"none"`` for one a workbench made before there were
+    migrations, which is stamped with the revision its tables match and then upgraded). Runs in the caller's
+    transaction: the caller holds the schema lock."""
+    config = alembic_config(conn)
+    found = MigrationContext.configure(conn).get_current_revision()
+    if found is None:
+        tables = set(inspect(conn).get_table_names())
+        if not tables & set(SQLModel.metadata.tables):
+            SQLModel.metadata.create_all(conn)
+            command.stamp(config, "head")
+            return "new"
+        command.stamp(config, release_revision(conn))
+        found = "none"
+    command.upgrade(config, "head")
+    return found
+
+
+def release_revision(conn: Connection) -> str:
+    """The revision whose tables a database made before migrations has: that of the newest release whose mark it
+    carries (a release opening an older database added its new tables and columns to it)."""
     existing = inspect(conn)
-    for table in SQLModel.metadata.sorted_tables:
-        if not existing.has_table(table.name):
-            continue
-        present = {c["name"] for c in existing.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in present:
-                continue
-            kind = column.type.compile(dialect=conn.dialect)
-            default = column.default.arg if column.default is not None and column.default.is_scalar else None
-            clause = f" DEFAULT {_literal(default)}" if default is not None else ""
-            conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}{clause}'))
-            added.append(f"{table.name}.{column.name}")
-    return added
+    tables = set(existing.get_table_names())
 
+    def columns(table: str) -> set[str]:
+        return {c["name"] for c in existing.get_columns(table)} if table in tables else set()
 
-def _literal(value) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int | float):
-        return repr(value)
-    return "'" + str(value).replace("'", "''") + "'"
+    if "label" in columns("benchmark"):
+        return "0004" if "model" in tables else "0005"
+    if "kernel_build" in tables:
+        return "0003"
+    if "kind" in columns("loss_replay"):
+        return "0002"
+    return "0001"
 
 
 @contextmanager

@@ -122,12 +122,11 @@ class KernelBuild(SQLModel, table=True):
 
 
 class Benchmark(SQLModel, table=True):
-    """A speed or memory figure of a candidate or a reference at one shape."""
+    """A speed or memory figure of a block's operator, a reference or a peer at one shape."""
 
     __tablename__ = "benchmark"
     id: int | None = Field(default=None, primary_key=True)
     block: str = Field(index=True)
-    candidate_id: int | None = Field(default=None, foreign_key="candidate.id")
     backend: str
     shape: str
     dtype: str

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
@@ -23,8 +24,23 @@ from workbench.store.models import (
     VerificationCheck,
     utcnow,
 )
-from workbench.verify.result import VerificationResult
 from workbench.vocabulary import RENDERED, ReplayStatus, RunStatus
+
+
+class Verification(Protocol):
+    """What record_verification stores of a verification (workbench.verify.result.VerificationResult has it):
+    checks are dataclasses with VerificationCheck's fields, builds dicts with KernelBuild's (plus "cached")."""
+
+    verdict: str
+    message: str
+    backend: str
+    seconds: float
+    checks: Sequence[Any]
+    builds: Sequence[dict[str, Any]]
+
+    def worst_ratio(self) -> float: ...
+
+    def evidence(self) -> dict[str, Any]: ...
 
 
 def new_run_id() -> str:
@@ -71,7 +87,7 @@ def set_candidate_status(engine: Engine, candidate_id: int, status: str, message
         row.status, row.message = status, message
 
 
-def record_verification(engine: Engine, candidate_id: int, result: VerificationResult) -> None:
+def record_verification(engine: Engine, candidate_id: int, result: Verification) -> None:
     """The verdict and evidence on the candidate row, one VerificationCheck row per check and one KernelBuild row
     per kernel x target build, in one transaction; what an earlier verification of the same candidate recorded is
     replaced."""

@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench.dashboard import board
+from workbench.dashboard.frames import checks_by_shape
 from workbench.operators import list_promoted
 
 settings = board.settings()
@@ -79,8 +80,6 @@ else:
         st.caption(f"Candidate #{chosen} has no verification checks ({info[chosen]['status']}: "
                    f"{info[chosen]['message'] or 'not verified yet'}).")
     else:
-        from workbench.store.queries import checks_by_shape
-
         table = checks_by_shape(checks)
         table["where"] = table["suite"] + " · " + table["shape"]
         table["what"] = table["dtype"] + " · " + table["direction"]

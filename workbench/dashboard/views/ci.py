@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench.dashboard import board
-from workbench.store.queries import ci_operators, ci_regressions
+from workbench.dashboard.frames import ci_operators, ci_regressions
 
 RED = board.STATUS_COLORS["fail"]
 

@@ -10,7 +10,7 @@ import streamlit as st
 from workbench.dashboard import board
 from workbench.models import DEFAULT_MODEL, list_models
 from workbench.operators import EVIDENCE
-from workbench.store.queries import STATUSES
+from workbench.status import STATUSES
 
 settings = board.settings()
 st.title("Port overview")
