@@ -4,10 +4,15 @@ source hash, the run that promoted it and its verification summary)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+from workbench.errors import WorkbenchError
 
 
 def promote_file(source_path: str | Path, operators_dir: Path, block: str, manifest: dict[str, Any]) -> Path:
@@ -105,3 +110,18 @@ def evidence_line(manifest: dict[str, Any]) -> str:
         if replay.get("replay_id") else "replay: not yet"
     return (f"{e['backend']} {'/'.join(e['dtypes'])} {'+'.join(e['suites'])}{forward}; {compiled}{spill_free}; "
             f"GPU bf16 model: {'verified' if e['gpu_verified'] else 'not yet'}; {replayed}")
+
+
+def import_operator(path: str | Path, module_name: str, block: str | None = None) -> ModuleType:
+    """An operator file imported as the module ``module_name`` (registered in sys.modules, as a dataclass or a
+    Triton kernel in it needs); with ``block``, it must define BLOCK = ``block`` and a callable run. The file is
+    trusted: a promoted operator or the user's own (candidates run in the verifier's sandbox, never through here)."""
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise WorkbenchError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    module_spec.loader.exec_module(module)
+    if block is not None and (getattr(module, "BLOCK", None) != block or not callable(getattr(module, "run", None))):
+        raise WorkbenchError(f"{path} does not define BLOCK = '{block}' and run(...)")
+    return module

@@ -23,9 +23,7 @@ the training operator under the block's name, a forward-only (decode) port under
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -37,7 +35,7 @@ from workbench.blocks import get_block
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
 from workbench.numerics import compute_dtype
-from workbench.operators import FORWARD_ONLY_SUFFIX, newest_promoted
+from workbench.operators import FORWARD_ONLY_SUFFIX, import_operator, newest_promoted
 
 NAMESPACE = "workbench"
 
@@ -76,16 +74,7 @@ def operator_path(key: str) -> str:
 def load_operator(block: str, path: str) -> ModuleType:
     """The operator file ``path`` imported as a module (once per file); it must define BLOCK = ``block`` and run."""
     if path not in _modules:
-        name = f"workbench_kernels_{Path(path).stem}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise WorkbenchError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-        if getattr(module, "BLOCK", None) != block or not callable(getattr(module, "run", None)):
-            raise WorkbenchError(f"{path} does not define BLOCK = '{block}' and run(...)")
-        _modules[path] = module
+        _modules[path] = import_operator(path, f"workbench_kernels_{Path(path).stem}", block)
     return _modules[path]
 
 

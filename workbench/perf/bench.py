@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from workbench.blocks.base import BlockSpec, shape_label
+from workbench.operators import import_operator
 from workbench.perf import cost
 from workbench.perf.timing import Clock, CudaClock, time_calls
 
@@ -182,10 +183,7 @@ def measured_rows(spec: BlockSpec, module, shapes: list[dict], *, trials: int = 
 
 def load_operator(path: Path):
     """Import an operator file as a module (trusted: a promoted operator or the user's own file)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_operator(path, f"bench_{path.stem}")
 
 
 def record(engine, rows: list[BenchRow]) -> None:

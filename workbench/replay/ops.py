@@ -9,15 +9,13 @@ A block's target is "reference", an operator file, or LIBRARY_PREFIX and an oper
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from workbench.blocks import REGISTRY, get_block
 from workbench.errors import WorkbenchError
-from workbench.operators import is_forward_only, list_promoted
+from workbench.operators import import_operator, is_forward_only, list_promoted
 from workbench.replay.arch import LOSS_BLOCKS
 
 REFERENCE = "reference"
@@ -81,16 +79,7 @@ def load_ops(chosen: dict[str, str]) -> dict[str, Callable]:
         if target.startswith(LIBRARY_PREFIX):
             ops[block] = _library_op(block, Path(operator_file(target)))
             continue
-        name = f"workbench_replay_op_{block}"
-        module_spec = importlib.util.spec_from_file_location(name, target)
-        if module_spec is None or module_spec.loader is None:
-            raise WorkbenchError(f"cannot import {target}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-        if getattr(module, "BLOCK", None) != block or not callable(getattr(module, "run", None)):
-            raise WorkbenchError(f"{target} does not define BLOCK = '{block}' and run(...)")
-        ops[block] = module.run
+        ops[block] = import_operator(target, f"workbench_replay_op_{block}", block).run
     return ops
 
 
