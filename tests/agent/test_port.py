@@ -57,7 +57,10 @@ def test_budget_runs_out_and_the_run_ends_blocked(settings):
 
 def test_template_rendering_invalid_python_is_diagnosed_and_the_next_template_promoted(settings, copied_templates):
     broken = copied_templates("rmsnorm") / "row_block.py.j2"
-    broken.write_text(broken.read_text().replace("def run(x, weight, eps):", "def run(x, weight, eps)"))
+    source = broken.read_text()
+    kernel = "def rmsnorm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, BLOCK_N: tl.constexpr):"
+    assert source.count(kernel) == 1  # row_block's own kernel: col_tiled, which shares its host code, stays valid
+    broken.write_text(source.replace(kernel, kernel.removesuffix(":")))
     outcome = port_block("rmsnorm", settings, seeds=1, dtypes=["float32"], suites=["smoke"], budget=3)
     assert outcome.status == "promoted"
     engine = get_engine(settings.db_url)
