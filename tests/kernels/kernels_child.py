@@ -6,7 +6,6 @@ the Triton interpreter, which must be selected before triton is first imported, 
     equal    op forward and gradients against the operator's own run (rmsnorm, situ, both loss blocks, kda)
     opcheck  torch.library.opcheck (schema, autograd registration, fake tensors, AOT dispatch with dynamic shapes)
     compile  torch.compile(fullgraph=True) of RMSNorm, SiTUMLP and LinearCrossEntropyLoss against eager
-    replay   a few tiny-preset replay steps with the operators loaded as files and through the library
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import workbench.kernels as wk
 from workbench.blocks import get_block
 
 OPERATORS = Path(__file__).resolve().parents[2] / "operators"
-REPLAY_STEPS = 3
 OPCHECK_BLOCKS = ("rmsnorm", "situ", "vocab_blockwise_ce", "moe_router", "kda")
 
 
@@ -136,31 +134,7 @@ def check_compile() -> dict:
     return found
 
 
-def check_replay() -> dict:
-    """{"promoted": curve, "library": curve, "fingerprints_equal": bool, "library_ops": [blocks]} of the tiny
-    kimi-k3.1-pro scratch replay, REPLAY_STEPS steps, the operators as files and through the library."""
-    from workbench.replay.arch import architecture
-    from workbench.replay.ops import load_ops, resolve_ops
-    from workbench.replay.presets import get_preset
-    from workbench.replay.train import train
-
-    torch.set_num_threads(1)
-    preset = get_preset("tiny")
-    arch = architecture("kimi-k3.1-pro", preset.layers)
-    results = {}
-    for word in ("promoted", "library"):
-        ops = load_ops(resolve_ops([word], OPERATORS, arch.blocks))
-        if word == "library":
-            library_ops = sorted(b for b, fn in ops.items() if isinstance(fn, wk.BlockOp))
-        results[word] = train(preset, arch, "scratch", REPLAY_STEPS, 0, ops)
-    return {"promoted": results["promoted"].curve, "library": results["library"].curve,
-            "fingerprints_equal": results["promoted"].fingerprints == results["library"].fingerprints,
-            "eval_equal": results["promoted"].topk_values == results["library"].topk_values,
-            "library_ops": library_ops}
-
-
-CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
-          "replay": check_replay}
+CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile}
 
 
 if __name__ == "__main__":
