@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -120,6 +121,22 @@ def _in_worker(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str) -> None:
+    """A WorkbenchError unless the head at ``address`` ("host:port" or "ray://host:port"; "auto" and "local" are
+    Ray's to find) accepts a connection within CONNECT_TIMEOUT_S: Ray itself keeps trying for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise WorkbenchError(f"could not join the Ray cluster at {address}: {one_line(exc)} (--workers 1 verifies "
+                             f"in this process, without Ray)") from None
+
+
 def ray_options(resources: dict[str, float]) -> dict[str, Any]:
     """Ray's task options for a backend's resources: CPU and GPU by their own options, any other (an "NPU") as a
     custom resource."""
@@ -137,6 +154,8 @@ class RayExecutor(Executor):
 
         self.started = not ray.is_initialized()
         if self.started:
+            if address:
+                _check_reachable(address)
             try:
                 ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
                          log_to_driver=False, logging_level=logging.WARNING)
@@ -159,10 +178,13 @@ class RayExecutor(Executor):
 
 
 def make_executor(settings: Settings, workers: int | None = None, address: str | None = None) -> Executor:
-    """The executor a command asked for: ``workers`` (else $WORKBENCH_WORKERS) 1 runs here without Ray; else Ray at
-    ``address`` (else $WORKBENCH_RAY_ADDRESS), else a local Ray instance with ``workers`` (default the cores)."""
+    """The executor a command asked for, its flags before the environment: ``workers`` 1 runs here without Ray;
+    else Ray at ``address``; else $WORKBENCH_WORKERS 1 here, $WORKBENCH_RAY_ADDRESS a cluster; else a local Ray
+    instance with ``workers`` (else $WORKBENCH_WORKERS, else the cores; one core: here)."""
+    if workers != 1 and address:
+        return RayExecutor(address, workers or 1)
     workers = workers or settings.workers
-    address = address or settings.ray_address
-    if workers == 1 or (workers is None and not address and (os.cpu_count() or 1) == 1):
-        return InProcessExecutor()
-    return RayExecutor(address, workers or os.cpu_count() or 1)
+    if workers != 1 and settings.ray_address:
+        return RayExecutor(settings.ray_address, workers or 1)
+    workers = workers or os.cpu_count() or 1
+    return InProcessExecutor() if workers == 1 else RayExecutor(None, workers)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -162,3 +165,15 @@ def test_a_ci_job_on_two_workers_gives_the_junit_of_one(settings, ray_instance, 
         assert result.exit_code == 0, result.output
     assert _junit(junits["1"]) == _junit(junits["2"])
     assert len(_junit(junits["2"])) > 10
+
+
+def test_a_ray_cluster_that_cannot_be_joined_is_one_line_and_exit_code_2(settings, tmp_path):
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    done = subprocess.run([str(Path(sys.executable).with_name("workbench")), "ci", "--no-replays", "--ray-address",
+                           f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: could not join the Ray cluster at 127.0.0.1:{port}: [Errno 111] Connection refused (--workers 1 "
+        f"verifies in this process, without Ray)"]
