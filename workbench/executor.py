@@ -17,7 +17,7 @@ import os
 import socket
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,22 @@ class Executor:
     workers: int = 1
     lost: tuple[type[BaseException], ...] = ()
 
+    def __init__(self) -> None:
+        self._stopped: Future = Future()  # done once stop() is called
+
+    def stop(self) -> None:
+        """End every wait on a call still running with KeyboardInterrupt, in whichever thread waits (Ctrl-C in the
+        driver reaches every block's port)."""
+        if not self._stopped.done():
+            self._stopped.set_result(None)
+
+    def wait(self, future: Future) -> Any:
+        """The call's result, once it is done or the executor is stopped (then KeyboardInterrupt)."""
+        wait([future, self._stopped], return_when=FIRST_COMPLETED)
+        if not future.done():
+            raise KeyboardInterrupt("the command was interrupted")
+        return future.result()
+
     def submit(self, resources: dict[str, float], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
         raise NotImplementedError
 
@@ -84,7 +100,7 @@ class Executor:
     def settle(self, future: Future, path: str | Path, block: str, backend: Backend) -> VerificationResult:
         """The result of submit_verification; a worker lost on every try is the verdict "crashed"."""
         try:
-            return future.result()
+            return self.wait(future)
         except self.lost as exc:
             return VerificationResult(block=block, candidate=str(Path(path).resolve()),
                                       source_hash=source_hash(Path(path).read_text()), backend=backend.name,
@@ -99,8 +115,8 @@ class Executor:
     def measure(self, path: str | Path, block: str, shapes: list[dict], backend: Backend, **options: Any) -> dict:
         """measure_candidate on the device of a task of its own (a GPU no other verification uses meanwhile)."""
         path = str(Path(path).resolve())
-        return self.submit(backend.resources, measure_source, path, Path(path).read_text(), block, shapes, backend,
-                           **options).result()
+        return self.wait(self.submit(backend.resources, measure_source, path, Path(path).read_text(), block, shapes,
+                                     backend, **options))
 
 
 class InProcessExecutor(Executor):
@@ -152,6 +168,7 @@ class RayExecutor(Executor):
     def __init__(self, address: str | None, workers: int):
         import ray
 
+        super().__init__()
         self.started = not ray.is_initialized()
         if self.started:
             if address:

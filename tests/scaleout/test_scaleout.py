@@ -1,6 +1,7 @@
 """The fan-out on a real local Ray instance (2 CPUs): a whole-model port with 2 workers promotes every block and
 records every step once, a verification whose worker is killed is retried and gets one verdict, a CI job with 2
-workers gives the JUnit of 1, and the executor's resources and its in-process form."""
+workers gives the JUnit of 1, Ctrl-C and a cluster that cannot be joined, the executor's resources and its
+in-process form."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sqlmodel import Session, func, select
 from typer.testing import CliRunner
 
 from workbench.agent.run import port_block
@@ -25,6 +27,7 @@ from workbench.cli import app
 from workbench.executor import InProcessExecutor, RayExecutor, make_executor, ray_options
 from workbench.operators import promote_file
 from workbench.store import get_engine
+from workbench.store.models import PortRun, RunStep
 from workbench.store.queries import find_run, run_candidates, run_steps
 from workbench.templating import load_template
 from workbench.verify.harness import source_hash
@@ -42,12 +45,12 @@ def test_ray_options_name_cpus_gpus_and_other_accelerators():
 
 
 def test_one_worker_runs_in_process_without_ray(settings):
-    import ray
-
     executor = make_executor(settings, workers=1, address="127.0.0.1:1")  # one worker wins over an address
     assert isinstance(executor, InProcessExecutor) and executor.workers == 1
-    assert executor.submit({}, sum, [1, 2]).result() == 3
-    assert not ray.is_initialized()
+    assert executor.submit({}, os.getpid).result() == os.getpid()
+    failed = executor.submit({}, int, "not a number")
+    with pytest.raises(ValueError):
+        failed.result()
 
 
 def _descendant(pid: int, ancestor: int) -> bool:
@@ -177,3 +180,26 @@ def test_a_ray_cluster_that_cannot_be_joined_is_one_line_and_exit_code_2(setting
     assert done.stderr.strip().splitlines() == [
         f"error: could not join the Ray cluster at 127.0.0.1:{port}: [Errno 111] Connection refused (--workers 1 "
         f"verifies in this process, without Ray)"]
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_interrupted(settings, tmp_path):
+    command = [str(Path(sys.executable).with_name("workbench")), "port", "rmsnorm", "situ", "--workers", "2", *QUICK]
+    port = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and port.poll() is None:
+            with Session(get_engine(settings.db_url)) as s:
+                if s.exec(select(func.count()).select_from(RunStep).where(RunStep.node == "contract")).one() == 2:
+                    break
+            time.sleep(0.2)
+        time.sleep(1.0)  # both ports wait on their verifications
+        port.send_signal(signal.SIGINT)
+        assert port.wait(60) == 130
+    finally:
+        port.kill()
+    with Session(get_engine(settings.db_url)) as s:
+        runs = s.exec(select(PortRun)).all()
+    assert sorted(r.block for r in runs) == ["rmsnorm", "situ"]
+    assert {(r.status, r.reason) for r in runs} == {("interrupted", "interrupted by the user")}

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,6 +50,7 @@ WAITING = RunStatus.WAITING_APPROVAL
 
 EventHook = Callable[[str, str, dict], None]
 BlockEventHook = Callable[[str, str, str, dict], None]  # (block, node, message, data)
+STOP_WAIT_S = 10.0  # after Ctrl-C, how long each block's port may take to record that it was interrupted
 
 
 @dataclass
@@ -114,7 +115,7 @@ def port_blocks(blocks: list[str], settings: Settings, *, executor: Executor,
     """port_block for each of ``blocks`` (with port_block's ``options``), outcomes in the order of ``blocks``. On
     an executor of one worker, one block after another; else every block's graph at once, each in a driver thread
     waiting on its verifications (the executor decides how many run). A block whose port raised re-raises here
-    once every other block has ended."""
+    once every other block has ended; Ctrl-C marks every run of this process interrupted."""
     def port(block: str) -> PortOutcome:
         hook = (lambda node, message, data: on_event(block, node, message, data)) if on_event else None
         outcome = port_block(block, settings, executor=executor, on_event=hook, **options)
@@ -124,10 +125,31 @@ def port_blocks(blocks: list[str], settings: Settings, *, executor: Executor,
 
     if executor.workers == 1 or len(blocks) == 1:
         return [port(block) for block in blocks]
-    get_engine(settings.db_url)  # the store's engine made (and its tables) once, before the threads share it
-    with ThreadPoolExecutor(max_workers=len(blocks), thread_name_prefix="port") as threads:
-        futures = [threads.submit(port, block) for block in blocks]
-    return [future.result() for future in futures]
+    engine = get_engine(settings.db_url)  # the store's engine made (and its tables) once, before the threads share it
+    ended: dict[str, PortOutcome | BaseException] = {}
+
+    def drive(block: str) -> None:
+        try:
+            ended[block] = port(block)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, once every other block has ended
+            ended[block] = exc
+
+    threads = [threading.Thread(target=drive, args=(block,), name=f"port-{block}", daemon=True) for block in blocks]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:  # every port waiting on a verification ends interrupted (resumable), then the command
+        executor.stop()
+        for thread in threads:
+            thread.join(STOP_WAIT_S)
+        records.interrupt_own_runs(engine, "interrupted by the user")  # a port busy elsewhere (a replay) too
+        raise
+    for block in blocks:
+        if isinstance(ended[block], BaseException):
+            raise ended[block]
+    return [ended[block] for block in blocks]
 
 
 def resume_port(run_id: str, settings: Settings, *, on_event: EventHook | None = None, chat=None,
