@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from workbench.agent.run import port_block
 from workbench.backends import CUDA, INTERPRETER, Backend
 from workbench.cli import app
-from workbench.executor import InProcessExecutor, RayExecutor, make_executor, ray_options
+from workbench.executor import MAX_RETRIES, InProcessExecutor, RayExecutor, make_executor, ray_options
 from workbench.operators import promote_file
 from workbench.store import get_engine
 from workbench.store.models import PortRun, RunStep
@@ -203,3 +203,26 @@ def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_int
         runs = s.exec(select(PortRun)).all()
     assert sorted(r.block for r in runs) == ["rmsnorm", "situ"]
     assert {(r.status, r.reason) for r in runs} == {("interrupted", "interrupted by the user")}
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_a_verification_whose_worker_dies_on_every_try_is_the_verdict_crashed(ray_instance, tmp_path):
+    """MAX_RETRIES + 1 tries, each worker killed as it starts the task: one "crashed" result, no error."""
+    t = load_template("rmsnorm", "row_block")
+    candidate = tmp_path / "rmsnorm_row_block.py"
+    candidate.write_text(t.render(next(t.points())))
+    executor = RayExecutor(None, 2)
+    future = executor.submit_verification(candidate, block="rmsnorm", backend=INTERPRETER, suites=["smoke"],
+                                          dtypes=["float32"], seeds=1, targets=[])
+    killed: set[int] = set()
+    deadline = time.monotonic() + 180
+    while not future.done() and time.monotonic() < deadline:
+        for pid in task_workers() - killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.05)
+    result = executor.settle(future, candidate, "rmsnorm", INTERPRETER)
+    assert len(killed) == MAX_RETRIES + 1
+    assert result.verdict == "crashed" and result.message.startswith(f"verification worker lost {MAX_RETRIES + 1}")
+    assert result.candidate == str(candidate) and result.source_hash == source_hash(candidate.read_text())
