@@ -5,7 +5,10 @@ Candidates verified in the suite are not compiled for GPU targets unless a test 
 test_targets.py, test_thirdparty.py, test_forward_only.py, the port test in tests/agent/test_port.py that names
 sm_90a), every other test verifies the same numerics and integrity in a fraction of the time, and `workbench ci` in
 .ci/run compiles every promoted operator for all five default targets. Compile results are cached per test process
-(keyed by source, specialization and target, so sharing changes no verdict)."""
+(keyed by source, specialization and target, so sharing changes no verdict).
+
+Commands verify in the test's own process ($WORKBENCH_WORKERS=1): the fan-out on Ray is tested in tests/scaleout,
+on one local Ray instance for the whole test session."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import pytest
 from workbench.config import Settings
 
 os.environ.setdefault("WORKBENCH_TARGETS", "")
+os.environ.setdefault("WORKBENCH_WORKERS", "1")  # commands verify in the test's process; tests/scaleout runs Ray
 if "WORKBENCH_COMPILE_CACHE" not in os.environ:
     os.environ["WORKBENCH_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="workbench-compile-cache-")
     atexit.register(shutil.rmtree, os.environ["WORKBENCH_COMPILE_CACHE"], True)

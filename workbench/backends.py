@@ -1,7 +1,9 @@
 """Where a candidate runs now (a backend) and where it must run (a target).
 
-A backend names the device tensors live on, the environment the sandbox sets before ``triton`` is imported, and the
-dtypes and shape suites it can verify: Triton on a CUDA GPU, or the Triton interpreter on CPU.
+A backend names the device tensors live on, the environment the sandbox sets before ``triton`` is imported, the
+dtypes and shape suites it can verify (Triton on a CUDA GPU, or the Triton interpreter on CPU), and what one
+verification asks of a Ray node (``resources``, Ray's names: "CPU", "GPU", or an accelerator's own such as "NPU" for
+Ascend), so that N devices run N verifications and each sees only its own (workbench.executor).
 
 A target is a GPU architecture that every candidate is compiled for ahead of time, from any machine (Triton's
 ``GPUTarget``: no GPU and no driver needed), with the per-SM limits that turn what the compiler reports (registers,
@@ -24,6 +26,7 @@ class Backend:
     dtypes: tuple[str, ...]
     suites: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1})
 
 
 INTERPRETER = Backend(
@@ -41,6 +44,7 @@ CUDA = Backend(
     device="cuda",
     dtypes=("float32", "float16", "bfloat16"),
     suites=("smoke", "edge", "model"),
+    resources={"CPU": 1, "GPU": 1},  # Ray sets CUDA_VISIBLE_DEVICES to the task's GPU; the sandbox passes it on
 )
 
 BACKENDS = {b.name: b for b in (INTERPRETER, CUDA)}

@@ -19,11 +19,13 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from workbench.backends import get_backend, get_targets
 from workbench.config import Settings
+from workbench.executor import Executor, InProcessExecutor
 from workbench.operators import is_forward_only, newest_promoted
 from workbench.store import CIJob, get_engine, session_scope
 from workbench.store.models import utcnow
-from workbench.verify.harness import verify_candidate
+from workbench.verify.harness import default_target_names
 from workbench.verify.result import VerificationResult
 from workbench.vocabulary import SANDBOX_VERDICTS, JobStatus, ReplayStatus, Verdict
 
@@ -148,9 +150,12 @@ def current_commit() -> str:
 
 def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, timeout_s: float = 300.0,
            replays: tuple[tuple[str, int], ...] = (), on_report=None, on_replay=None,
-           targets: list[str] | None = None) -> tuple[CIJob, list[OperatorReport], list[ReplayReport]]:
+           targets: list[str] | None = None, executor: Executor | None = None
+           ) -> tuple[CIJob, list[OperatorReport], list[ReplayReport]]:
     """Verify the newest promoted operator of every block, then run ``replays`` ((mode, steps), see CI_REPLAYS);
-    record the job, return it with the reports. The job's status is "passed" unless there is a regression."""
+    record the job, return it with the reports. The job's status is "passed" unless there is a regression.
+    executor: where the verifications run, all at once (default: in this process, one after another); the job is
+    written here."""
     engine = get_engine(settings.db_url)
     baseline = load_baseline(settings)
     with session_scope(engine) as s:
@@ -158,16 +163,23 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         s.add(job)
         s.flush()
         job_id = job.id
+    executor = executor or InProcessExecutor()
+    backend = get_backend()
+    # resolved here, where $WORKBENCH_TARGETS was set: a cluster node's environment may differ
+    targets = [t.name for t in get_targets(default_target_names() if targets is None else targets)]
+    chosen = {key: manifest for key, manifest in newest_promoted(settings.operators_dir).items()
+              if not (changed_only and baseline.get(key)
+                      and baseline[key].get("source_hash") == manifest.get("source_hash"))}
+    # every verification submitted at once; their results read (and reported, and written) here, in order
+    futures = {key: executor.submit_verification(manifest["path"], block=manifest["block"], backend=backend,
+                                                 seeds=seeds, base_seed=CI_SEED, timeout_s=timeout_s,
+                                                 targets=targets, forward_only=is_forward_only(manifest))
+               for key, manifest in chosen.items()}
     reports = []
-    for key, manifest in newest_promoted(settings.operators_dir).items():
-        known = baseline.get(key)
-        if changed_only and known and known.get("source_hash") == manifest.get("source_hash"):
-            continue
-        result = verify_candidate(manifest["path"], block=manifest["block"], seeds=seeds, base_seed=CI_SEED,
-                                  timeout_s=timeout_s, targets=targets,
-                                  forward_only=is_forward_only(manifest))
+    for key, manifest in chosen.items():
+        result = executor.settle(futures[key], manifest["path"], manifest["block"], backend)
         report = summarize(key, result)
-        report.regressions = regressions(report, known)
+        report.regressions = regressions(report, baseline.get(key))
         reports.append(report)
         if on_report:
             on_report(report)

@@ -33,6 +33,14 @@ TargetsOption = Annotated[str | None, typer.Option(
                       "$WORKBENCH_TARGETS, a model card's targets, else sm_80,sm_90a,sm_100a,gfx942,gfx950)")]
 
 
+WorkersOption = Annotated[int | None, typer.Option(
+    "--workers", min=1, help="verifications at once on a local Ray instance (default $WORKBENCH_WORKERS, else the "
+                             "cores; 1: one after another in this process, without Ray)")]
+RayAddressOption = Annotated[str | None, typer.Option(
+    "--ray-address", help="verify on the Ray cluster at this address, e.g. ray://head:10001 or auto (default "
+                          "$WORKBENCH_RAY_ADDRESS, else a local Ray instance)")]
+
+
 def _targets(value: str | None) -> list[str] | None:
     """--targets as a list: None for the default, [] for "none"."""
     if value is None:
@@ -213,13 +221,17 @@ def port(
     forward_only: Annotated[bool, typer.Option(
         "--forward-only", help="an inference port: verify outputs only, no replay gate (recorded in the manifest)")]
     = False,
+    workers: WorkersOption = None, ray_address: RayAddressOption = None,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Port blocks with the agent: render, compile, verify, diagnose, revise, promote. Exit 1 if any ends blocked."""
+    """Port blocks with the agent: render, compile, verify, diagnose, revise, promote. Exit 1 if any ends blocked.
+    Several blocks port at once, their verifications fanned out on Ray (--workers, --ray-address); one block's
+    candidates verify one after another, in this process unless a cluster is named."""
     from workbench.agent.llm import LLMConfig
-    from workbench.agent.run import port_block, resume_port
+    from workbench.agent.run import port_blocks, resume_port
     from workbench.backends import get_backend
     from workbench.blocks import REGISTRY, get_block
+    from workbench.executor import make_executor
     from workbench.models import get_model
 
     settings = Settings.load(db, operators)
@@ -251,20 +263,34 @@ def port(
     chosen = get_backend(backend)
     llm = LLMConfig.load(llm_base_url, llm_model) if proposer in ("llm", "hybrid") else None
 
-    outcomes = []
-    for name in names:
-        if not as_json:
-            console.rule(f"port {name} on {chosen.name}" + (f" with {proposer}" if proposer != "search" else ""))
+    if len(names) == 1 and not (ray_address or settings.ray_address):
+        workers = 1
+    with make_executor(settings, workers, ray_address) as executor:
+        parallel = executor.workers > 1 and len(names) > 1
+        if parallel and not as_json:
+            console.rule(f"port {len(names)} blocks on {chosen.name}, {executor.workers} workers"
+                         + (f" with {proposer}" if proposer != "search" else ""))
         with _live(as_json) as show:
-            outcome = port_block(name, settings, budget=budget, explore=explore, start=start, proposer=proposer,
-                                 suites=suites.split(","), dtypes=dtypes.split(",") if dtypes else None, seeds=seeds,
-                                 backend=chosen, timeout_s=timeout, model=model, on_event=show, llm=llm,
-                                 approve=approve,
-                                 replay_steps=settings.replay_steps if replay_steps is None else replay_steps,
-                                 targets=_targets(targets) if targets is not None else card_targets,
-                                 forward_only=forward_only)
-        outcomes.append(outcome)
-        _print_outcome(outcome, as_json)
+            def show_block(block: str, node: str, message: str, data: dict) -> None:
+                if parallel:
+                    show(node, message, data, block=block)
+                    return
+                if block != shown.get("block") and not as_json:  # one block after another: a rule for each
+                    shown["block"] = block
+                    console.rule(f"port {block} on {chosen.name}" + (f" with {proposer}" if proposer != "search"
+                                                                      else ""))
+                show(node, message, data)
+
+            shown: dict[str, str] = {}
+            outcomes = port_blocks(names, settings, executor=executor, on_event=show_block,
+                                   on_outcome=lambda outcome: _print_outcome(outcome, as_json),
+                                   budget=budget, explore=explore, start=start, proposer=proposer,
+                                   suites=suites.split(","), dtypes=dtypes.split(",") if dtypes else None,
+                                   seeds=seeds, backend=chosen, timeout_s=timeout, model=model, llm=llm,
+                                   approve=approve,
+                                   replay_steps=settings.replay_steps if replay_steps is None else replay_steps,
+                                   targets=_targets(targets) if targets is not None else card_targets,
+                                   forward_only=forward_only)
     _finish(outcomes, as_json, printed=True)
 
 
@@ -273,12 +299,14 @@ def _live(as_json: bool) -> Iterator:
     """A live view of a run (Rich): each node event printed as it streams in, under a spinner naming the last node
     and what it did. With --json, nothing."""
     if as_json:
-        yield lambda node, message, data: None
+        yield lambda node, message, data, block=None: None
         return
     with console.status("starting", spinner="dots") as status:
-        def show(node: str, message: str, _data: dict) -> None:
-            console.print(f"  [bold]{node:>8}[/] {escape(message)}")
-            status.update(f"[bold]{node}[/] done: {escape(message[:90])}")
+        def show(node: str, message: str, _data: dict, block: str | None = None) -> None:
+            """block: the block this event is of, shown first when several blocks port at once."""
+            where = f"[cyan]{escape(block)}[/] " if block else ""
+            console.print(f"  {where}[bold]{node:>8}[/] {escape(message)}")
+            status.update(f"{where}[bold]{node}[/] done: {escape(message[:90])}")
 
         yield show
 
@@ -606,11 +634,13 @@ def ci(
     replays: Annotated[bool, typer.Option("--replays/--no-replays",
                                           help="short scratch and LoRA replays with every promoted operator")] = True,
     targets: TargetsOption = None,
+    workers: WorkersOption = None, ray_address: RayAddressOption = None,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Re-verify every promoted operator against the last recorded results and replay short loss curves with them:
-    exit 1 on a regression."""
+    exit 1 on a regression. The verifications fan out on Ray (--workers, --ray-address)."""
     from workbench.ci import CI_REPLAYS, record_junit, run_ci, write_baseline, write_junit
+    from workbench.executor import make_executor
 
     settings = Settings.load(db, operators)
 
@@ -624,9 +654,10 @@ def ci(
             console.print(f"{_style(report.status)} replay {report.name} ({report.seconds:.1f} s) "
                           f"{escape(report.reason)}")
 
-    job, reports, replay_reports = run_ci(settings, changed_only=changed_only, timeout_s=timeout,
-                                          replays=CI_REPLAYS if replays else (), on_report=show_report,
-                                          on_replay=show_replay, targets=_targets(targets))
+    with make_executor(settings, workers, ray_address) as executor:
+        job, reports, replay_reports = run_ci(settings, changed_only=changed_only, timeout_s=timeout,
+                                              replays=CI_REPLAYS if replays else (), on_report=show_report,
+                                              on_replay=show_replay, targets=_targets(targets), executor=executor)
     if junit:
         write_junit(junit, job, reports, replay_reports)
         record_junit(settings, job, junit)

@@ -11,6 +11,8 @@ its explicit value (a flag), else the environment variable ``WORKBENCH_<NAME>``,
     WORKBENCH_BACKEND     backend        auto, interpreter or cuda
     WORKBENCH_COMPILE_CACHE compile_cache  where compile results are kept (default: work_dir/compile-cache)
     WORKBENCH_REPLAY_STEPS  replay_steps   steps of the replay gate of `workbench port` (default 6; 0: no gate)
+    WORKBENCH_WORKERS     workers        verifications at once (default: the cores; 1: in this process, no Ray)
+    WORKBENCH_RAY_ADDRESS ray_address    a Ray cluster to verify on (default: a local Ray instance of its own)
 
 The LLM proposer's settings are the same scheme under WORKBENCH_LLM_ (workbench.agent.llm.LLMConfig).
 """
@@ -45,6 +47,8 @@ class Settings(BaseSettings):
     backend: str = Field("auto", validation_alias="WORKBENCH_BACKEND")
     compile_cache: Path | None = Field(None, validation_alias="WORKBENCH_COMPILE_CACHE")
     replay_steps: int = Field(6, ge=0, validation_alias="WORKBENCH_REPLAY_STEPS")
+    workers: int | None = Field(None, ge=1, validation_alias="WORKBENCH_WORKERS")
+    ray_address: str | None = Field(None, validation_alias="WORKBENCH_RAY_ADDRESS")
 
     def __init__(self, **values):
         aliases = {name: f.validation_alias for name, f in type(self).model_fields.items()}

@@ -26,7 +26,7 @@ passing candidate in this block's place (every other block on its reference), he
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,14 +45,15 @@ from workbench.backends import Backend
 from workbench.blocks.base import BlockSpec
 from workbench.config import Settings
 from workbench.errors import TemplateError
+from workbench.executor import Executor, InProcessExecutor
 from workbench.operators import launch_settings, promote_file
 from workbench.perf.cost import modelled_summary
-from workbench.perf.measure import MEASURE_TRIALS, measure_candidate
+from workbench.perf.measure import MEASURE_TRIALS
 from workbench.store import records
 from workbench.store.models import utcnow
 from workbench.templating import Template, candidate_filename, format_point
 from workbench.verify.contract import contract_problem
-from workbench.verify.harness import source_hash, suite_shapes, verify_candidate
+from workbench.verify.harness import source_hash, suite_shapes
 from workbench.vocabulary import NUMERIC_VERDICTS, RunStatus, Verdict
 
 NODES_PER_ITERATION = 5  # render, contract, verify, diagnose, revise
@@ -71,7 +72,9 @@ class Proposer(Protocol):
 @dataclass
 class PortContext:
     """What the nodes need besides the state: the block, its templates, the proposer, the store, the backend and
-    the run's options (PortOptions, as recorded with the run); start: the first point, parsed."""
+    the run's options (PortOptions, as recorded with the run); start: the first point, parsed. executor: where the
+    sandboxed verifications and measurements run (workbench.executor; their results come back here, and only the
+    nodes, in this process, write the store)."""
 
     spec: BlockSpec
     templates: dict[str, Template]
@@ -82,6 +85,7 @@ class PortContext:
     options: PortOptions
     start: Proposal | None = None
     on_event: Callable[[str, str, dict], None] | None = None
+    executor: Executor = field(default_factory=InProcessExecutor)
 
     @property
     def measures(self) -> bool:
@@ -188,9 +192,9 @@ def verify(state: PortState, runtime: Runtime[PortContext]) -> dict:
     ctx = runtime.context
     current = dict(state["current"])
     opts = ctx.options
-    result = verify_candidate(current["path"], block=ctx.spec.name, suites=opts.suites, dtypes=opts.dtypes,
-                              seeds=opts.seeds, backend=ctx.backend, timeout_s=opts.timeout_s,
-                              targets=opts.targets, forward_only=opts.forward_only)
+    result = ctx.executor.verify(current["path"], block=ctx.spec.name, suites=opts.suites, dtypes=opts.dtypes,
+                                 seeds=opts.seeds, backend=ctx.backend, timeout_s=opts.timeout_s,
+                                 targets=opts.targets, forward_only=opts.forward_only)
     records.record_verification(ctx.engine, current["candidate_id"], result)
     evidence = result.evidence()
     modelled = modelled_summary(ctx.spec.name, suite_shapes(ctx.spec, "model"), result.builds, result.targets,
@@ -198,7 +202,7 @@ def verify(state: PortState, runtime: Runtime[PortContext]) -> dict:
     current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
                    evidence=evidence, modelled=modelled)
     if result.passed and ctx.measures:
-        current["measured"] = measure_candidate(
+        current["measured"] = ctx.executor.measure(
             current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
             timeout_s=ctx.options.timeout_s, forward_only=ctx.options.forward_only)
         figure = current["measured"]

@@ -5,12 +5,18 @@ The graph is checkpointed after every node (LangGraph's SqliteSaver, in its own 
 run id), so a run that was killed, interrupted or failed is taken up again from its last completed node
 (resume_port). With approval asked for, a run stops before promotion as waiting_approval; decide() answers it.
 Node events are streamed (stream_mode "custom") to ``on_event`` as they happen; the nodes write them to the store.
+
+Several blocks (a whole model) are ported at once by port_blocks: each block's graph in a driver thread of its own,
+whose verify step hands the sandboxed verification to the executor (a Ray task) and waits for it, so every write to
+the store, the checkpoints and operators/ stays in this process (an engine session per write, a checkpoint
+connection per run).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +37,7 @@ from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, BlockSpec
 from workbench.config import Settings
 from workbench.errors import TemplateError, WorkbenchError
+from workbench.executor import Executor, InProcessExecutor
 from workbench.store import get_engine, records
 from workbench.store.queries import candidate_checks, find_run
 from workbench.templating import format_point, list_templates, load_template, parse_point
@@ -42,6 +49,8 @@ ENDED = (RunStatus.PROMOTED, RunStatus.BLOCKED, RunStatus.REJECTED)
 WAITING = RunStatus.WAITING_APPROVAL
 
 EventHook = Callable[[str, str, dict], None]
+BlockEventHook = Callable[[str, str, str, dict], None]  # (block, node, message, data)
+STOP_WAIT_S = 10.0  # after Ctrl-C, how long each block's port may take to record that it was interrupted
 
 
 @dataclass
@@ -59,7 +68,8 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
                seeds: int = 2, backend: Backend | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                model: str | None = None, on_event: EventHook | None = None, llm: LLMConfig | None = None,
                chat=None, approve: bool = False, replay_steps: int = 0, targets: list[str] | None = None,
-               forward_only: bool = False, measure: bool | None = None) -> PortOutcome:
+               forward_only: bool = False, measure: bool | None = None,
+               executor: Executor | None = None) -> PortOutcome:
     """Run the agent on ``block``. start: "template:NAME=VALUE,..." to begin at a given point (missing params take
     the template's first covering choice); for the llm proposer, the starting candidate shown to the model.
     llm: the endpoint of the llm and hybrid proposers (default: $WORKBENCH_LLM_*); chat: a langchain chat model to
@@ -68,7 +78,8 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
     kimi-k3.1-pro). targets: the GPU targets every candidate must compile for (default: $WORKBENCH_TARGETS, else
     the defaults). forward_only: an inference port (outputs verified, the backward not, no replay gate; the
     manifest says so). measure: time each passing candidate at the model suite and rank by the measured times
-    (None: on a GPU backend). Raises WorkbenchError for bad arguments before any run is recorded."""
+    (None: on a GPU backend). executor: where verifications run (default: in this process). Raises
+    WorkbenchError for bad arguments before any run is recorded."""
     spec = get_block(block)
     if proposer not in PROPOSERS:
         raise WorkbenchError(f"unknown proposer '{proposer}' (known: {', '.join(PROPOSERS)})")
@@ -89,7 +100,8 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
                           replay_steps=replay_steps, replay_model=model or DEFAULT_REPLAY_MODEL,
                           llm=llm.public() if llm and proposer != "search" else None)
     engine = get_engine(settings.db_url)
-    ctx = _context(spec, settings, engine, backend, proposer, options, on_event=on_event, chat=chat)
+    ctx = _context(spec, settings, engine, backend, proposer, options, on_event=on_event, chat=chat,
+                   executor=executor)
     records.mark_interrupted(engine)
     run_id = records.start_run(engine, block=spec.name, proposer=proposer, backend=backend.name, budget=budget,
                                config=options.to_json(), model=model)
@@ -97,9 +109,52 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
                                         "history": [], "passing": []})
 
 
+def port_blocks(blocks: list[str], settings: Settings, *, executor: Executor,
+                on_event: BlockEventHook | None = None, on_outcome: Callable[[PortOutcome], None] | None = None,
+                **options: Any) -> list[PortOutcome]:
+    """port_block for each of ``blocks`` (with port_block's ``options``), outcomes in the order of ``blocks``. On
+    an executor of one worker, one block after another; else every block's graph at once, each in a driver thread
+    waiting on its verifications (the executor decides how many run). A block whose port raised re-raises here
+    once every other block has ended; Ctrl-C marks every run of this process interrupted."""
+    def port(block: str) -> PortOutcome:
+        hook = (lambda node, message, data: on_event(block, node, message, data)) if on_event else None
+        outcome = port_block(block, settings, executor=executor, on_event=hook, **options)
+        if on_outcome:
+            on_outcome(outcome)
+        return outcome
+
+    if executor.workers == 1 or len(blocks) == 1:
+        return [port(block) for block in blocks]
+    engine = get_engine(settings.db_url)  # the store's engine made (and its tables) once, before the threads share it
+    ended: dict[str, PortOutcome | BaseException] = {}
+
+    def drive(block: str) -> None:
+        try:
+            ended[block] = port(block)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, once every other block has ended
+            ended[block] = exc
+
+    threads = [threading.Thread(target=drive, args=(block,), name=f"port-{block}", daemon=True) for block in blocks]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:  # every port waiting on a verification ends interrupted (resumable), then the command
+        executor.stop()
+        for thread in threads:
+            thread.join(STOP_WAIT_S)
+        records.interrupt_own_runs(engine, "interrupted by the user")  # a port busy elsewhere (a replay) too
+        raise
+    for block in blocks:
+        if isinstance(ended[block], BaseException):
+            raise ended[block]
+    return [ended[block] for block in blocks]
+
+
 def resume_port(run_id: str, settings: Settings, *, on_event: EventHook | None = None, chat=None,
                 llm_base_url: str | None = None, llm_model: str | None = None,
-                backend: Backend | None = None) -> PortOutcome:
+                backend: Backend | None = None, executor: Executor | None = None) -> PortOutcome:
     """Continue an interrupted or failed run from its last completed node; the store shows it resumed (a RunStep
     of node "resume"), and nothing it recorded before is written twice."""
     engine = get_engine(settings.db_url)
@@ -123,7 +178,7 @@ def resume_port(run_id: str, settings: Settings, *, on_event: EventHook | None =
     if backend.name != run.backend:
         raise WorkbenchError(f"run {run.id} verifies on the {run.backend} backend, not {backend.name}")
     ctx = _context(get_block(run.block), settings, engine, backend, run.proposer, options, on_event=on_event,
-                   chat=chat)
+                   chat=chat, executor=executor)
     with _checkpointed(ctx) as graph:
         snapshot = graph.get_state(_thread(run.id, run.budget))
     # the nodes due at the last checkpoint; one that finished but whose step was not checkpointed is not in
@@ -163,7 +218,7 @@ def _find(engine, run_id: str):
 
 
 def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, proposer: str, options: PortOptions,
-             *, on_event: EventHook | None, chat=None) -> PortContext:
+             *, on_event: EventHook | None, chat=None, executor: Executor | None = None) -> PortContext:
     """The nodes' context from a run's options (the same for a new, a resumed and an approved run)."""
     # a training port never proposes a forward-only (decode) template: its backward raises
     templates = {t.name: t for t in list_templates(spec.name) if options.forward_only or not t.forward_only}
@@ -186,7 +241,8 @@ def _context(spec: BlockSpec, settings: Settings, engine, backend: Backend, prop
         if proposer == "llm":
             start = None  # the start point is the model's starting candidate, not a candidate of its own
     return PortContext(spec=spec, templates=templates, proposer=chosen, engine=engine, settings=settings,
-                       backend=backend, options=options, start=start, on_event=on_event)
+                       backend=backend, options=options, start=start, on_event=on_event,
+                       executor=executor or InProcessExecutor())
 
 
 def _thread(run_id: str, budget: int) -> dict:
@@ -205,7 +261,8 @@ def _checkpointed(ctx: PortContext) -> Iterator[Any]:
     """The compiled graph with its checkpoints in their own SQLite file (SqliteSaver turns on WAL)."""
     path = ctx.settings.checkpoints_path
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), check_same_thread=False)
+    # one connection per run; several runs' threads share the file (WAL), a writer waiting up to 30 s for another
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
     try:
         yield build_graph(checkpointer=SqliteSaver(conn, serde=CHECKPOINT_SERDE))
     finally:

@@ -143,6 +143,18 @@ def mark_interrupted(engine: Engine) -> list[str]:
     return marked
 
 
+def interrupt_own_runs(engine: Engine, reason: str) -> list[str]:
+    """Runs of this process still marked running: marked interrupted with ``reason``. Returns their ids."""
+    host, pid = socket.gethostname(), os.getpid()
+    marked = []
+    with session_scope(engine) as s:
+        for run in s.exec(select(PortRun).where(PortRun.status == RunStatus.RUNNING, PortRun.host == host,
+                                                PortRun.pid == pid)):
+            run.status, run.finished_at, run.reason = RunStatus.INTERRUPTED, utcnow(), reason
+            marked.append(run.id)
+    return marked
+
+
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` of this host exists (one owned by another user counts as alive)."""
     try:

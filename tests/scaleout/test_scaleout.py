@@ -1,0 +1,228 @@
+"""The fan-out on a real local Ray instance (2 CPUs): a whole-model port with 2 workers promotes every block and
+records every step once, a verification whose worker is killed is retried and gets one verdict, a CI job with 2
+workers gives the JUnit of 1, Ctrl-C and a cluster that cannot be joined, the executor's resources and its
+in-process form."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, func, select
+from typer.testing import CliRunner
+
+from workbench.agent.run import port_block
+from workbench.backends import CUDA, INTERPRETER, Backend
+from workbench.cli import app
+from workbench.executor import MAX_RETRIES, InProcessExecutor, RayExecutor, make_executor, ray_options
+from workbench.operators import promote_file
+from workbench.store import get_engine
+from workbench.store.models import PortRun, RunStep
+from workbench.store.queries import find_run, run_candidates, run_steps
+from workbench.templating import load_template
+from workbench.verify.harness import source_hash
+
+runner = CliRunner()
+QUICK = ["--suites", "smoke", "--dtypes", "float32", "--seeds", "1", "--targets", "none"]
+TASK_TITLE = b"ray::_in_worker"  # what Ray names a worker process while it runs one of the executor's tasks
+
+
+def test_ray_options_name_cpus_gpus_and_other_accelerators():
+    assert ray_options(INTERPRETER.resources) == {"num_cpus": 1, "num_gpus": 0}
+    assert ray_options(CUDA.resources) == {"num_cpus": 1, "num_gpus": 1}
+    ascend = Backend("ascend", "npu", ("float16",), ("smoke",), resources={"CPU": 1, "NPU": 1})
+    assert ray_options(ascend.resources) == {"num_cpus": 1, "num_gpus": 0, "resources": {"NPU": 1}}
+
+
+def test_one_worker_runs_in_process_without_ray(settings):
+    executor = make_executor(settings, workers=1, address="127.0.0.1:1")  # one worker wins over an address
+    assert isinstance(executor, InProcessExecutor) and executor.workers == 1
+    assert executor.submit({}, os.getpid).result() == os.getpid()
+    failed = executor.submit({}, int, "not a number")
+    with pytest.raises(ValueError):
+        failed.result()
+
+
+def _descendant(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
+def task_workers() -> set[int]:
+    """Pids of this test process's Ray workers running an executor task now."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if title.startswith(TASK_TITLE) and _descendant(int(entry), os.getpid()):
+                found.add(int(entry))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_a_whole_model_port_on_two_workers_promotes_every_block_and_records_each_step_once(
+        settings, ray_instance, two_block_card):
+    result = runner.invoke(app, ["port", "--model", two_block_card, "--workers", "2", "--budget", "3", *QUICK])
+    assert result.exit_code == 0, result.output
+    engine = get_engine(settings.db_url)
+    runs = {}
+    for block in ("rmsnorm", "situ"):
+        manifests = list((settings.operators_dir / block).glob("*.json"))
+        assert len(manifests) == 1, block
+        run_id = json.loads(manifests[0].read_text())["run_id"]
+        runs[block] = find_run(engine, run_id)
+        assert runs[block].status == "promoted" and runs[block].model == two_block_card
+        steps = run_steps(engine, run_id)
+        assert [s.seq for s in steps] == list(range(1, len(steps) + 1))
+        nodes = Counter(s.node for s in steps)
+        candidates = run_candidates(engine, run_id)
+        assert nodes["plan"] == nodes["promote"] == nodes["record"] == 1
+        assert nodes["verify"] == len(candidates) == len({c.iteration for c in candidates})
+        assert all(c.status for c in candidates) and candidates[-1].status == "pass"
+        # the live view names the block of every event
+        assert f"{block}     plan" in result.output and f"{block}   verify pass" in result.output
+    # the two ports ran at once
+    assert runs["rmsnorm"].started_at < runs["situ"].finished_at
+    assert runs["situ"].started_at < runs["rmsnorm"].finished_at
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_a_worker_killed_mid_verification_is_retried_and_the_candidate_gets_one_verdict(settings, ray_instance):
+    executor = RayExecutor(None, 2)
+    outcome: dict = {}
+    port = threading.Thread(target=lambda: outcome.update(result=port_block(
+        "rmsnorm", settings, suites=["smoke"], dtypes=["float32"], seeds=1, budget=3, targets=[],
+        executor=executor)))
+    port.start()
+    deadline = time.monotonic() + 120
+    while not (first := task_workers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(first) == 1, "no worker ran the verification"
+    killed = first.pop()
+    time.sleep(1.0)  # into the verification: the sandboxed child runs the candidate
+    os.kill(killed, signal.SIGKILL)
+    retried = set()
+    while port.is_alive() and not retried:
+        retried = task_workers() - {killed}
+        time.sleep(0.05)
+    port.join(300)
+    assert retried, "the verification was not run again on another worker"
+    result = outcome["result"]
+    assert result.status == "promoted", result.reason
+    engine = get_engine(settings.db_url)
+    candidates = run_candidates(engine, result.run_id)
+    steps = run_steps(engine, result.run_id)
+    assert candidates[0].status == "pass"
+    assert sum(s.node == "verify" for s in steps) == len(candidates)
+    assert [s.message.split(":")[0] for s in steps if s.node == "verify"][0] == "pass"
+
+
+def _promote(settings, tmp_path, block: str, template: str) -> None:
+    t = load_template(block, template)
+    source = t.render(next(p for p in t.points() if not t.unmet(p, {"rows": 1, "N": 8192})))
+    path = tmp_path / f"{block}_{template}.py"
+    path.write_text(source)
+    promote_file(path, settings.operators_dir, block, {"block": block, "template": template,
+                                                       "source_hash": source_hash(source), "promoted_at": "1"})
+
+
+def _junit(path: Path) -> list[tuple]:
+    """The testcases of a JUnit file, with their failures, without timings."""
+    suite = ET.parse(path).getroot()
+    return [suite.get("tests"), suite.get("failures")] + sorted(
+        (c.get("classname"), c.get("name"), c.get("file"), ET.tostring(c.find("failure")) if c.find("failure")
+         is not None else None) for c in suite.iter("testcase"))
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_a_ci_job_on_two_workers_gives_the_junit_of_one(settings, ray_instance, tmp_path):
+    _promote(settings, tmp_path, "rmsnorm", "row_block")
+    _promote(settings, tmp_path, "situ", "flat")
+    junits = {}
+    for workers in ("1", "2"):
+        junits[workers] = tmp_path / f"junit-{workers}.xml"
+        result = runner.invoke(app, ["ci", "--junit", str(junits[workers]), "--no-replays", "--targets", "none",
+                                     "--workers", workers])
+        assert result.exit_code == 0, result.output
+    assert _junit(junits["1"]) == _junit(junits["2"])
+    assert len(_junit(junits["2"])) > 10
+
+
+def test_a_ray_cluster_that_cannot_be_joined_is_one_line_and_exit_code_2(settings, tmp_path):
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    done = subprocess.run([str(Path(sys.executable).with_name("workbench")), "ci", "--no-replays", "--ray-address",
+                           f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: could not join the Ray cluster at 127.0.0.1:{port}: [Errno 111] Connection refused (--workers 1 "
+        f"verifies in this process, without Ray)"]
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_interrupted(settings, tmp_path):
+    command = [str(Path(sys.executable).with_name("workbench")), "port", "rmsnorm", "situ", "--workers", "2", *QUICK]
+    port = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and port.poll() is None:
+            with Session(get_engine(settings.db_url)) as s:
+                if s.exec(select(func.count()).select_from(RunStep).where(RunStep.node == "contract")).one() == 2:
+                    break
+            time.sleep(0.2)
+        time.sleep(1.0)  # both ports wait on their verifications
+        port.send_signal(signal.SIGINT)
+        assert port.wait(60) == 130
+    finally:
+        port.kill()
+    with Session(get_engine(settings.db_url)) as s:
+        runs = s.exec(select(PortRun)).all()
+    assert sorted(r.block for r in runs) == ["rmsnorm", "situ"]
+    assert {(r.status, r.reason) for r in runs} == {("interrupted", "interrupted by the user")}
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+def test_a_verification_whose_worker_dies_on_every_try_is_the_verdict_crashed(ray_instance, tmp_path):
+    """MAX_RETRIES + 1 tries, each worker killed as it starts the task: one "crashed" result, no error."""
+    t = load_template("rmsnorm", "row_block")
+    candidate = tmp_path / "rmsnorm_row_block.py"
+    candidate.write_text(t.render(next(t.points())))
+    executor = RayExecutor(None, 2)
+    future = executor.submit_verification(candidate, block="rmsnorm", backend=INTERPRETER, suites=["smoke"],
+                                          dtypes=["float32"], seeds=1, targets=[])
+    killed: set[int] = set()
+    deadline = time.monotonic() + 180
+    while not future.done() and time.monotonic() < deadline:
+        for pid in task_workers() - killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.05)
+    result = executor.settle(future, candidate, "rmsnorm", INTERPRETER)
+    assert len(killed) == MAX_RETRIES + 1
+    assert result.verdict == "crashed" and result.message.startswith(f"verification worker lost {MAX_RETRIES + 1}")
+    assert result.candidate == str(candidate) and result.source_hash == source_hash(candidate.read_text())
