@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
@@ -65,6 +66,15 @@ class Executor:
 
     def __init__(self) -> None:
         self._stopped: Future = Future()  # done once stop() is called
+        self._driver_slots = threading.BoundedSemaphore(self.workers)
+
+    @contextmanager
+    def driver_slot(self) -> Iterator[None]:
+        """Held around work that must run on the driver's machine (a replay gate trains in a child of the driver and
+        writes the store as it goes): at most ``workers`` such processes at once (and no more than the driver's cores),
+        however many ports run."""
+        with self._driver_slots:
+            yield
 
     def stop(self) -> None:
         """End every wait on a call still running with KeyboardInterrupt, in whichever thread waits (Ctrl-C in the
@@ -180,7 +190,8 @@ class RayExecutor(Executor):
                 where = f"join the Ray cluster at {address}" if address else "start a local Ray instance"
                 raise WorkbenchError(f"could not {where}: {one_line(exc)} (--workers 1 verifies in this process, "
                                      f"without Ray)") from None
-        self.workers = int(ray.cluster_resources().get("CPU", workers))
+        self.workers = max(1, int(ray.cluster_resources().get("CPU", workers)))
+        self._driver_slots = threading.BoundedSemaphore(min(self.workers, os.cpu_count() or 1))
         self.lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
         self._task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_in_worker)
 

@@ -268,8 +268,9 @@ def replay_gate(state: PortState, runtime: Runtime[PortContext]) -> dict:
         return {"gate": {"candidate_id": ranked[0]["candidate_id"]}}
     failures = []
     for attempt in ranked:
-        outcome = run_replay(model, mode, ctx.settings, steps=ctx.options.replay_steps,
-                             ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
+        with ctx.executor.driver_slot():  # training children on the driver: no more at once than workers
+            outcome = run_replay(model, mode, ctx.settings, steps=ctx.options.replay_steps,
+                                 ops=["reference", f"{ctx.spec.name}={attempt['path']}"], backend=ctx.backend)
         ctx.emit(state["run_id"], "replay",
                  f"#{attempt['iteration']} {outcome.status}: {outcome.reason} (replay #{outcome.replay_id}, "
                  f"{ctx.options.replay_steps} {mode} steps)",
