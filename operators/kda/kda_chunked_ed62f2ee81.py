@@ -46,18 +46,17 @@ def target_settings(device) -> dict:
 # over thousands of chunks amplify operand rounding; plain tf32 or bf16 operands lose ~1e-3 per product). On GPUs
 # that accuracy comes from the tensor cores through split operands: 3xTF32 on NVIDIA, 6xBF16 on AMD (CDNA has no
 # TF32 split); the interpreter multiplies in float32 itself.
-# KB: key columns per register tile of the kernels that span all K (prep, solve, the state passes, wy_bwd). Whole
-# [BT, K] and [K, BV] float32 tiles at K = 128 overflowed the 255 registers of sm_90a (B/thread spilled with one
-# [K, BV] state on 8 warps, BV 32, the rest on 4 warps: state_bwd 2552, state_fwd 1936, wy_bwd 1024, prep 704,
-# solve 104, intra_fwd 80). The state passes hold K / KB accumulators (at most 4: KB grows past 64 for K > 256), as
-# fla's b_h1..b_h4. Measured on sm_90a at the model suite with BV 16: KB 32 spills least (state_fwd 376 on 4 warps,
-# 504 on 8; state_bwd 1928 on 8 warps, 2384 on 4; KB 64: 1128 and 2528), and 8 warps for the kernels parallel over
-# chunks take prep, intra_fwd to 0, solve to 80 and wy_bwd to 608 (776 on 4). AMD keeps 64 columns (gfx942:
-# state_fwd 44, state_bwd 292, the rest 0). The interpreter takes 8 so that the small verification shapes (K <= 32)
-# run every one of the four state accumulators. What still spills on sm_90a is mostly the 3xTF32 split (state_bwd
-# with plain tf32 operands would spill 512), kept for the accuracy above.
+# KB: key columns per tile of the kernels that span all K (prep, solve, the state passes, the output kernel, dh_local,
+# dqkw). Register-resident states overflowed the 255 registers of sm_90a even as K / KB blocks of [KB, BV] with every
+# per-chunk product in the sequential kernel (B/thread spilled at the model suite, K = V = 128, BV 16, KB 32:
+# state_bwd 1928, state_fwd 376), and so did whole [BT, BT] products with 3xTF32 operands (wy_bwd 608, solve 80).
+# Now the state passes keep the state in memory, loop over key blocks and do only what feeds the next state, the rest
+# runs parallel over chunks, the inverse is solved in 16-row blocks, dL is made 16 columns at a time and wy_bwd takes
+# K 16 columns at a time: no kernel spills on sm_80, sm_90a, sm_100a, gfx942 or gfx950 (the backward state pass on 4
+# warps: 211 registers on sm_90a; on 8 gfx942 spills 40 B). The 3xTF32 split is kept for the accuracy above. The
+# interpreter takes 8 so that the small verification shapes (K <= 32) run several key blocks.
 LAUNCH_SETTINGS = {
-    "default": {"num_warps": 4, "state_fwd_warps": 8, "state_bwd_warps": 8, "state_stages": 1, "KB": 64},
+    "default": {"num_warps": 4, "state_fwd_warps": 8, "state_bwd_warps": 4, "state_stages": 1, "KB": 64},
     "interpreter": {"DOT": "ieee", "KB": 8},
     "cuda": {"DOT": "tf32x3", "KB": 32, "num_warps": 8, "state_fwd_warps": 4},
     "hip": {"DOT": "bf16x6"},
@@ -69,7 +68,7 @@ LAUNCH_SETTINGS = {
 # chunk's last value for the gate cumsum) and BK = K rounded up to a power of two, at least 16 (extra columns are
 # zero), so only the kernels that touch the inputs and outputs need masks.
 #   qs, ks [B*H, TP, BK] (qs = scale q);  gc, w [B*HV, TP, BK];  aa, aqk, mm [B*HV, TP, BT];  u, vn [B*HV, TP, V];
-#   hs [B*HV, NT, BK, V] (the state before each chunk).
+#   hs [B*HV, NT + 1, BK, V] (the state before each chunk, then the final one; zero past K).
 
 
 @triton.jit
@@ -148,30 +147,48 @@ def kda_chunk_intra_fwd_kernel(qs, ks, gc, aa, aqk, H, HV, TP, BT: tl.constexpr,
 
 @triton.jit
 def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, BT: tl.constexpr,
-                           LOG_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
-                           DOT: tl.constexpr):
+                           BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
     """Per chunk: M = (I + L)^-1 with L = diag(beta) aa (strictly lower), then with Tm = M diag(beta):
-    w = Tm (exp(G) k) and u = Tm v; M is kept for the backward.
-    The inverse doubles its diagonal blocks: X starts as I (1 x 1 blocks); with blocks of s rows inverted, each pair
-    [[A, 0], [C, B]] of them becomes [[A^-1, 0], [-B^-1 C A^-1, B^-1]], i.e. X <- X - X P X with P the C blocks of L:
-    log2(BT) rounds of two tl.dot instead of BT - 1 sequential row updates."""
+    w = Tm (exp(G) k) and u = Tm v; M is kept for the backward (mm).
+    M is solved in blocks of 16 rows, first to last. The diagonal block M_ii = (I + L_ii)^-1 doubles its own
+    diagonal blocks: X starts as I (1 x 1 blocks); with blocks of s rows inverted, each pair [[A, 0], [C, B]] of them
+    becomes [[A^-1, 0], [-B^-1 C A^-1, B^-1]], i.e. X <- X - X P X with P the C blocks of L_ii (four rounds of two
+    16 x 16 tl.dot). The blocks left of it are M_ij = -M_ii sum_{j <= k < i} L_ik M_kj, from the blocks of M already
+    in mm (a barrier after each block row makes them visible to every thread of the program). 16 x 16 tiles keep
+    few registers live, where whole [BT, BT] products with float32-accurate operands overflowed them."""
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
+    NB: tl.constexpr = BT // 16
+    o16 = tl.arange(0, 16)
+    o_ss = o16[:, None] * BT + o16[None, :]             # a 16 x 16 block of a chunk's [BT, BT]
+    p_a = aa + (i_bh * TP + i_t * BT) * BT
+    p_m = mm + (i_bh * TP + i_t * BT) * BT
+    for i in range(NB):
+        oi = i_t * BT + i * 16 + o16
+        b_bi = tl.load(beta + (i_b * T + oi) * HV + i_hv, mask=oi < T, other=0.0).to(tl.float32)
+        b_l = tl.load(p_a + i * 16 * (BT + 1) + o_ss) * b_bi[:, None]
+        b_x = tl.where(o16[:, None] == o16[None, :], 1.0, 0.0)
+        for lvl in range(4):  # a loop, not unrolled (unrolled rounds cost ptxas minutes)
+            pair = (o16 // (2 << lvl))[:, None] == (o16 // (2 << lvl))[None, :]
+            below = (o16 // (1 << lvl))[:, None] > (o16 // (1 << lvl))[None, :]
+            b_p = tl.where(pair & below, b_l, 0.0)
+            b_x -= tl.dot(b_x, tl.dot(b_p, b_x, input_precision=DOT), input_precision=DOT)
+        for j in range(i):
+            b_s = tl.full([16, 16], 0.0, tl.float32)
+            for kk in range(j, i):
+                b_lik = tl.load(p_a + i * 16 * BT + kk * 16 + o_ss) * b_bi[:, None]
+                b_s += tl.dot(b_lik, tl.load(p_m + kk * 16 * BT + j * 16 + o_ss), input_precision=DOT)
+            tl.store(p_m + i * 16 * BT + j * 16 + o_ss, -tl.dot(b_x, b_s, input_precision=DOT))
+        tl.store(p_m + i * 16 * (BT + 1) + o_ss, b_x)
+        for j in range(i + 1, NB):
+            tl.store(p_m + i * 16 * BT + j * 16 + o_ss, tl.full([16, 16], 0.0, tl.float32))
+        tl.debug_barrier()  # this block row of M, written by every thread of the program
     ot = i_t * BT + tl.arange(0, BT)
     oc = tl.arange(0, BT)
     mt = ot < T
-    o_tt = (i_bh * TP + ot[:, None]) * BT + oc[None, :]
     b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
-    b_l = tl.load(aa + o_tt) * b_beta[:, None]
-    b_m = tl.where(oc[:, None] == oc[None, :], 1.0, 0.0)
-    for lvl in range(LOG_BT):  # a loop, not unrolled: six unrolled rounds took ptxas minutes
-        pair = (oc // (2 << lvl))[:, None] == (oc // (2 << lvl))[None, :]
-        below = (oc // (1 << lvl))[:, None] > (oc // (1 << lvl))[None, :]
-        b_p = tl.where(pair & below, b_l, 0.0)
-        b_m -= tl.dot(b_m, tl.dot(b_p, b_m, input_precision=DOT), input_precision=DOT)
-    tl.store(mm + o_tt, b_m)
-    b_tm = b_m * b_beta[None, :]
+    b_tm = tl.load(p_m + oc[:, None] * BT + oc[None, :]) * b_beta[None, :]
     for c0 in range(0, BK, KB):
         o_tk = ot[:, None] * BK + c0 + tl.arange(0, KB)[None, :]
         b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
@@ -184,50 +201,22 @@ def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, B
                  mask=(ov < V)[None, :])
 
 
-# The state passes keep the state (or its gradient) as up to four [KB, BV] accumulators, key columns c0..c0+KB of
-# [BK, BV], and read the chunk's [BT, BK] operands KB columns at a time, each block loaded where it is used: fewer
-# live float32 tiles than one [BK, BV] state with whole [BT, BK] operands. The helpers below do one block's share.
+# The state passes carry the state (or its gradient) from chunk to chunk through memory: hs [B*HV, NT + 1, BK, V]
+# holds the state before every chunk and, at NT, the final one (dhs likewise the gradients), float32, zero past K.
+# Each chunk reads the state KB key rows at a time in a loop over key blocks and writes the next state block by
+# block, so one block's tiles are live at a time (up to four register-resident blocks with their float32-accurate dot
+# operands overflowed the registers). A barrier makes each chunk's writes by every thread of the program visible to
+# the next chunk's reads; the state block (KB x BV floats) stays in the cache. Every product that does not feed the
+# next state is left to kernels parallel over chunks that read the stored states, as fla's chunk_fwd_o and
+# chunk_bwd_dqkwg.
 
 
 @triton.jit
-def _kda_state_load(p, c0, okb, ov, K, V):
-    """Key rows c0..c0+KB of a [K, V] state in memory (zero past K and V), as float32."""
-    ok = c0 + okb
-    return tl.load(p + ok[:, None] * V + ov[None, :], mask=(ok < K)[:, None] & (ov < V)[None, :],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _kda_state_store(p, s, c0, okb, ov, K, V):
-    ok = c0 + okb
-    tl.store(p + ok[:, None] * V + ov[None, :], s.to(p.dtype.element_ty), mask=(ok < K)[:, None] & (ov < V)[None, :])
-
-
-@triton.jit
-def _kda_fwd_read(s, c0, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT: tl.constexpr):
-    """One key block's share of U = u - w S and of o = (q~ exp(G)) S."""
-    b_vn -= tl.dot(tl.load(p_w + c0 + o_ck), s, input_precision=DOT)
-    b_o += tl.dot(tl.load(p_q + c0 + o_ck) * tl.exp(tl.load(p_g + c0 + o_ck)), s, input_precision=DOT)
-    return b_vn, b_o
-
-
-@triton.jit
-def _kda_fwd_step(s, c0, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT: tl.constexpr):
-    """One key block of S = exp(G_last) S + (exp(G_last - G) k)^T U."""
-    b_gl = tl.load(p_gl + c0 + okb)
-    b_kb = tl.load(p_k + c0 + o_ck) * tl.exp(b_gl[None, :] - tl.load(p_g + c0 + o_ck))
-    return s * tl.exp(b_gl)[:, None] + tl.dot(tl.trans(b_kb), b_vn, input_precision=DOT)
-
-
-@triton.jit
-def kda_chunk_state_fwd_kernel(qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, T, H, HV, K, V, TP, NT,
-                               HAS_H0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                               KB: tl.constexpr, DOT: tl.constexpr):
-    """One (V tile, batch x value head) per program, chunk after chunk, the state S [BK, BV] (float32) in registers
-    as BK / KB blocks s1..s4 of KB key rows:
-        U = u - w S;  o = (q~ exp(G)) S + aqk U;  S = exp(G_last) S + (exp(G_last - G) k)^T U
-    Keeps the state before each chunk (hs) and U (vn) for the backward."""
-    NKB: tl.constexpr = BK // KB
+def kda_chunk_state_fwd_kernel(ks, gc, w, u, hs, vn, H, HV, V, TP, NT, BT: tl.constexpr, BK: tl.constexpr,
+                               BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
+    """One (V tile, batch x value head) per program, chunk after chunk, with S = hs[chunk] ([BK, BV] of it):
+        U = u - w S;  hs[chunk + 1] = exp(G_last) S + (exp(G_last - G) k)^T U
+    hs[:, 0] is the initial state (zero past K); U (vn) goes on to the output kernel and the backward."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # V tile offsets stay int32 (fewer registers)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -237,95 +226,89 @@ def kda_chunk_state_fwd_kernel(qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, T, H, H
     mv = ov < V
     o_ck = oc[:, None] * BK + okb[None, :]
     o_cv = oc[:, None] * V + ov[None, :]
-    p_h0 = h0 + i_bh * K * V
-    s1 = tl.full([KB, BV], 0.0, tl.float32)
-    if HAS_H0:
-        s1 = _kda_state_load(p_h0, 0, okb, ov, K, V)
-    if NKB >= 2:
-        s2 = tl.full([KB, BV], 0.0, tl.float32)
-        if HAS_H0:
-            s2 = _kda_state_load(p_h0, KB, okb, ov, K, V)
-    if NKB >= 4:
-        s3 = tl.full([KB, BV], 0.0, tl.float32)
-        s4 = tl.full([KB, BV], 0.0, tl.float32)
-        if HAS_H0:
-            s3 = _kda_state_load(p_h0, 2 * KB, okb, ov, K, V)
-            s4 = _kda_state_load(p_h0, 3 * KB, okb, ov, K, V)
+    o_kv = okb[:, None] * V + ov[None, :]
     for i_t in range(NT):
         r0 = i_t * BT
-        p_hs = hs + (i_bh * NT + i_t) * BK * V
-        p_q = qs + (i_b * H + i_h) * TP * BK + r0 * BK
+        p_s = hs + (i_bh * (NT + 1) + i_t) * BK * V
         p_k = ks + (i_b * H + i_h) * TP * BK + r0 * BK
         p_g = gc + (i_bh * TP + r0) * BK
         p_w = w + (i_bh * TP + r0) * BK
         p_gl = p_g + (BT - 1) * BK
         p_hv = (i_bh * TP + r0) * V
+        tl.debug_barrier()  # the state before this chunk, written by every thread of the program
         b_vn = tl.load(u + p_hv + o_cv, mask=mv[None, :], other=0.0)
-        b_o = tl.full([BT, BV], 0.0, tl.float32)
-        _kda_state_store(p_hs, s1, 0, okb, ov, BK, V)
-        b_vn, b_o = _kda_fwd_read(s1, 0, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
-        if NKB >= 2:
-            _kda_state_store(p_hs, s2, KB, okb, ov, BK, V)
-            b_vn, b_o = _kda_fwd_read(s2, KB, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
-        if NKB >= 4:
-            _kda_state_store(p_hs, s3, 2 * KB, okb, ov, BK, V)
-            _kda_state_store(p_hs, s4, 3 * KB, okb, ov, BK, V)
-            b_vn, b_o = _kda_fwd_read(s3, 2 * KB, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
-            b_vn, b_o = _kda_fwd_read(s4, 3 * KB, b_vn, b_o, p_w, p_q, p_g, o_ck, DOT)
+        for c0 in range(0, BK, KB):
+            b_s = tl.load(p_s + c0 * V + o_kv, mask=mv[None, :], other=0.0)
+            b_vn -= tl.dot(tl.load(p_w + c0 + o_ck), b_s, input_precision=DOT)
         tl.store(vn + p_hv + o_cv, b_vn, mask=mv[None, :])
-        b_o += tl.dot(tl.load(aqk + (i_bh * TP + r0 + oc[:, None]) * BT + oc[None, :]), b_vn, input_precision=DOT)
-        tl.store(o + ((i_b * T + r0) * HV + i_hv) * V + oc[:, None] * (HV * V) + ov[None, :],
-                 b_o.to(o.dtype.element_ty), mask=(r0 + oc < T)[:, None] & mv[None, :])
-        s1 = _kda_fwd_step(s1, 0, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
-        if NKB >= 2:
-            s2 = _kda_fwd_step(s2, KB, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
-        if NKB >= 4:
-            s3 = _kda_fwd_step(s3, 2 * KB, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
-            s4 = _kda_fwd_step(s4, 3 * KB, b_vn, p_k, p_g, p_gl, o_ck, okb, DOT)
-    p_ht = ht + i_bh * K * V
-    _kda_state_store(p_ht, s1, 0, okb, ov, K, V)
-    if NKB >= 2:
-        _kda_state_store(p_ht, s2, KB, okb, ov, K, V)
-    if NKB >= 4:
-        _kda_state_store(p_ht, s3, 2 * KB, okb, ov, K, V)
-        _kda_state_store(p_ht, s4, 3 * KB, okb, ov, K, V)
+        for c0 in range(0, BK, KB):
+            b_gl = tl.load(p_gl + c0 + okb)
+            b_kb = tl.load(p_k + c0 + o_ck) * tl.exp(b_gl[None, :] - tl.load(p_g + c0 + o_ck))
+            b_s = tl.load(p_s + c0 * V + o_kv, mask=mv[None, :], other=0.0) * tl.exp(b_gl)[:, None]
+            b_s += tl.dot(tl.trans(b_kb), b_vn, input_precision=DOT)
+            tl.store(p_s + (BK + c0) * V + o_kv, b_s, mask=mv[None, :])
 
 
 @triton.jit
-def _kda_bwd_du(d_s, c0, b_du, p_k, p_g, p_gl, o_ck, okb, DOT: tl.constexpr):
-    """One key block's share of dU: (exp(G_last - G) k) dS."""
-    b_gl = tl.load(p_gl + c0 + okb)
-    b_kb = tl.load(p_k + c0 + o_ck) * tl.exp(b_gl[None, :] - tl.load(p_g + c0 + o_ck))
-    return b_du + tl.dot(b_kb, d_s, input_precision=DOT)
+def kda_chunk_o_kernel(qs, gc, aqk, hs, vn, o, T, H, HV, V, TP, NT, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
+    """Per (V tile, chunk, batch x value head), with S the state before the chunk (hs) and U its corrected values
+    (vn): o = (q~ exp(G)) S + aqk U, KB key columns at a time."""
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    r0 = i_t * BT
+    oc = tl.arange(0, BT)
+    okb = tl.arange(0, KB)
+    ov = i_v * BV + tl.arange(0, BV)
+    mv = ov < V
+    o_ck = oc[:, None] * BK + okb[None, :]
+    o_kv = okb[:, None] * V + ov[None, :]
+    p_q = qs + ((i_b * H + i_h) * TP + r0) * BK
+    p_g = gc + (i_bh * TP + r0) * BK
+    p_s = hs + (i_bh * (NT + 1) + i_t) * BK * V
+    b_o = tl.dot(tl.load(aqk + (i_bh * TP + r0 + oc[:, None]) * BT + oc[None, :]),
+                 tl.load(vn + (i_bh * TP + r0 + oc[:, None]) * V + ov[None, :], mask=mv[None, :], other=0.0),
+                 input_precision=DOT)
+    for c0 in range(0, BK, KB):
+        b_qh = tl.load(p_q + c0 + o_ck) * tl.exp(tl.load(p_g + c0 + o_ck))
+        b_o += tl.dot(b_qh, tl.load(p_s + c0 * V + o_kv, mask=mv[None, :], other=0.0), input_precision=DOT)
+    tl.store(o + ((i_b * T + r0) * HV + i_hv) * V + oc[:, None] * (HV * V) + ov[None, :],
+             b_o.to(o.dtype.element_ty), mask=(r0 + oc < T)[:, None] & mv[None, :])
 
 
 @triton.jit
-def _kda_bwd_step(d_s, c0, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl, o_ck, okb, ov,
-                  BK, V, DOT: tl.constexpr):
-    """One key block: its shares of dQh, dw, dKb and dgl, then dS = exp(G_last) dS + (q~ exp(G))^T do - w^T dU."""
-    b_s0 = _kda_state_load(p_s0, c0, okb, ov, BK, V)
-    b_s0t = tl.trans(b_s0)
-    tl.store(p_dqh + c0 + o_ck, tl.dot(b_do, b_s0t, input_precision=DOT))
-    tl.store(p_dw + c0 + o_ck, -tl.dot(b_du, b_s0t, input_precision=DOT))
-    tl.store(p_dkb + c0 + o_ck, tl.dot(b_vn, tl.trans(d_s), input_precision=DOT))
-    b_egl = tl.exp(tl.load(p_gl + c0 + okb))
-    tl.store(p_dgl + c0 + okb, tl.reduce(d_s * b_s0, 1, add) * b_egl)
-    b_qh = tl.load(p_q + c0 + o_ck) * tl.exp(tl.load(p_g + c0 + o_ck))
-    d_s = d_s * b_egl[:, None] + tl.dot(tl.trans(b_qh), b_do, input_precision=DOT)
-    return d_s - tl.dot(tl.trans(tl.load(p_w + c0 + o_ck)), b_du, input_precision=DOT)
+def kda_chunk_dh_local_kernel(qs, gc, do, dhs, T, H, HV, V, TP, NT, BT: tl.constexpr, BK: tl.constexpr,
+                              BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
+    """Per (V tile, chunk, batch x value head), the chunk's own share of the gradient of the state before it,
+    dhs[chunk] = (q~ exp(G))^T do, KB key rows at a time; the backward state pass adds the rest in place."""
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    r0 = i_t * BT
+    oc = tl.arange(0, BT)
+    okb = tl.arange(0, KB)
+    ov = i_v * BV + tl.arange(0, BV)
+    mv = ov < V
+    o_kc = okb[:, None] + oc[None, :] * BK  # [KB, BT]: key columns of the chunk, read transposed
+    o_kv = okb[:, None] * V + ov[None, :]
+    p_q = qs + ((i_b * H + i_h) * TP + r0) * BK
+    p_g = gc + (i_bh * TP + r0) * BK
+    p_ds = dhs + (i_bh * (NT + 1) + i_t) * BK * V
+    b_do = tl.load(do + ((i_b * T + r0) * HV + i_hv) * V + oc[:, None] * (HV * V) + ov[None, :],
+                   mask=(r0 + oc < T)[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    for c0 in range(0, BK, KB):
+        b_qht = tl.load(p_q + c0 + o_kc) * tl.exp(tl.load(p_g + c0 + o_kc))
+        tl.store(p_ds + c0 * V + o_kv, tl.dot(b_qht, b_do, input_precision=DOT), mask=mv[None, :])
 
 
 @triton.jit
-def kda_chunk_state_bwd_kernel(qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, B, T, H, HV,
-                               K, V, TP, NT, STORE_DH0: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                               BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
-    """Chunks last to first, the state gradient dS [BK, BV] (float32) in registers as BK / KB blocks d1..d4 of KB
-    key rows. With S0 the chunk's initial state:
-        dU = aqk^T do + (exp(G_last - G) k) dS;  dS = exp(G_last) dS + (q~ exp(G))^T do - w^T dU
-    du [B*HV, TP, V] is exact per V tile; this tile's shares of dQh = do S0^T, dw = -dU S0^T, dKb = U dS^T
-    ([NV, B*HV, TP, BK]), dgl = exp(G_last) rowsum(dS * S0) ([NV, B*HV, NT, BK]) and daqk = do U^T ([NV, B*HV, TP, BT])
-    are summed over V tiles by the kernels that read them."""
-    NKB: tl.constexpr = BK // KB
+def kda_chunk_state_bwd_kernel(ks, gc, w, aqk, do, du, dhs, T, H, HV, V, TP, NT, BT: tl.constexpr,
+                               BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
+    """Chunks last to first, with dS = dhs[chunk + 1] ([BK, BV] of it) the gradient of the state after the chunk:
+        dU = aqk^T do + (exp(G_last - G) k) dS;  dhs[chunk] += exp(G_last) dS - w^T dU
+    dhs[:, NT] is the final state's gradient (zero past K) and dhs[chunk] starts as the chunk's own share
+    (dh_local); du [B*HV, TP, V] goes on to the kernels parallel over chunks."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # V tile offsets stay int32 (fewer registers)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -335,110 +318,160 @@ def kda_chunk_state_bwd_kernel(qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw,
     mv = ov < V
     o_ck = oc[:, None] * BK + okb[None, :]
     o_cv = oc[:, None] * V + ov[None, :]
-    o_cc = oc[:, None] * BT + oc[None, :]
-    part = i_v * B * HV + i_bh
-    p_dht = dht + i_bh * K * V
-    d1 = _kda_state_load(p_dht, 0, okb, ov, K, V)
-    if NKB >= 2:
-        d2 = _kda_state_load(p_dht, KB, okb, ov, K, V)
-    if NKB >= 4:
-        d3 = _kda_state_load(p_dht, 2 * KB, okb, ov, K, V)
-        d4 = _kda_state_load(p_dht, 3 * KB, okb, ov, K, V)
+    o_kv = okb[:, None] * V + ov[None, :]
     for ic in range(NT):
         i_t = NT - 1 - ic
         r0 = i_t * BT
-        p_q = qs + (i_b * H + i_h) * TP * BK + r0 * BK
         p_k = ks + (i_b * H + i_h) * TP * BK + r0 * BK
         p_g = gc + (i_bh * TP + r0) * BK
         p_w = w + (i_bh * TP + r0) * BK
         p_gl = p_g + (BT - 1) * BK
-        p_s0 = hs + (i_bh * NT + i_t) * BK * V
-        p_dqh = dqh + (part * TP + r0) * BK
-        p_dw = dw + (part * TP + r0) * BK
-        p_dkb = dkb + (part * TP + r0) * BK
-        p_dgl = dgl + (part * NT + i_t) * BK
-        p_hv = (i_bh * TP + r0) * V
+        p_ds0 = dhs + (i_bh * (NT + 1) + i_t) * BK * V  # before the chunk
+        p_ds = p_ds0 + BK * V                           # after it
         b_do = tl.load(do + ((i_b * T + r0) * HV + i_hv) * V + oc[:, None] * (HV * V) + ov[None, :],
                        mask=(r0 + oc < T)[:, None] & mv[None, :], other=0.0).to(tl.float32)
-        b_du = tl.dot(tl.trans(tl.load(aqk + (i_bh * TP + r0) * BT + o_cc)), b_do, input_precision=DOT)
-        b_du = _kda_bwd_du(d1, 0, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
-        if NKB >= 2:
-            b_du = _kda_bwd_du(d2, KB, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
-        if NKB >= 4:
-            b_du = _kda_bwd_du(d3, 2 * KB, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
-            b_du = _kda_bwd_du(d4, 3 * KB, b_du, p_k, p_g, p_gl, o_ck, okb, DOT)
-        tl.store(du + p_hv + o_cv, b_du, mask=mv[None, :])
-        b_vn = tl.load(vn + p_hv + o_cv, mask=mv[None, :], other=0.0)
-        b_da = tl.dot(b_do, tl.trans(b_vn), input_precision=DOT)
-        tl.store(daqk + (part * TP + r0) * BT + o_cc, tl.where(oc[:, None] >= oc[None, :], b_da, 0.0))
-        d1 = _kda_bwd_step(d1, 0, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl, o_ck,
-                           okb, ov, BK, V, DOT)
-        if NKB >= 2:
-            d2 = _kda_bwd_step(d2, KB, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl, o_ck,
-                               okb, ov, BK, V, DOT)
-        if NKB >= 4:
-            d3 = _kda_bwd_step(d3, 2 * KB, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl,
-                               o_ck, okb, ov, BK, V, DOT)
-            d4 = _kda_bwd_step(d4, 3 * KB, b_do, b_du, b_vn, p_q, p_w, p_g, p_gl, p_s0, p_dqh, p_dw, p_dkb, p_dgl,
-                               o_ck, okb, ov, BK, V, DOT)
-    if STORE_DH0:
-        p_dh0 = dh0 + i_bh * K * V
-        _kda_state_store(p_dh0, d1, 0, okb, ov, K, V)
-        if NKB >= 2:
-            _kda_state_store(p_dh0, d2, KB, okb, ov, K, V)
-        if NKB >= 4:
-            _kda_state_store(p_dh0, d3, 2 * KB, okb, ov, K, V)
-            _kda_state_store(p_dh0, d4, 3 * KB, okb, ov, K, V)
+        tl.debug_barrier()  # the gradient after this chunk, written by every thread of the program
+        b_du = tl.dot(tl.trans(tl.load(aqk + (i_bh * TP + r0 + oc[:, None]) * BT + oc[None, :])), b_do,
+                      input_precision=DOT)
+        for c0 in range(0, BK, KB):
+            b_gl = tl.load(p_gl + c0 + okb)
+            b_kb = tl.load(p_k + c0 + o_ck) * tl.exp(b_gl[None, :] - tl.load(p_g + c0 + o_ck))
+            b_du += tl.dot(b_kb, tl.load(p_ds + c0 * V + o_kv, mask=mv[None, :], other=0.0), input_precision=DOT)
+        tl.store(du + (i_bh * TP + r0) * V + o_cv, b_du, mask=mv[None, :])
+        for c0 in range(0, BK, KB):
+            b_egl = tl.exp(tl.load(p_gl + c0 + okb))
+            b_ds = tl.load(p_ds + c0 * V + o_kv, mask=mv[None, :], other=0.0) * b_egl[:, None]
+            b_ds += tl.load(p_ds0 + c0 * V + o_kv, mask=mv[None, :], other=0.0)
+            b_ds -= tl.dot(tl.trans(tl.load(p_w + c0 + o_ck)), b_du, input_precision=DOT)
+            tl.store(p_ds0 + c0 * V + o_kv, b_ds, mask=mv[None, :])
 
 
 @triton.jit
-def kda_chunk_wy_bwd_kernel(v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, B, T, H, HV, V, TP, NV,
-                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
-                            DOT: tl.constexpr):
-    """Per chunk, back through u = Tm v, w = Tm (exp(G) k), Tm = M diag(beta), M = (I + diag(beta) aa)^-1:
-        dTm = dU v^T + dw (exp(G) k)^T;  dv = Tm^T dU;  dKh = Tm^T dw;  dM = dTm diag(beta)
-        dL = -(M^T dM M^T) below the diagonal;  dbeta_j = sum_i dTm[i, j] M[i, j] + sum_j' dL[j, j'] aa[j, j']
-        da = diag(beta) dL
-    dv [B, T, HV, V] and dbeta [B, T, HV] are final; dKh [B*HV, TP, BK] and da [B*HV, TP, BT] go on."""
+def kda_chunk_dqkw_kernel(gc, vn, hs, dhs, do, du, dqh, dw, dkb, dgl, daqk, T, HV, V, TP, NT, BT: tl.constexpr,
+                          BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr, DOT: tl.constexpr):
+    """Per (chunk, batch x value head, block of KB key columns), summed over V in tiles of BV columns, with S0 the
+    state before the chunk (hs) and dS the gradient of the state after it (dhs, one chunk on):
+        dQh = do S0^T;  dw = -dU S0^T;  dKb = U dS^T          [B*HV, TP, BK]
+        dgl = exp(G_last) rowsum(dS * S0)                     [B*HV, NT, BK]
+    One more program per chunk (key block index BK / KB) writes daqk = do U^T on and below the diagonal
+    [B*HV, TP, BT]."""
+    i_t, i_bh, i_k = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    r0 = i_t * BT
+    oc = tl.arange(0, BT)
+    ovb = tl.arange(0, BV)
+    mt = (r0 + oc < T)[:, None]
+    p_do = do + ((i_b * T + r0) * HV + i_hv) * V + oc[:, None] * (HV * V)
+    o_hv = (i_bh * TP + r0 + oc[:, None]) * V
+    if i_k < BK // KB:
+        ok = i_k * KB + tl.arange(0, KB)
+        o_vk = (i_bh * (NT + 1) + i_t) * BK * V + ok[None, :] * V  # [BV, KB] tiles of S0^T and dS^T
+        b_dqh = tl.full([BT, KB], 0.0, tl.float32)
+        b_dw = tl.full([BT, KB], 0.0, tl.float32)
+        b_dkb = tl.full([BT, KB], 0.0, tl.float32)
+        b_dgl = tl.full([KB], 0.0, tl.float32)
+        for v0 in range(0, V, BV):
+            ov = v0 + ovb
+            mv = ov < V
+            b_s0t = tl.load(hs + o_vk + ov[:, None], mask=mv[:, None], other=0.0)
+            b_dst = tl.load(dhs + BK * V + o_vk + ov[:, None], mask=mv[:, None], other=0.0)
+            b_do = tl.load(p_do + ov[None, :], mask=mt & mv[None, :], other=0.0).to(tl.float32)
+            b_dqh += tl.dot(b_do, b_s0t, input_precision=DOT)
+            b_dw -= tl.dot(tl.load(du + o_hv + ov[None, :], mask=mv[None, :], other=0.0), b_s0t,
+                           input_precision=DOT)
+            b_dkb += tl.dot(tl.load(vn + o_hv + ov[None, :], mask=mv[None, :], other=0.0), b_dst,
+                            input_precision=DOT)
+            b_dgl += tl.reduce(b_dst * b_s0t, 0, add)
+        o_tk = (i_bh * TP + r0 + oc[:, None]) * BK + ok[None, :]
+        tl.store(dqh + o_tk, b_dqh)
+        tl.store(dw + o_tk, b_dw)
+        tl.store(dkb + o_tk, b_dkb)
+        b_egl = tl.exp(tl.load(gc + (i_bh * TP + r0 + BT - 1) * BK + ok))
+        tl.store(dgl + (i_bh * NT + i_t) * BK + ok, b_dgl * b_egl)
+    else:
+        b_da = tl.full([BT, BT], 0.0, tl.float32)
+        for v0 in range(0, V, BV):
+            ov = v0 + ovb
+            mv = ov < V
+            b_do = tl.load(p_do + ov[None, :], mask=mt & mv[None, :], other=0.0).to(tl.float32)
+            b_vnt = tl.load(vn + (i_bh * TP + r0 + oc[None, :]) * V + ov[:, None], mask=mv[:, None], other=0.0)
+            b_da += tl.dot(b_do, b_vnt, input_precision=DOT)
+        b_da = tl.where(oc[:, None] >= oc[None, :], b_da, 0.0)
+        tl.store(daqk + (i_bh * TP + r0 + oc[:, None]) * BT + oc[None, :], b_da)
+
+
+@triton.jit
+def kda_chunk_wy_bwd_kernel(v, beta, ks, gc, mm, du, dw, dv, dkh, dtm, T, H, HV, V, TP, NV, BT: tl.constexpr,
+                            BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+    """Per chunk, back through u = Tm v and w = Tm (exp(G) k), Tm = M diag(beta):
+        dv = Tm^T dU;  dKh = Tm^T dw;  dTm = dU v^T + dw (exp(G) k)^T
+    dv [B, T, HV, V] is final; dKh [B*HV, TP, BK] and dTm (dtm [B*HV, TP, BT]) go on. Tm^T is read transposed from
+    memory (no transpose in registers) and is dead before dTm accumulates. K is taken 16 columns at a time (wider
+    tiles spilled on sm_80, whose mma operands both sit in registers)."""
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     ot = i_t * BT + tl.arange(0, BT)
     oc = tl.arange(0, BT)
     mt = ot < T
-    o_tt = (i_bh * TP + ot[:, None]) * BT + oc[None, :]
     b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
-    b_m = tl.load(mm + o_tt)
-    b_tm = b_m * b_beta[None, :]
+    b_tmt = tl.load(mm + (i_bh * TP + ot[None, :]) * BT + oc[:, None]) * b_beta[:, None]
+    p_kh = (i_b * H + i_h) * TP * BK  # this chunk's head in ks
+    p_hk = i_bh * TP * BK             # ... in gc, dw, dkh
+    for c0 in range(0, BK, 16):
+        o_tk = ot[:, None] * BK + c0 + tl.arange(0, 16)[None, :]
+        tl.store(dkh + p_hk + o_tk, tl.dot(b_tmt, tl.load(dw + p_hk + o_tk), input_precision=DOT))
+    for i_v in range(NV):
+        ov = i_v * BV + tl.arange(0, BV)
+        b_du = tl.load(du + (i_bh * TP + ot[:, None]) * V + ov[None, :], mask=(ov < V)[None, :], other=0.0)
+        tl.store(dv + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :],
+                 tl.dot(b_tmt, b_du, input_precision=DOT).to(dv.dtype.element_ty), mask=mt[:, None] & (ov < V)[None, :])
     b_dt = tl.full([BT, BT], 0.0, tl.float32)
-    for c0 in range(0, BK, KB):  # KB key columns at a time
-        o_tk = ot[:, None] * BK + c0 + tl.arange(0, KB)[None, :]
-        b_kh = tl.load(ks + (i_b * H + i_h) * TP * BK + o_tk) * tl.exp(tl.load(gc + i_bh * TP * BK + o_tk))
-        p_dw = dw + i_bh * TP * BK + o_tk
-        b_dw = tl.load(p_dw)
-        for i_v in range(1, NV):
-            b_dw += tl.load(p_dw + i_v * B * HV * TP * BK)
-        b_dt += tl.dot(b_dw, tl.trans(b_kh), input_precision=DOT)
-        tl.store(dkh + i_bh * TP * BK + o_tk, tl.dot(tl.trans(b_tm), b_dw, input_precision=DOT))
+    for c0 in range(0, BK, 16):
+        o_tk = ot[:, None] * BK + c0 + tl.arange(0, 16)[None, :]
+        b_kh = tl.load(ks + p_kh + o_tk) * tl.exp(tl.load(gc + p_hk + o_tk))
+        b_dt += tl.dot(tl.load(dw + p_hk + o_tk), tl.trans(b_kh), input_precision=DOT)
     for i_v in range(NV):
         ov = i_v * BV + tl.arange(0, BV)
         m_tv = mt[:, None] & (ov < V)[None, :]
-        p_v = ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :]
         b_du = tl.load(du + (i_bh * TP + ot[:, None]) * V + ov[None, :], mask=(ov < V)[None, :], other=0.0)
-        b_dt += tl.dot(b_du, tl.trans(tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)), input_precision=DOT)
-        tl.store(dv + p_v, tl.dot(tl.trans(b_tm), b_du, input_precision=DOT).to(dv.dtype.element_ty), mask=m_tv)
-    b_dbeta = tl.reduce(b_dt * b_m, 0, add)
-    b_dl = -tl.dot(tl.trans(b_m), tl.dot(b_dt * b_beta[None, :], tl.trans(b_m), input_precision=DOT),
-                   input_precision=DOT)
-    b_dl = tl.where(oc[:, None] > oc[None, :], b_dl, 0.0)
-    b_dbeta += tl.reduce(b_dl * tl.load(aa + o_tt), 1, add)
-    tl.store(dbeta + (i_b * T + ot) * HV + i_hv, b_dbeta.to(dbeta.dtype.element_ty), mask=mt)
-    tl.store(da + o_tt, b_dl * b_beta[:, None])
+        b_v = tl.load(v + ((i_b * T + ot[:, None]) * HV + i_hv) * V + ov[None, :], mask=m_tv, other=0.0)
+        b_dt += tl.dot(b_du, tl.trans(b_v.to(tl.float32)), input_precision=DOT)
+    tl.store(dtm + (i_bh * TP + ot[:, None]) * BT + oc[None, :], b_dt)
 
 
 @triton.jit
-def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part, dk_part, dg, scale, B, T, H, HV,
-                               K, TP, NT, NV, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+def kda_chunk_solve_bwd_kernel(beta, aa, mm, dtm, dbeta, da, T, HV, TP, BT: tl.constexpr, DOT: tl.constexpr):
+    """Per chunk, back through Tm = M diag(beta), M = (I + L)^-1, L = diag(beta) aa, from dTm (dtm):
+        dM = dTm diag(beta);  dL = -(M^T dM M^T) below the diagonal;  da = diag(beta) dL
+        dbeta_j = sum_i dTm[i, j] M[i, j] + sum_j' dL[j, j'] aa[j, j']
+    dbeta [B, T, HV] is final; da [B*HV, TP, BT] goes on. dL is made 16 columns at a time (M^T's columns read from
+    memory), apart from wy_bwd, so that no two whole [BT, BT] float32-accurate products are live together."""
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    ot = i_t * BT + tl.arange(0, BT)
+    oc = tl.arange(0, BT)
+    o16 = tl.arange(0, 16)
+    mt = ot < T
+    o_tt = (i_bh * TP + ot[:, None]) * BT + oc[None, :]
+    b_beta = tl.load(beta + (i_b * T + ot) * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+    b_dt = tl.load(dtm + o_tt)
+    b_dbeta = tl.reduce(b_dt * tl.load(mm + o_tt), 0, add)
+    b_dm = b_dt * b_beta[None, :]
+    b_mt = tl.load(mm + (i_bh * TP + ot[None, :]) * BT + oc[:, None])  # M^T, read transposed
+    for n0 in range(0, BT, 16):
+        b_mtn = tl.load(mm + (i_bh * TP + i_t * BT + n0 + o16[None, :]) * BT + oc[:, None])  # columns n0.. of M^T
+        b_dl = -tl.dot(b_mt, tl.dot(b_dm, b_mtn, input_precision=DOT), input_precision=DOT)
+        b_dl = tl.where(oc[:, None] > n0 + o16[None, :], b_dl, 0.0)
+        o_tn = (i_bh * TP + ot[:, None]) * BT + n0 + o16[None, :]
+        b_dbeta += tl.reduce(b_dl * tl.load(aa + o_tn), 1, add)
+        tl.store(da + o_tn, b_dl * b_beta[:, None])
+    tl.store(dbeta + (i_b * T + ot) * HV + i_hv, b_dbeta.to(dbeta.dtype.element_ty), mask=mt)
+
+
+@triton.jit
+def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part, dk_part, dg, scale, T, H, HV,
+                               K, TP, NT, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                                KC: tl.constexpr, DOT: tl.constexpr):
     """Per (chunk, batch x value head, tile of KC key columns; every term is separate per key column), sub-chunk
     blocks last to first: gradients of q, k and the gate cumsum G, then dg = the suffix sum of dG within the chunk.
@@ -457,21 +490,14 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
     o_cc = oc[:, None] * BT + oc[None, :]
     o_tk = tl.arange(0, BT)[:, None] * BK + ok[None, :]
     lower = oc[:, None, None] >= oc[None, :, None]
-    s_part = B * HV * TP * BK                        # stride of one V tile in dqh, dkb
-    s_part_a = B * HV * TP * BT                      # ... in daqk
     p_q = qs + ((i_b * H + i_h) * TP + i_t * BT) * BK
     p_k = ks + ((i_b * H + i_h) * TP + i_t * BT) * BK
     o_hk = (i_bh * TP + i_t * BT) * BK               # this chunk in gc, dkh, dqh, dkb
     o_a = (i_bh * TP + i_t * BT) * BT + o_cc         # ... in da, daqk
     b_gl = tl.load(gc + o_hk + (BT - 1) * BK + ok)
     # dG_last (dgl + sum_i Kb_i dKb_i) reaches every row of the chunk through the suffix sum: it starts the carry
-    b_dkb_t = tl.load(dkb + o_hk + o_tk)
-    b_carry = tl.load(dgl + (i_bh * NT + i_t) * BK + ok)
-    for i_v in range(1, NV):
-        b_dkb_t += tl.load(dkb + i_v * s_part + o_hk + o_tk)
-        b_carry += tl.load(dgl + ((i_v * B * HV + i_bh) * NT + i_t) * BK + ok)
     b_kb = tl.load(p_k + o_tk) * tl.exp(b_gl[None, :] - tl.load(gc + o_hk + o_tk))
-    b_carry += tl.reduce(b_dkb_t * b_kb, 0, add)
+    b_carry = tl.load(dgl + (i_bh * NT + i_t) * BK + ok) + tl.reduce(tl.load(dkb + o_hk + o_tk) * b_kb, 0, add)
     for ic in range(NC):
         i = NC - 1 - ic
         o_i = i * BC * BK + o_ck
@@ -481,9 +507,6 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
         b_gr = tl.load(gc + o_hk + i * BC * BK + ok)
         b_dqh = tl.load(dqh + o_hk + o_i)
         b_dkb = tl.load(dkb + o_hk + o_i)
-        for i_v in range(1, NV):
-            b_dqh += tl.load(dqh + i_v * s_part + o_hk + o_i)
-            b_dkb += tl.load(dkb + i_v * s_part + o_hk + o_i)
         b_dkh = tl.load(dkh + o_hk + o_i)
         b_eg = tl.exp(b_gi)
         b_egl = tl.exp(b_gl[None, :] - b_gi)
@@ -498,10 +521,7 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
             o_j = j * BC * BK + o_ck
             b_kj = tl.load(p_k + o_j) * tl.exp(b_gr[None, :] - tl.load(gc + o_hk + o_j))
             o_ij = o_a + i * BC * BT + j * BC
-            b_daqk = tl.load(daqk + o_ij)
-            for i_v in range(1, NV):
-                b_daqk += tl.load(daqk + i_v * s_part_a + o_ij)
-            b_dqx += tl.dot(b_daqk, b_kj, input_precision=DOT)
+            b_dqx += tl.dot(tl.load(daqk + o_ij), b_kj, input_precision=DOT)
             b_dkx += tl.dot(tl.load(da + o_ij), b_kj, input_precision=DOT)
         b_eir = tl.exp(b_gi - b_gr[None, :])
         b_dqx *= b_eir
@@ -513,17 +533,12 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
             b_grj = tl.load(gc + o_hk + j * BC * BK + ok)
             b_ejr = tl.exp(tl.load(gc + o_hk + o_j) - b_grj[None, :])
             o_ji = o_a + j * BC * BT + i * BC
-            b_daqk = tl.load(daqk + o_ji)
-            for i_v in range(1, NV):
-                b_daqk += tl.load(daqk + i_v * s_part_a + o_ji)
-            b_y = tl.dot(tl.trans(b_daqk), tl.load(p_q + o_j) * b_ejr, input_precision=DOT)
+            b_y = tl.dot(tl.trans(tl.load(daqk + o_ji)), tl.load(p_q + o_j) * b_ejr, input_precision=DOT)
             b_y += tl.dot(tl.trans(tl.load(da + o_ji)), tl.load(p_k + o_j) * b_ejr, input_precision=DOT)
             b_dky += b_y * tl.exp(b_grj[None, :] - b_gi)
         # the diagonal block, exact decay per pair ([BC, BC, KC] in registers)
         o_ii = o_a + i * BC * (BT + 1)
         b_daqk = tl.load(daqk + o_ii)
-        for i_v in range(1, NV):
-            b_daqk += tl.load(daqk + i_v * s_part_a + o_ii)
         b_da = tl.load(da + o_ii)
         b_e = tl.exp(tl.where(lower, b_gi[:, None, :] - b_gi[None, :, :], 0.0))
         b_e = tl.where(lower, b_e, 0.0)
@@ -576,13 +591,12 @@ class KDAChunkFunction(torch.autograd.Function):
         b, t_len, h, dk = q.shape
         hv, dv = v.shape[2], v.shape[3]
         has_h0 = initial_state is not None
-        h0 = initial_state.contiguous() if has_h0 else v
         # the state's dtype: initial_state's, else float32 (float64 for float64 inputs)
         state_dtype = initial_state.dtype if has_h0 else torch.float64 if v.dtype == torch.float64 else torch.float32
         settings = target_settings(v.device)
         dot, warps = settings["DOT"], settings["num_warps"]
         bk = max(16, triton.next_power_of_2(dk))
-        kb = max(min(settings["KB"], bk), bk // 4)         # at most four key blocks in the state passes
+        kb = min(settings["KB"], bk)
         nt = triton.cdiv(t_len, BT)
         tp = nt * BT
         f32 = dict(dtype=torch.float32, device=v.device)
@@ -595,9 +609,11 @@ class KDAChunkFunction(torch.autograd.Function):
         w = torch.empty(b * hv, tp, bk, **f32)
         u = torch.empty(b * hv, tp, dv, **f32)
         vn = torch.empty(b * hv, tp, dv, **f32)
-        hs = torch.empty(b * hv, nt, bk, dv, **f32)
+        hs = torch.empty(b * hv, nt + 1, bk, dv, **f32)  # the state before each chunk, then the final state
+        hs[:, 0] = 0.0
+        if has_h0:
+            hs[:, 0, :dk] = initial_state.reshape(b * hv, dk, dv)
         o = torch.empty_like(v)
-        ht = torch.empty(b, hv, dk, dv, dtype=state_dtype, device=v.device)
         if b * hv > 0:
             grid = (nt, b * hv)
             kda_chunk_prep_kernel[grid](q, k, g, qs, ks, gc, scale, t_len, h, hv, dk, tp, BT=BT, BK=bk,
@@ -605,11 +621,14 @@ class KDAChunkFunction(torch.autograd.Function):
             kda_chunk_intra_fwd_kernel[grid](qs, ks, gc, aa, aqk, h, hv, tp, BT=BT, BC=BC, BK=bk, KC=min(KC, bk),
                                              DOT=dot, num_warps=warps)
             kda_chunk_solve_kernel[grid](v, beta, ks, gc, aa, mm, w, u, t_len, h, hv, dv, tp, triton.cdiv(dv, BV),
-                                         BT=BT, LOG_BT=BT.bit_length() - 1, BK=bk, BV=BV, KB=kb, DOT=dot,
-                                         num_warps=warps)
+                                         BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot, num_warps=warps)
             kda_chunk_state_fwd_kernel[(triton.cdiv(dv, BV), b * hv)](
-                qs, ks, gc, w, u, aqk, h0, o, ht, hs, vn, t_len, h, hv, dk, dv, tp, nt, HAS_H0=has_h0, BT=BT, BK=bk,
-                BV=BV, KB=kb, DOT=dot, num_warps=settings["state_fwd_warps"], num_stages=settings["state_stages"])
+                ks, gc, w, u, hs, vn, h, hv, dv, tp, nt, BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot,
+                num_warps=settings["state_fwd_warps"], num_stages=settings["state_stages"])
+            kda_chunk_o_kernel[(triton.cdiv(dv, BV), nt, b * hv)](qs, gc, aqk, hs, vn, o, t_len, h, hv, dv, tp, nt,
+                                                                  BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot,
+                                                                  num_warps=warps)
+        ht = hs[:, nt, :dk].reshape(b, hv, dk, dv).to(state_dtype, copy=True)
         ctx.save_for_backward(qs, ks, v, beta, gc, aa, aqk, mm, w, vn, hs)
         ctx.scale, ctx.has_h0, ctx.state_dtype, ctx.dims = scale, has_h0, state_dtype, (b, t_len, h, dk, q.dtype)
         return o, ht
@@ -620,42 +639,51 @@ class KDAChunkFunction(torch.autograd.Function):
         do, dht = do.contiguous(), dht.contiguous()
         b, t_len, h, dk, qk_dtype = ctx.dims
         hv, dv_ = v.shape[2], v.shape[3]
-        nt, tp, bk = hs.shape[1], gc.shape[1], gc.shape[2]
+        nt, tp, bk = hs.shape[1] - 1, gc.shape[1], gc.shape[2]
         settings = target_settings(v.device)
         dot, warps = settings["DOT"], settings["num_warps"]
-        kb = max(min(settings["KB"], bk), bk // 4)
+        kb = min(settings["KB"], bk)
         nv = triton.cdiv(dv_, BV)
         f32 = dict(dtype=torch.float32, device=v.device)
         du = torch.empty(b * hv, tp, dv_, **f32)
-        dqh = torch.empty(nv, b * hv, tp, bk, **f32)       # shares of each V tile
-        dw = torch.empty(nv, b * hv, tp, bk, **f32)
-        dkb = torch.empty(nv, b * hv, tp, bk, **f32)
-        dgl = torch.empty(nv, b * hv, nt, bk, **f32)
-        daqk = torch.empty(nv, b * hv, tp, BT, **f32)
+        dhs = torch.empty(b * hv, nt + 1, bk, dv_, **f32)  # the gradient of the state before each chunk, then final
+        dhs[:, nt] = 0.0
+        dhs[:, nt, :dk] = dht.reshape(b * hv, dk, dv_)
+        dqh = torch.empty(b * hv, tp, bk, **f32)
+        dw = torch.empty(b * hv, tp, bk, **f32)
+        dkb = torch.empty(b * hv, tp, bk, **f32)
+        dgl = torch.empty(b * hv, nt, bk, **f32)
+        daqk = torch.empty(b * hv, tp, BT, **f32)
         dkh = torch.empty(b * hv, tp, bk, **f32)
+        dtm = torch.empty(b * hv, tp, BT, **f32)
         da = torch.empty(b * hv, tp, BT, **f32)
         dq_part = torch.empty(1, b, t_len, hv, dk, **f32)  # per value head, summed over GVA groups below
         dk_part = torch.empty(1, b, t_len, hv, dk, **f32)
         dv = torch.empty_like(v)
         dg = torch.empty(b, t_len, hv, dk, dtype=qk_dtype, device=v.device)
         dbeta = torch.empty_like(beta)
-        dh0 = torch.empty(b, hv, dk, dv_, dtype=ctx.state_dtype, device=v.device) if ctx.has_h0 else dv
         if b * hv > 0:
+            kda_chunk_dh_local_kernel[(nv, nt, b * hv)](qs, gc, do, dhs, t_len, h, hv, dv_, tp, nt, BT=BT, BK=bk, BV=BV,
+                                                         KB=kb, DOT=dot, num_warps=warps)
             kda_chunk_state_bwd_kernel[(nv, b * hv)](
-                qs, ks, gc, w, vn, aqk, hs, do, dht, du, dqh, dw, dkb, dgl, daqk, dh0, b, t_len, h, hv, dk, dv_, tp,
-                nt, STORE_DH0=ctx.has_h0, BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot, num_warps=settings["state_bwd_warps"],
-                num_stages=settings["state_stages"])
-            kda_chunk_wy_bwd_kernel[(nt, b * hv)](v, beta, ks, gc, aa, mm, du, dw, dv, dbeta, dkh, da, b, t_len, h, hv,
-                                                  dv_, tp, nv, BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot,
-                                                  num_warps=warps)
+                ks, gc, w, aqk, do, du, dhs, t_len, h, hv, dv_, tp, nt, BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot,
+                num_warps=settings["state_bwd_warps"], num_stages=settings["state_stages"])
+            kda_chunk_dqkw_kernel[(nt, b * hv, bk // kb + 1)](gc, vn, hs, dhs, do, du, dqh, dw, dkb, dgl, daqk, t_len,
+                                                               hv, dv_, tp, nt, BT=BT, BK=bk, BV=BV, KB=kb, DOT=dot,
+                                                               num_warps=warps)
+            kda_chunk_wy_bwd_kernel[(nt, b * hv)](v, beta, ks, gc, mm, du, dw, dv, dkh, dtm, t_len, h, hv, dv_, tp, nv,
+                                                  BT=BT, BK=bk, BV=BV, DOT=dot, num_warps=warps)
+            kda_chunk_solve_bwd_kernel[(nt, b * hv)](beta, aa, mm, dtm, dbeta, da, t_len, hv, tp, BT=BT, DOT=dot,
+                                                     num_warps=warps)
             kc = min(KC, bk)
             kda_chunk_intra_bwd_kernel[(nt, b * hv, bk // kc)](qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part,
-                                                               dk_part, dg, ctx.scale, b, t_len, h, hv, dk, tp, nt, nv,
+                                                               dk_part, dg, ctx.scale, t_len, h, hv, dk, tp, nt,
                                                                BT=BT, BC=BC, BK=bk, KC=kc, DOT=dot, num_warps=warps)
         group = hv // h
         dq = _reduce(dq_part, torch.empty(b, t_len, h, dk, dtype=qk_dtype, device=v.device), b * t_len * h, group, dk)
         dk_ = _reduce(dk_part, torch.empty(b, t_len, h, dk, dtype=qk_dtype, device=v.device), b * t_len * h, group, dk)
-        return dq, dk_, dv, dg, dbeta, None, (dh0 if ctx.has_h0 else None)
+        dh0 = dhs[:, 0, :dk].reshape(b, hv, dk, dv_).to(ctx.state_dtype, copy=True) if ctx.has_h0 else None
+        return dq, dk_, dv, dg, dbeta, None, dh0
 
 
 def run(q, k, v, g, beta, scale, initial_state):
