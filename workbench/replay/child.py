@@ -7,7 +7,8 @@ through untouched.
 
 job: {"task": "train" | "base", "preset", "mode", "steps", "seed",
       "ops": {block: "reference" | file | "library:" file},
-      "device", "base": checkpoint path (LoRA, and where "base" saves), "writable": the folders it may write}
+      "device", "base": checkpoint path (LoRA, and where "base" saves), "writable": the folders it may write,
+      "layout": {"cache": blocks whose saved tensors go to the host tier (workbench.replay.tiers)} (optional)}
 
 The operator files are candidates too: while their code is on the stack every filesystem write outside
 ``writable`` is refused (workbench.verify.worker.install_write_guard), with bubblewrap's read-only mounts or
@@ -36,6 +37,7 @@ def main() -> None:
     from workbench.replay.arch import Architecture
     from workbench.replay.ops import absolute_target, load_ops, operator_file
     from workbench.replay.presets import get_preset
+    from workbench.replay.tiers import cached_ops
     from workbench.replay.train import make_base, train
     from workbench.verify.worker import install_write_guard
 
@@ -46,7 +48,7 @@ def main() -> None:
                         "the replay sandbox")
     try:
         preset, arch = get_preset(job["preset"]), Architecture(**job["arch"])
-        ops = load_ops(chosen)
+        ops = cached_ops(load_ops(chosen), job.get("layout", {}).get("cache", []))
         base = Path(job["base"]) if job.get("base") else None
 
         def on_step(step: int, loss: float, seconds: float) -> None:
