@@ -387,7 +387,8 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
                                      backend=backend.name, ops=shown, reference_curve=reference.curve)
     if on_event:
         on_event("start", {"replay_id": replay_id, "ops": shown, "reference_source": source,
-                           "layout": layout.to_dict()})
+                           "layout": layout.to_dict(),
+                           "rank_ops": {str(r): describe(o) for r, o in plan.rank_ops.items()}})
     curve: list[float] = []
 
     def on_step(step: int, loss: float, seconds: float) -> None:
