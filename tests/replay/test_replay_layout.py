@@ -75,8 +75,8 @@ def test_two_ranks_stay_in_the_band_of_the_single_process_reference(shared, mode
     assert checks["band"]["max_relative_deviation"] < 1e-5
     assert checks["parameters"]["passed"] and checks["eval_topk"]["passed"] and checks["ranks"]["passed"]
     row = _last_row(shared)
-    assert row.status == "pass" and row.detail["layout"]["ranks"] == 2
-    assert row.detail["layout"]["sharding"] == "fsdp2" and row.detail["layout"]["experts"] == "ep"
+    assert row.status == "pass" and row.layout["ranks"] == 2
+    assert row.layout["sharding"] == "fsdp2" and row.layout["experts"] == "ep"
     assert row.detail["layout_equivalence"]["status"] == "pass"
     assert len(row.detail["rank_curves"]) == 2 and all(len(c) == steps for c in row.detail["rank_curves"])
 
@@ -90,7 +90,7 @@ def test_a_defect_on_one_rank_fails_naming_the_step_and_the_rank(shared, tmp_pat
     assert outcome.checks["ranks"]["rank"] == 1 and outcome.checks["ranks"]["step"] == 0
     assert "first to leave: rank 1 left its band at step 0" in outcome.reason
     row = _last_row(shared)
-    assert row.status == "fail" and row.detail["layout"]["rank_ops"] == {"1": {"moe_combine": "combine_rounded.py"}}
+    assert row.status == "fail" and row.layout["rank_ops"] == {"1": {"moe_combine": "combine_rounded.py"}}
 
 
 @pytest.mark.slow

@@ -383,8 +383,10 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
                                                 timeout_s, collective_timeout_s, base, facts["key"],
                                                 rerun=rerun_reference, on_event=on_event)
     shown = {**describe(plan.chosen), "band": p.band_rtol}
+    spread = {**layout.to_dict(), "rank_ops": {str(r): describe(o) for r, o in plan.rank_ops.items()}} \
+        if layout.distributed or layout.cache else None
     replay_id = records.start_replay(engine, model=model, mode=mode, preset=p.name, seed=seed, steps=steps,
-                                     backend=backend.name, ops=shown, reference_curve=reference.curve)
+                                     backend=backend.name, ops=shown, reference_curve=reference.curve, layout=spread)
     if on_event:
         on_event("start", {"replay_id": replay_id, "ops": shown, "reference_source": source,
                            "layout": layout.to_dict(),
@@ -400,8 +402,7 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
 
     job = training_job("train", p, arch, mode, steps, seed, plan.chosen, backend, base,
                        layout if layout.distributed or layout.cache else None, plan.rank_ops, collective_timeout_s)
-    detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step,
-              "layout": {**layout.to_dict(), "rank_ops": {str(r): describe(o) for r, o in plan.rank_ops.items()}}}
+    detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step}
     try:
         done = launch_process(job, backend, timeout_s, on_step)
         result = RunResult(**done["result"])
