@@ -82,6 +82,19 @@ def test_two_ranks_stay_in_the_band_of_the_single_process_reference(shared, mode
 
 
 @pytest.mark.slow
+def test_caching_to_the_host_tier_leaves_every_curve_bit_identical(shared):
+    cache = "moe_grouped_gemm,kda,attnres:host"
+    single = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, cache=cache)
+    assert single.status == "pass" and single.curve == single.reference_curve  # the shipped reference, bit for bit
+    assert _last_row(shared).layout["cache"] == ["moe_grouped_gemm", "kda", "attnres"]
+    plain = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2)
+    plain_ranks = _last_row(shared).detail["rank_curves"]
+    cached = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2, cache=cache)
+    assert cached.status == "pass" and cached.curve == plain.curve
+    assert _last_row(shared).detail["rank_curves"] == plain_ranks
+
+
+@pytest.mark.slow
 def test_a_defect_on_one_rank_fails_naming_the_step_and_the_rank(shared, tmp_path):
     rounded = write_op(tmp_path, "combine_rounded", ROUNDED_UP, block="moe_combine", bits=6)
     outcome = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2,
