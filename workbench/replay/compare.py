@@ -127,3 +127,12 @@ def judge_ranks(rank_curves: list[list[float]], reference_rank_curves: list[list
             return {**check, "passed": False, "step": step, "rank": rank, "loss": rank_curves[rank][step],
                     "reference": reference_rank_curves[rank][step]}
     return check
+
+
+def judge_curve(curve: list[float], reference: list[float], preset: Preset) -> dict:
+    """A second loss curve (the MTP loss) against its reference: as long, finite, inside the band at every step."""
+    deviations = [abs(a - b) / band_width(b, preset) for a, b in zip(curve, reference, strict=False)]
+    outside = [i for i, (d, a) in enumerate(zip(deviations, curve, strict=True)) if d > 1 or not math.isfinite(a)]
+    worst = max((abs(a - b) / abs(b) for a, b in zip(curve, reference, strict=False)), default=0.0)
+    return {"passed": not outside and len(curve) == len(reference), "left_band_step": outside[0] if outside else None,
+            "steps": len(curve), "reference_steps": len(reference), "max_relative_deviation": worst}

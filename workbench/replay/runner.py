@@ -34,10 +34,11 @@ from workbench.models import get_model
 from workbench.replay import arch as arch_module
 from workbench.replay import data as data_module
 from workbench.replay import model as model_module
+from workbench.replay import mtp as mtp_module
 from workbench.replay import train as train_module
 from workbench.replay.arch import CALLABLE, Architecture, architecture
 from workbench.replay.child import MARK
-from workbench.replay.compare import Judgement, judge, judge_ranks
+from workbench.replay.compare import Judgement, judge, judge_curve, judge_ranks
 from workbench.replay.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, Layout
 from workbench.replay.ops import describe, operator_file, reference_ops, resolve_ops
 from workbench.replay.presets import Preset, check_mode, get_preset
@@ -110,11 +111,13 @@ def reference_key(preset: Preset, arch: Architecture, mode: str, steps: int, see
 def training_job(task: str, preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
                  ops: dict[str, str], backend: Backend, base: Path | None, layout: Layout | None = None,
                  rank_ops: dict[int, dict[str, str]] | None = None,
-                 collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> dict:
+                 collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, mtp: bool = False) -> dict:
     """The job a training process reads (see workbench.replay.child; with a distributed layout,
     workbench.replay.launcher and workbench.replay.distributed: its ranks, each rank's own ops)."""
     job = {"task": task, "preset": preset.name, "arch": arch.to_dict(), "mode": mode, "steps": steps, "seed": seed,
            "ops": ops, "device": backend.device, "base": str(base) if base else None}
+    if mtp:
+        job["mtp"] = True
     if layout is not None:
         job.update(layout=layout.to_dict(), rank_ops={str(r): o for r, o in (rank_ops or {}).items()},
                    collective_timeout_s=collective_timeout_s)
@@ -219,34 +222,47 @@ def ensure_base(settings: Settings, model: str, preset: Preset, arch: Architectu
 
 def reference_run(settings: Settings, model: str, preset: Preset, arch: Architecture, mode: str, steps: int,
                   seed: int, backend: Backend, timeout_s: float, *, rerun: bool = False,
-                  on_event: Event | None = None) -> tuple[RunResult, str, dict]:
-    """(result, where it came from: store | file | run, facts: key and, for a run, the repeat check)."""
+                  on_event: Event | None = None, mtp: bool = False) -> tuple[RunResult, str, dict]:
+    """(result, where it came from: store | file | run, facts: key, with MTP the reference MTP curve, and, for a
+    run, the repeat check). With ``mtp`` the reference trains the MTP model (workbench.replay.mtp): a key and a
+    repository file (``<mode>-mtp-s<steps>-seed<seed>.json``) of its own."""
     base = ensure_base(settings, model, preset, arch, backend, timeout_s, on_event) if mode == "lora" else None
     key = reference_key(preset, arch, mode, steps, seed, base)
+    if mtp:
+        key = hashlib.sha256("".join([key, *mtp_module.source_digest_parts()]).encode()).hexdigest()[:32]
+    label = f"{mode}-mtp" if mtp else mode
     engine = get_engine(settings.db_url)
     if not rerun:
         stored = records.find_reference_replay(engine, model, key)
         if stored is not None:
-            return RunResult(**stored), "store", {"key": key}
-        path = reference_file(settings, model, preset, mode, steps, seed)
+            return _run_result(stored), "store", _reference_facts(key, stored)
+        path = reference_file(settings, model, preset, label, steps, seed)
         if path.is_file():
             shipped = json.loads(path.read_text())
             if shipped.get("key") == key:
                 records.save_reference_replay(engine, model=model, mode=mode, preset=preset.name, seed=seed,
                                               backend=backend.name, key=key, result=shipped["result"])
-                return RunResult(**shipped["result"]), "file", {"key": key}
+                return _run_result(shipped["result"]), "file", _reference_facts(key, shipped["result"])
     if on_event:
         on_event("reference", {"steps": steps})
-    job = training_job("train", preset, arch, mode, steps, seed, reference_ops(arch.blocks), backend, base)
-    first = launch(job, backend, timeout_s)
-    second = launch(job, backend, timeout_s)
-    identical = _same(first, second)
+    job = training_job("train", preset, arch, mode, steps, seed, reference_ops(arch.blocks), backend, base, mtp=mtp)
+    first, second = (_reference_payload(launch_process(job, backend, timeout_s)) for _ in range(2))
+    identical = _same(_run_result(first), _run_result(second)) and first.get("mtp_curve") == second.get("mtp_curve")
     if not identical:
         raise ReplayError("the reference run is not reproducible: two runs from the same seed differ "
-                          f"(first difference at step {_first_difference(first, second)})")
+                          f"(first difference at step {_first_difference(_run_result(first), _run_result(second))})")
     records.save_reference_replay(engine, model=model, mode=mode, preset=preset.name, seed=seed,
-                                  backend=backend.name, key=key, result=asdict(first))
-    return first, "run", {"key": key, "repeat_identical": identical}
+                                  backend=backend.name, key=key, result=first)
+    return _run_result(first), "run", {**_reference_facts(key, first), "repeat_identical": identical}
+
+
+def _reference_payload(done: dict) -> dict:
+    """A training process's result as a reference keeps it: the RunResult's fields, and the MTP curve if any."""
+    return {**done["result"], **({"mtp_curve": done["mtp_curve"]} if "mtp_curve" in done else {})}
+
+
+def _reference_facts(key: str, result: dict) -> dict:
+    return {"key": key, **({"reference_mtp_curve": result["mtp_curve"]} if "mtp_curve" in result else {})}
 
 
 def layout_reference_run(settings: Settings, model: str, preset: Preset, arch: Architecture, mode: str, steps: int,
@@ -289,12 +305,14 @@ def _first_difference(a: RunResult, b: RunResult) -> int:
 
 
 def export_reference(settings: Settings, model: str, preset: Preset, mode: str, steps: int, seed: int, key: str,
-                     result: RunResult) -> Path:
-    """Write the reference run to the repository file CI compares against."""
-    path = reference_file(settings, model, preset, mode, steps, seed)
+                     result: RunResult, mtp_curve: list[float] | None = None) -> Path:
+    """Write the reference run to the repository file CI compares against (with MTP: its own file, the MTP curve in
+    its result)."""
+    path = reference_file(settings, model, preset, f"{mode}-mtp" if mtp_curve is not None else mode, steps, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
+    extra = {"mtp_curve": mtp_curve} if mtp_curve is not None else {}
     payload = {"key": key, "model": model, "preset": preset.name, "mode": mode, "steps": steps, "seed": seed,
-               "torch": torch.__version__, "result": asdict(result)}
+               "torch": torch.__version__, "result": {**asdict(result), **extra}}
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
 
@@ -315,12 +333,13 @@ class ReplayPlan:
     backend: Backend
     layout: Layout = field(default_factory=Layout)
     rank_ops: dict[int, dict[str, str]] = field(default_factory=dict)
+    mtp: bool = False
 
 
 def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
                 ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None, ranks: int = 1,
                 layout: str | None = None, cache: str | None = None,
-                rank_ops: dict[int, list[str]] | None = None) -> ReplayPlan:
+                rank_ops: dict[int, list[str]] | None = None, mtp: bool = False) -> ReplayPlan:
     """Check every argument (WorkbenchError, one line, for the first bad one); ops: see workbench.replay.ops;
     cache: see workbench.replay.tiers; rank_ops: {rank: ops words applied over ``ops`` on that rank only}."""
     get_model(model)
@@ -333,6 +352,8 @@ def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tin
     chosen = resolve_ops(ops, settings.operators_dir, arch.blocks)
     spread = Layout.parse(ranks, layout, parse_cache(cache, arch.blocks))
     spread.check(p)
+    if mtp and (mode != "scratch" or spread.distributed):
+        raise WorkbenchError("--mtp trains a scratch replay in one process (not with --mode lora or --ranks)")
     per_rank = {}
     for rank, words in (rank_ops or {}).items():
         if not 0 <= rank < spread.ranks:
@@ -340,7 +361,7 @@ def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tin
         changed = resolve_ops(["reference", *words], settings.operators_dir, arch.blocks)
         named = {w.partition("=")[0] for w in words}
         per_rank[rank] = {b: t for b, t in changed.items() if b in named}
-    return ReplayPlan(model, mode, p, arch, steps, seed, chosen, backend or get_backend(), spread, per_rank)
+    return ReplayPlan(model, mode, p, arch, steps, seed, chosen, backend or get_backend(), spread, per_rank, mtp)
 
 
 def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
@@ -348,10 +369,10 @@ def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny
                timeout_s: float = DEFAULT_TIMEOUT_S, rerun_reference: bool = False, export: bool = False,
                plot: Path | None = None, on_event: Event | None = None, ranks: int = 1, layout: str | None = None,
                cache: str | None = None, rank_ops: dict[int, list[str]] | None = None,
-               collective_timeout_s: float | None = None) -> ReplayOutcome:
+               collective_timeout_s: float | None = None, mtp: bool = False) -> ReplayOutcome:
     """Plan and execute a replay (see plan_replay and execute)."""
     plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, backend=backend,
-                       ranks=ranks, layout=layout, cache=cache, rank_ops=rank_ops)
+                       ranks=ranks, layout=layout, cache=cache, rank_ops=rank_ops, mtp=mtp)
     return execute(plan, settings, timeout_s=timeout_s, rerun_reference=rerun_reference, export=export, plot=plot,
                    on_event=on_event, collective_timeout_s=collective_timeout_s)
 
@@ -373,9 +394,10 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
     engine = get_engine(settings.db_url)
     records.mark_replays_interrupted(engine)
     reference, source, facts = reference_run(settings, model, p, arch, mode, steps, seed, backend, timeout_s,
-                                             rerun=rerun_reference, on_event=on_event)
+                                             rerun=rerun_reference, on_event=on_event, mtp=plan.mtp)
     if export:
-        facts["exported"] = str(export_reference(settings, model, p, mode, steps, seed, facts["key"], reference))
+        facts["exported"] = str(export_reference(settings, model, p, mode, steps, seed, facts["key"], reference,
+                                                 facts.get("reference_mtp_curve")))
     base = base_path(settings, model, p) if mode == "lora" else None
     layout_reference = None
     if layout.distributed:
@@ -401,7 +423,8 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
             on_event("step", {"step": step, "loss": loss, "reference": ref, "seconds": seconds})
 
     job = training_job("train", p, arch, mode, steps, seed, plan.chosen, backend, base,
-                       layout if layout.distributed or layout.cache else None, plan.rank_ops, collective_timeout_s)
+                       layout if layout.distributed or layout.cache else None, plan.rank_ops, collective_timeout_s,
+                       plan.mtp)
     detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step}
     try:
         done = launch_process(job, backend, timeout_s, on_step)
@@ -417,6 +440,8 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
     verdict: Judgement = judge(result, reference, p)
     if layout_reference is not None:
         verdict = _judge_layout(verdict, result, reference, done["rank_curves"], layout_reference, p, detail)
+    if plan.mtp:
+        verdict = _judge_mtp(verdict, done["mtp_curve"], facts["reference_mtp_curve"], p, detail)
     detail.update(checks=verdict.checks, seconds_per_step=result.seconds_per_step, eval_loss=result.eval_loss,
                   reference_eval_loss=reference.eval_loss, max_relative_deviation=verdict.max_deviation)
     plot_path = _plot(result.curve, reference.curve, p, verdict, plot or settings.work_dir / "replays" /
@@ -448,6 +473,20 @@ def _judge_layout(verdict: Judgement, result: RunResult, reference: RunResult, r
     reason = named if verdict.passed else f"{verdict.reason}; first to leave: {named}"
     left = verdict.left_band_step if verdict.left_band_step is not None else ranks["step"]
     return Judgement(ReplayStatus.FAIL, reason, left, verdict.max_deviation, checks)
+
+
+def _judge_mtp(verdict: Judgement, mtp_curve: list[float], reference_mtp_curve: list[float], preset: Preset,
+              detail: dict) -> Judgement:
+    """The verdict with the MTP loss held against the reference's MTP loss (the same band); both curves recorded."""
+    mtp = judge_curve(mtp_curve, reference_mtp_curve, preset)
+    detail["mtp_curve"] = mtp_curve
+    checks = {**verdict.checks, "mtp": mtp}
+    if mtp["passed"]:
+        return Judgement(verdict.status, verdict.reason, verdict.left_band_step, verdict.max_deviation, checks)
+    named = (f"the MTP loss left its band at step {mtp['left_band_step']}" if mtp["left_band_step"] is not None else
+             f"the MTP curve has {len(mtp_curve)} steps, its reference {len(reference_mtp_curve)}")
+    reason = named if verdict.passed else f"{verdict.reason}; {named}"
+    return Judgement(ReplayStatus.FAIL, reason, verdict.left_band_step, verdict.max_deviation, checks)
 
 
 def _plot(curve: list[float], reference: list[float], preset: Preset, verdict: Judgement, path: Path,
