@@ -713,6 +713,8 @@ def replay(
     collective_timeout: Annotated[float | None, typer.Option(
         help="seconds a rank waits for the others in a collective before the replay names the rank that hung "
              "(default: min(300, timeout / 2))")] = None,
+    dispatch_chunks: Annotated[int, typer.Option(
+        help="token chunks of the expert dispatch: chunk c+1's All-to-All overlaps chunk c's experts")] = 1,
     mtp: Annotated[bool, typer.Option(
         "--mtp", help="one multi-token-prediction depth (DeepSeek-V3), its loss held against its own reference")]
     = False,
@@ -728,7 +730,8 @@ def replay(
 
     settings = Settings.load(db, operators)
     plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, ranks=ranks,
-                       layout=layout, cache=cache, rank_ops=_rank_ops(rank_ops), mtp=mtp)
+                       layout=layout, cache=cache, rank_ops=_rank_ops(rank_ops), mtp=mtp,
+                       chunks=dispatch_chunks)
     spread = f" · {plan.layout.ranks} ranks {plan.layout.sharding}+{plan.layout.experts}" \
         if plan.layout.distributed else ""
     table = Table(title=f"{model} · {mode} replay · preset {preset} · {plan.steps} steps on {plan.backend.name}"

@@ -95,6 +95,14 @@ def test_caching_to_the_host_tier_leaves_every_curve_bit_identical(shared):
 
 
 @pytest.mark.slow
+def test_the_dispatch_in_chunks_overlapping_the_experts_stays_in_the_band(shared):
+    outcome = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2, chunks=2)
+    assert outcome.status == "pass", outcome.reason
+    assert outcome.checks["band"]["max_relative_deviation"] < 1e-5 and outcome.checks["ranks"]["passed"]
+    assert _last_row(shared).layout["chunks"] == 2
+
+
+@pytest.mark.slow
 def test_a_defect_on_one_rank_fails_naming_the_step_and_the_rank(shared, tmp_path):
     rounded = write_op(tmp_path, "combine_rounded", ROUNDED_UP, block="moe_combine", bits=6)
     outcome = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2,
@@ -145,6 +153,10 @@ def test_the_layout_is_checked_before_anything_runs(settings):
         plan_replay(MODEL, "scratch", settings, ranks=2, layout="tp")
     with pytest.raises(WorkbenchError, match="needs --ranks 2"):
         plan_replay(MODEL, "scratch", settings, layout="fsdp2+ep")
+    with pytest.raises(WorkbenchError, match="--dispatch-chunks 17: a rank has only 16 tokens"):
+        plan_replay(MODEL, "scratch", settings, ranks=2, chunks=17)
+    with pytest.raises(WorkbenchError, match="--dispatch-chunks needs --ranks 2"):
+        plan_replay(MODEL, "scratch", settings, chunks=2)
     with pytest.raises(WorkbenchError, match="no rank 2 among 2"):
         plan_replay(MODEL, "scratch", settings, ranks=2, rank_ops={2: ["situ=reference"]})
     plan = plan_replay(MODEL, "scratch", settings, ranks=2, rank_ops={1: ["situ=reference"]})

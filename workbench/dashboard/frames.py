@@ -156,6 +156,8 @@ def replay_layout(layout: dict | None) -> dict:
     sharding, experts = layout.get("sharding") or "none", layout.get("experts") or "local"
     cache = ",".join(layout.get("cache") or [])
     parts = [f"{ranks} rank{'s' if ranks > 1 else ''}", f"dense {sharding}", f"experts {experts}"]
+    if (layout.get("chunks") or 1) > 1:
+        parts.append(f"dispatch in {layout['chunks']} chunks")
     if cache:
         parts.append(f"cache {cache}:host")
     for rank, ops in (layout.get("rank_ops") or {}).items():

@@ -71,19 +71,23 @@ class Layout:
     sharding: str = "none"
     experts: str = "local"
     cache: tuple[str, ...] = ()
+    chunks: int = 1
+    """token chunks of the expert dispatch (> 1: chunk c+1's dispatch overlaps chunk c's experts)"""
 
     @classmethod
-    def parse(cls, ranks: int, layout: str | None, cache: tuple[str, ...] = ()) -> Layout:
+    def parse(cls, ranks: int, layout: str | None, cache: tuple[str, ...] = (), chunks: int = 1) -> Layout:
         if ranks < 1:
             raise WorkbenchError("--ranks must be at least 1")
+        if chunks < 1:
+            raise WorkbenchError("--dispatch-chunks must be at least 1")
         if ranks == 1:
-            if layout is not None:
-                raise WorkbenchError(f"--layout {layout} needs --ranks 2 or more")
+            if layout is not None or chunks > 1:
+                raise WorkbenchError(f"--{'layout' if layout else 'dispatch-chunks'} needs --ranks 2 or more")
             return cls(cache=cache)
         layout = layout or LAYOUTS[0]
         if layout not in LAYOUTS:
             raise WorkbenchError(f"unknown layout '{layout}' (known: {', '.join(LAYOUTS)})")
-        return cls(ranks, "fsdp2", "ep", cache)
+        return cls(ranks, "fsdp2", "ep", cache, chunks)
 
     @property
     def distributed(self) -> bool:
@@ -98,6 +102,9 @@ class Layout:
         if preset.batch % self.ranks:
             raise WorkbenchError(f"the batch of {preset.batch} sequences does not split evenly over {self.ranks} "
                                  f"ranks")
+        if self.chunks > preset.tokens_per_step // self.ranks:
+            raise WorkbenchError(f"--dispatch-chunks {self.chunks}: a rank has only "
+                                 f"{preset.tokens_per_step // self.ranks} tokens")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -107,14 +114,19 @@ class Layout:
 
 class ExpertParallelMoE(MoE):
     """The replay model's MoE with its routed experts spread over the ranks of ``group`` (see the module docstring);
-    w1, w3 [E/N, F, Dx], w2 [E/N, Dx, F] hold this rank's experts. Shapes: x [n, D] (this rank's tokens) -> [n, D]."""
+    w1, w3 [E/N, F, Dx], w2 [E/N, Dx, F] hold this rank's experts. Shapes: x [n, D] (this rank's tokens) -> [n, D].
+
+    With ``chunks`` > 1 the tokens go in that many chunks: every chunk's dispatch is issued at once (asynchronous
+    collectives: a chunk's rows are waited for when its experts first read them), so the dispatch of chunk c+1 is in
+    flight while the experts of chunk c compute, and each chunk's return starts as soon as its experts are done."""
 
     group: dist.ProcessGroup
     world: int
     local_experts: int
+    chunks: int
 
     @classmethod
-    def adopt(cls, moe: MoE, group: dist.ProcessGroup) -> None:
+    def adopt(cls, moe: MoE, group: dist.ProcessGroup, chunks: int = 1) -> None:
         """Turn ``moe`` (built with every expert) into its expert-parallel form, in place: parameter names stay."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         local = moe.experts // world
@@ -123,7 +135,7 @@ class ExpertParallelMoE(MoE):
             setattr(moe, name, nn.Parameter(full.data[rank * local:(rank + 1) * local].clone(),
                                             requires_grad=full.requires_grad))
         moe.__class__ = cls
-        moe.group, moe.world, moe.local_experts = group, world, local
+        moe.group, moe.world, moe.local_experts, moe.chunks = group, world, local, chunks
 
     def forward(self, x: torch.Tensor, ops: dict[str, Callable]) -> torch.Tensor:
         from torch.distributed._functional_collectives import all_to_all_single_autograd
@@ -131,26 +143,27 @@ class ExpertParallelMoE(MoE):
         weights, ids, _counts = ops["moe_router"](x, self.router, self.bias, self.active, "sigmoid", None, True,
                                                   self.route_scale)
         xe = ops["rmsnorm"](self.down(x, ops), self.latent_norm, EPS) if self.down is not None else x
-        x_perm, _token_of_row, row_of_slot, counts, offsets = ops["moe_permute"](xe, ids, self.experts)
-        self.last_counts = counts.detach()
-        routed_rows = int(offsets[-1])
-        # counts per (destination rank, its local expert); what every source sends to this rank's experts
-        send_counts = counts.view(self.world, self.local_experts).contiguous()
+        n = x.shape[0]
+        spans = [(n * c // self.chunks, n * (c + 1) // self.chunks) for c in range(self.chunks)]
+        # per chunk: x_perm, token_of_row, row_of_slot, counts, offsets over all E experts (expert-major rows)
+        perms = [ops["moe_permute"](xe[a:b], ids[a:b], self.experts) for a, b in spans]
+        counts = torch.stack([p[3] for p in perms])  # [chunks, E]
+        self.last_counts = counts.sum(0).detach()
+        # counts per (destination rank, chunk, its local expert); what every source sends to this rank's experts
+        send_counts = counts.view(self.chunks, self.world, self.local_experts).transpose(0, 1).contiguous()
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        send_splits, recv_splits = send_counts.sum(1).tolist(), recv_counts.sum(1).tolist()
-        x_recv = all_to_all_single_autograd(x_perm[:routed_rows], recv_splits, send_splits, self.group)
-        # source-major -> expert-major over the local experts (stable: source order kept within an expert)
-        local_ids = torch.arange(self.local_experts, device=x.device).repeat(self.world) \
-            .repeat_interleave(recv_counts.reshape(-1))
-        x_local, _rows, row_of_received, _local_counts, local_offsets = ops["moe_permute"](
-            x_recv, local_ids[:, None], self.local_experts)
-        y_local = ops["moe_grouped_gemm"](x_local, local_offsets, self.w1, self.w3, self.w2, self.expert_act,
-                                          SITU_BETA, SITU_LINEAR_BETA)
-        y_recv = y_local.index_select(0, row_of_received[:, 0])  # back to source-major order
-        y_home = all_to_all_single_autograd(y_recv, send_splits, recv_splits, self.group)
-        y = torch.cat([y_home, y_home.new_zeros(x_perm.shape[0] - routed_rows, y_home.shape[1])])
-        routed = ops["moe_combine"](y, weights, row_of_slot)
+        splits = [(send_counts[:, c].sum(1).tolist(), recv_counts[:, c].sum(1).tolist()) for c in range(self.chunks)]
+        received = [all_to_all_single_autograd(p[0][:int(p[4][-1])], recv, send, self.group)
+                    for p, (send, recv) in zip(perms, splits, strict=True)]
+        parts = []
+        for c, (perm, (send, recv)) in enumerate(zip(perms, splits, strict=True)):
+            y_recv = self._local_experts(received[c], recv_counts[:, c], ops)
+            y_home = all_to_all_single_autograd(y_recv, send, recv, self.group)
+            y = torch.cat([y_home, y_home.new_zeros(perm[0].shape[0] - y_home.shape[0], y_home.shape[1])])
+            a, b = spans[c]
+            parts.append(ops["moe_combine"](y, weights[a:b], perm[2]))
+        routed = torch.cat(parts)
         if self.up is not None:
             routed = self.up(routed, ops)
         gate, up = self.shared_gate(x, ops), self.shared_up(x, ops)
@@ -158,20 +171,33 @@ class ExpertParallelMoE(MoE):
             ops["situ"](torch.cat([gate, up], dim=-1), SITU_BETA, SITU_LINEAR_BETA)
         return routed + self.shared_down(shared, ops)
 
+    def _local_experts(self, x_recv: torch.Tensor, recv_counts: torch.Tensor, ops: dict[str, Callable]
+                       ) -> torch.Tensor:
+        """Rows received from every source [sum(recv_counts), Dx] (source-major, by local expert within a source;
+        recv_counts [world, E/N]) through this rank's experts, returned in the same order."""
+        local_ids = torch.arange(self.local_experts, device=x_recv.device).repeat(self.world) \
+            .repeat_interleave(recv_counts.reshape(-1))
+        # source-major -> expert-major over the local experts (stable: source order kept within an expert)
+        x_local, _rows, row_of_received, _local_counts, local_offsets = ops["moe_permute"](
+            x_recv, local_ids[:, None], self.local_experts)
+        y_local = ops["moe_grouped_gemm"](x_local, local_offsets, self.w1, self.w3, self.w2, self.expert_act,
+                                          SITU_BETA, SITU_LINEAR_BETA)
+        return y_local.index_select(0, row_of_received[:, 0])  # back to source-major order
+
 
 def expert_parameters(model: ReplayModel) -> dict[str, nn.Parameter]:
     """The routed experts' weights by name (expert parallel: each rank holds its slice)."""
     return {f"moe.{i}.{name}": getattr(moe, name) for i, moe in enumerate(model.moe) for name in ("w1", "w3", "w2")}
 
 
-def shard(model: ReplayModel, device: str) -> None:
+def shard(model: ReplayModel, device: str, chunks: int = 1) -> None:
     """Experts split over the ranks, every other parameter sharded with FSDP2 on a 1-D mesh of the ranks: one FSDP
     unit per attention, MoE and AttnRes module, the root holding the embedding and the LM head."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     for moe in model.moe:
-        ExpertParallelMoE.adopt(moe, dist.group.WORLD)
+        ExpertParallelMoE.adopt(moe, dist.group.WORLD, chunks)
     mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
     ignored = set(expert_parameters(model).values())
     for module in [*model.attention, *model.moe, *model.mix]:
@@ -222,16 +248,18 @@ class RankRun:
 
 def train_distributed(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
                       ops: dict[str, Callable], device: str, base: str | None,
-                      on_step: Callable[[int, float, list[float], float], None] | None = None) -> RankRun:
+                      on_step: Callable[[int, float, list[float], float], None] | None = None, chunks: int = 1
+                      ) -> RankRun:
     """The single-process training of workbench.replay.train under the layout (module docstring); every rank
-    returns the same RankRun; on_step(step, loss, rank_losses, seconds) after each step."""
+    returns the same RankRun; on_step(step, loss, rank_losses, seconds) after each step; chunks: of the expert
+    dispatch (ExpertParallelMoE)."""
     with _deterministic_and_seeded():
-        return _train(preset, arch, mode, steps, seed, ops, device, base, on_step)
+        return _train(preset, arch, mode, steps, seed, ops, device, base, on_step, chunks)
 
 
 def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
-           device: str, base: str | None, on_step: Callable[[int, float, list[float], float], None] | None
-           ) -> RankRun:
+           device: str, base: str | None, on_step: Callable[[int, float, list[float], float], None] | None,
+           chunks: int) -> RankRun:
     from pathlib import Path
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -242,7 +270,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
     else:
         names = [n for n, _ in model.named_parameters()]
         lr, corpus = preset.lr, "pretrain"
-    shard(model, device)
+    shard(model, device, chunks)
     params = dict(model.named_parameters())
     trainable = {n: params[n] for n in names}
     experts = set(expert_parameters(model))
@@ -336,7 +364,7 @@ def main() -> None:
                 _send({"event": "step", "step": step, "loss": loss, "rank_losses": rank_losses, "seconds": seconds})
 
         run = train_distributed(preset, arch, job["mode"], job["steps"], job["seed"], ops, device, job.get("base"),
-                                on_step)
+                                on_step, job["layout"].get("chunks", 1))
         if rank == 0:
             _send({"event": "done", "result": asdict(run.result), "rank_curves": run.rank_curves})
         dist.destroy_process_group()

@@ -339,7 +339,7 @@ class ReplayPlan:
 def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
                 ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None, ranks: int = 1,
                 layout: str | None = None, cache: str | None = None,
-                rank_ops: dict[int, list[str]] | None = None, mtp: bool = False) -> ReplayPlan:
+                rank_ops: dict[int, list[str]] | None = None, mtp: bool = False, chunks: int = 1) -> ReplayPlan:
     """Check every argument (WorkbenchError, one line, for the first bad one); ops: see workbench.replay.ops;
     cache: see workbench.replay.tiers; rank_ops: {rank: ops words applied over ``ops`` on that rank only}."""
     get_model(model)
@@ -350,7 +350,7 @@ def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tin
     if steps < 1:
         raise WorkbenchError("--steps must be at least 1")
     chosen = resolve_ops(ops, settings.operators_dir, arch.blocks)
-    spread = Layout.parse(ranks, layout, parse_cache(cache, arch.blocks))
+    spread = Layout.parse(ranks, layout, parse_cache(cache, arch.blocks), chunks)
     spread.check(p)
     if mtp and (mode != "scratch" or spread.distributed):
         raise WorkbenchError("--mtp trains a scratch replay in one process (not with --mode lora or --ranks)")
@@ -369,10 +369,10 @@ def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny
                timeout_s: float = DEFAULT_TIMEOUT_S, rerun_reference: bool = False, export: bool = False,
                plot: Path | None = None, on_event: Event | None = None, ranks: int = 1, layout: str | None = None,
                cache: str | None = None, rank_ops: dict[int, list[str]] | None = None,
-               collective_timeout_s: float | None = None, mtp: bool = False) -> ReplayOutcome:
+               collective_timeout_s: float | None = None, mtp: bool = False, chunks: int = 1) -> ReplayOutcome:
     """Plan and execute a replay (see plan_replay and execute)."""
     plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, backend=backend,
-                       ranks=ranks, layout=layout, cache=cache, rank_ops=rank_ops, mtp=mtp)
+                       ranks=ranks, layout=layout, cache=cache, rank_ops=rank_ops, mtp=mtp, chunks=chunks)
     return execute(plan, settings, timeout_s=timeout_s, rerun_reference=rerun_reference, export=export, plot=plot,
                    on_event=on_event, collective_timeout_s=collective_timeout_s)
 
