@@ -351,6 +351,9 @@ def main() -> None:
     device = job["device"]
     try:
         if device.startswith("cuda"):
+            world = int(os.environ["WORLD_SIZE"])
+            if torch.cuda.device_count() < world:
+                raise WorkbenchError(f"{world} ranks need a GPU each, {torch.cuda.device_count()} visible")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
             device = f"cuda:{torch.cuda.current_device()}"
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo",
