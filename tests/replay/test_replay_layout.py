@@ -102,6 +102,20 @@ def test_the_dispatch_in_chunks_overlapping_the_experts_stays_in_the_band(shared
     assert _last_row(shared).layout["chunks"] == 2
 
 
+@pytest.mark.interpreter
+@pytest.mark.slow
+def test_promoted_operators_on_two_ranks_stay_in_the_band(settings):
+    """Every promoted operator on every rank, through the Triton interpreter (2 steps): the operators read the rows
+    the All-to-All delivered (waited for and plain tensors, not the collective's lazy wrapper)."""
+    shutil.copytree(REPO / "operators", settings.operators_dir)
+    shutil.copytree(REPO / "replays" / MODEL, settings.replays_dir / MODEL)
+    outcome = run_replay(MODEL, "scratch", settings, steps=4, ranks=2)
+    assert outcome.status == "pass", outcome.reason
+    assert outcome.checks["ranks"]["passed"]
+    used = {k: v for k, v in _last_row(settings).ops.items() if k != "band"}
+    assert all(v != "reference" for v in used.values())
+
+
 @pytest.mark.slow
 def test_a_defect_on_one_rank_fails_naming_the_step_and_the_rank(shared, tmp_path):
     rounded = write_op(tmp_path, "combine_rounded", ROUNDED_UP, block="moe_combine", bits=6)

@@ -175,6 +175,11 @@ class ExpertParallelMoE(MoE):
                        ) -> torch.Tensor:
         """Rows received from every source [sum(recv_counts), Dx] (source-major, by local expert within a source;
         recv_counts [world, E/N]) through this rank's experts, returned in the same order."""
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        if isinstance(x_recv, AsyncCollectiveTensor):
+            # the rows as a plain tensor (waited for here): operators hand storage pointers to their kernels
+            x_recv = x_recv.clone()
         local_ids = torch.arange(self.local_experts, device=x_recv.device).repeat(self.world) \
             .repeat_interleave(recv_counts.reshape(-1))
         # source-major -> expert-major over the local experts (stable: source order kept within an expert)
