@@ -231,6 +231,8 @@ def seed(tmp: Path, db_url: str | None = None) -> Seeded:
         replay = LossReplay(model=MODEL, mode="scratch", preset="tiny", seed=0, status="pass",
                             reason="inside the 5% band at every step; final loss within 0.4%",
                             ops={"rmsnorm": str(dest), "band": 0.05}, curve=operator, reference_curve=reference,
+                            layout={"ranks": 2, "sharding": "fsdp2", "experts": "ep", "cache": ["kda"],
+                                    "rank_ops": {}},
                             created_at=T0 + timedelta(minutes=50))
         good_job = CIJob(commit="4f1c2ab", status="passed", junit_path="junit.xml",
                          summary=_ci_summary(dest.name, failing=()),

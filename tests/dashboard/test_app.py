@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from workbench.blocks import REGISTRY
 from workbench.cli import app as cli_app
+from workbench.dashboard.frames import replay_layout
 from workbench.models import get_model
 from workbench.operators import EVIDENCE
 from workbench.resources import dashboard_app
@@ -193,6 +194,8 @@ def test_replays_page_draws_both_curves_and_the_band(seeded):
     replays = at.dataframe[0].value
     assert list(replays["id"]) == [seeded.replay_id] and replays["band"].iloc[0] == 0.05
     assert at.number_input[0].value == 0.05  # the band the replay recorded
+    assert replays["ranks"].iloc[0] == 2
+    assert "**Layout:** 2 ranks · dense fsdp2 · experts ep · cache kda\\:host" in [m.value for m in at.markdown]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["steps"] == "60" and metrics["steps outside the band"] == "0"
     (chart,) = charts(at)
@@ -202,6 +205,13 @@ def test_replays_page_draws_both_curves_and_the_band(seeded):
 
     at.number_input[0].set_value(0.005).run()  # a tighter band: some steps fall outside
     assert int(next(m.value for m in at.metric if m.label == "steps outside the band")) > 0
+
+
+def test_a_replay_layout_reads_as_one_line_with_one_process_for_older_rows():
+    assert replay_layout(None)["layout"] == "1 rank · dense none · experts local"
+    spread = replay_layout({"ranks": 2, "sharding": "fsdp2", "experts": "ep", "cache": [],
+                            "rank_ops": {"1": {"moe_combine": "rounded.py"}}})
+    assert spread["layout"] == "2 ranks · dense fsdp2 · experts ep · rank 1 runs moe_combine=rounded.py"
 
 
 def test_replays_empty_state(empty_db):

@@ -30,7 +30,8 @@ CHECK_SUMMARY_COLUMNS = ["suite", "shape", "dtype", "direction", "verdict", "che
 BUILD_COLUMNS = ["target", "kernel", "suite", "ok", "registers", "spilled_bytes", "shared_bytes", "ctas_per_sm",
                  "num_warps", "num_stages", "uses_dot", "tensor_cores", "seconds", "error"]
 REPLAY_COLUMNS = ["id", "model", "mode", "preset", "seed", "status", "steps", "final_loss", "reference_final_loss",
-                  "band", "left_band_step", "reason", "ops", "created_at"]
+                  "band", "left_band_step", "reason", "ops", "ranks", "sharding", "experts", "cache", "layout",
+                  "created_at"]
 CI_COLUMNS = ["id", "commit", "status", "started_at", "finished_at", "seconds", "operators", "passing", "checks",
               "failed_checks", "regressions", "junit_path", "summary"]
 BENCH_COLUMNS = ["id", "block", "subject", "backend", "label", "shape", "dtype", "metric", "value", "unit",
@@ -141,9 +142,27 @@ def loss_replays_frame(engine: Engine, model: str | None = None) -> pd.DataFrame
     rows = [{"id": r.id, "model": r.model, "mode": r.mode, "preset": r.preset, "seed": r.seed, "status": r.status,
              "steps": len(r.curve or []), "final_loss": (r.curve or [None])[-1],
              "reference_final_loss": (r.reference_curve or [None])[-1], "band": _band(r.ops),
-             "left_band_step": r.left_band_step, "reason": r.reason, "ops": r.ops, "created_at": r.created_at}
+             "left_band_step": r.left_band_step, "reason": r.reason, "ops": r.ops, **replay_layout(r.layout),
+             "created_at": r.created_at}
             for r in queries.loss_replays(engine, model)]
     return _frame(rows, REPLAY_COLUMNS, times=("created_at",))
+
+
+def replay_layout(layout: dict | None) -> dict:
+    """A replay's layout (LossReplay.layout; null: one process) as the columns ranks, sharding, experts, cache and
+    one line, layout: "2 ranks · dense fsdp2 · experts ep · cache kda:host · rank 1 runs moe_combine=f.py"."""
+    layout = layout or {}
+    ranks = layout.get("ranks") or 1
+    sharding, experts = layout.get("sharding") or "none", layout.get("experts") or "local"
+    cache = ",".join(layout.get("cache") or [])
+    parts = [f"{ranks} rank{'s' if ranks > 1 else ''}", f"dense {sharding}", f"experts {experts}"]
+    if (layout.get("chunks") or 1) > 1:
+        parts.append(f"dispatch in {layout['chunks']} chunks")
+    if cache:
+        parts.append(f"cache {cache}:host")
+    for rank, ops in (layout.get("rank_ops") or {}).items():
+        parts.append(f"rank {rank} runs " + ", ".join(f"{b}={t}" for b, t in ops.items()))
+    return {"ranks": ranks, "sharding": sharding, "experts": experts, "cache": cache, "layout": " · ".join(parts)}
 
 
 def replay_curves(engine: Engine, replay_id: int) -> pd.DataFrame:

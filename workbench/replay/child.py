@@ -7,7 +7,9 @@ through untouched.
 
 job: {"task": "train" | "base", "preset", "mode", "steps", "seed",
       "ops": {block: "reference" | file | "library:" file},
-      "device", "base": checkpoint path (LoRA, and where "base" saves), "writable": the folders it may write}
+      "device", "base": checkpoint path (LoRA, and where "base" saves), "writable": the folders it may write,
+      "layout": {"cache": blocks whose saved tensors go to the host tier (workbench.replay.tiers)} (optional),
+      "mtp": true for a scratch run with one MTP depth (workbench.replay.mtp; "done" carries its "mtp_curve")}
 
 The operator files are candidates too: while their code is on the stack every filesystem write outside
 ``writable`` is refused (workbench.verify.worker.install_write_guard), with bubblewrap's read-only mounts or
@@ -34,8 +36,10 @@ def main() -> None:
     import torch
 
     from workbench.replay.arch import Architecture
+    from workbench.replay.mtp import train_mtp
     from workbench.replay.ops import absolute_target, load_ops, operator_file
     from workbench.replay.presets import get_preset
+    from workbench.replay.tiers import cached_ops
     from workbench.replay.train import make_base, train
     from workbench.verify.worker import install_write_guard
 
@@ -46,7 +50,7 @@ def main() -> None:
                         "the replay sandbox")
     try:
         preset, arch = get_preset(job["preset"]), Architecture(**job["arch"])
-        ops = load_ops(chosen)
+        ops = cached_ops(load_ops(chosen), job.get("layout", {}).get("cache", []))
         base = Path(job["base"]) if job.get("base") else None
 
         def on_step(step: int, loss: float, seconds: float) -> None:
@@ -54,6 +58,10 @@ def main() -> None:
 
         if job["task"] == "base":
             result = make_base(preset, arch, job["seed"], ops, base, job["device"], on_step)
+        elif job.get("mtp"):
+            run = train_mtp(preset, arch, job["steps"], job["seed"], ops, job["device"], on_step)
+            _send({"event": "done", "result": asdict(run.result), "mtp_curve": run.mtp_curve})
+            return
         else:
             result = train(preset, arch, job["mode"], job["steps"], job["seed"], ops, job["device"], base, on_step)
         _send({"event": "done", "result": asdict(result)})

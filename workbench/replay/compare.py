@@ -108,3 +108,31 @@ def _reason(name: str, checks: dict, run: RunResult, reference: RunResult) -> st
                 f"(tolerance {c.get('rtol')})")
     return (f"eval top-k log-probs differ: ids agree on {c['id_agreement']:.1%}, worst log-prob error "
             f"{c['worst_logprob_error']:.2e} (tolerance {c.get('atol')})")
+
+
+def judge_ranks(rank_curves: list[list[float]], reference_rank_curves: list[list[float]], preset: Preset) -> dict:
+    """Each rank's local loss per step against the same rank's under the reference (the band of ``judge``): the
+    first step where a rank leaves its band, and the rank furthest outside it there (a defect on one rank shows
+    first in that rank's loss). Figures: the largest relative deviation of each rank."""
+    worst = [max((abs(a - b) / abs(b) for a, b in zip(run, ref, strict=False)), default=0.0)
+             for run, ref in zip(rank_curves, reference_rank_curves, strict=False)]
+    check = {"passed": len(rank_curves) == len(reference_rank_curves), "step": None, "rank": None,
+             "max_relative_deviation": worst}
+    steps = min((len(c) for c in [*rank_curves, *reference_rank_curves]), default=0)
+    for step in range(steps):
+        outside = [(abs(run[step] - ref[step]) / band_width(ref[step], preset), rank)
+                   for rank, (run, ref) in enumerate(zip(rank_curves, reference_rank_curves, strict=False))]
+        excess, rank = max(outside)
+        if excess > 1:
+            return {**check, "passed": False, "step": step, "rank": rank, "loss": rank_curves[rank][step],
+                    "reference": reference_rank_curves[rank][step]}
+    return check
+
+
+def judge_curve(curve: list[float], reference: list[float], preset: Preset) -> dict:
+    """A second loss curve (the MTP loss) against its reference: as long, finite, inside the band at every step."""
+    deviations = [abs(a - b) / band_width(b, preset) for a, b in zip(curve, reference, strict=False)]
+    outside = [i for i, (d, a) in enumerate(zip(deviations, curve, strict=True)) if d > 1 or not math.isfinite(a)]
+    worst = max((abs(a - b) / abs(b) for a, b in zip(curve, reference, strict=False)), default=0.0)
+    return {"passed": not outside and len(curve) == len(reference), "left_band_step": outside[0] if outside else None,
+            "steps": len(curve), "reference_steps": len(reference), "max_relative_deviation": worst}

@@ -13,12 +13,14 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from pathlib import Path
 
@@ -32,12 +34,15 @@ from workbench.models import get_model
 from workbench.replay import arch as arch_module
 from workbench.replay import data as data_module
 from workbench.replay import model as model_module
+from workbench.replay import mtp as mtp_module
 from workbench.replay import train as train_module
 from workbench.replay.arch import CALLABLE, Architecture, architecture
 from workbench.replay.child import MARK
-from workbench.replay.compare import Judgement, judge
+from workbench.replay.compare import Judgement, judge, judge_curve, judge_ranks
+from workbench.replay.distributed import DEFAULT_COLLECTIVE_TIMEOUT_S, Layout
 from workbench.replay.ops import describe, operator_file, reference_ops, resolve_ops
 from workbench.replay.presets import Preset, check_mode, get_preset
+from workbench.replay.tiers import parse_cache
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
 from workbench.verify.sandbox import child_command, child_env
@@ -45,6 +50,7 @@ from workbench.vocabulary import ReplayStatus
 
 DEFAULT_TIMEOUT_S = 3600.0
 BASE_SEED = 0
+CHILD, LAUNCHER = "workbench.replay.child", "workbench.replay.launcher"
 
 
 class ReplayError(WorkbenchError):
@@ -103,17 +109,35 @@ def reference_key(preset: Preset, arch: Architecture, mode: str, steps: int, see
 
 
 def training_job(task: str, preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
-                 ops: dict[str, str], backend: Backend, base: Path | None) -> dict:
-    """The job a training process reads (see workbench.replay.child)."""
-    return {"task": task, "preset": preset.name, "arch": arch.to_dict(), "mode": mode, "steps": steps, "seed": seed,
-            "ops": ops, "device": backend.device, "base": str(base) if base else None}
+                 ops: dict[str, str], backend: Backend, base: Path | None, layout: Layout | None = None,
+                 rank_ops: dict[int, dict[str, str]] | None = None,
+                 collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, mtp: bool = False) -> dict:
+    """The job a training process reads (see workbench.replay.child; with a distributed layout,
+    workbench.replay.launcher and workbench.replay.distributed: its ranks, each rank's own ops)."""
+    job = {"task": task, "preset": preset.name, "arch": arch.to_dict(), "mode": mode, "steps": steps, "seed": seed,
+           "ops": ops, "device": backend.device, "base": str(base) if base else None}
+    if mtp:
+        job["mtp"] = True
+    if layout is not None:
+        job.update(layout=layout.to_dict(), rank_ops={str(r): o for r, o in (rank_ops or {}).items()},
+                   collective_timeout_s=collective_timeout_s)
+    return job
 
 
 def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int, float, float], None] | None = None
            ) -> RunResult:
     """Train in a child process (the backend's environment, e.g. the Triton interpreter); raises ReplayError."""
+    return RunResult(**launch_process(job, backend, timeout_s, on_step)["result"])
+
+
+def launch_process(job: dict, backend: Backend, timeout_s: float,
+                   on_step: Callable[[int, float, float], None] | None = None) -> dict:
+    """The training process's "done" event: one child, or the launcher of the job's ranks when its layout is
+    distributed (the overall timeout covers every rank: the whole process group is killed). Raises ReplayError."""
+    entry = LAUNCHER if job.get("layout", {}).get("ranks", 1) > 1 else CHILD
     base = Path(job["base"]).parent if job.get("base") else None
     files = [operator_file(target) for target in job["ops"].values()]
+    files += [operator_file(t) for ops in job.get("rank_ops", {}).values() for t in ops.values()]
     readable = [Path(f).parent for f in files if f is not None] + ([base] if base else [])
     writable = [base] if base and job["task"] == "base" else []  # the base checkpoint is written beside the curves
     for folder in writable:
@@ -122,7 +146,7 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
         # the operators' own temporary files and Triton's cache: the only other place the child may write
         job = {**job, "writable": [str(p) for p in writable] + [scratch]}
         env = {**child_env(backend.env), "TMPDIR": scratch, "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache")}
-        command = child_command([sys.executable, "-m", "workbench.replay.child"], memory_bytes=None,
+        command = child_command([sys.executable, "-m", entry], memory_bytes=None,
                                 timeout_s=timeout_s, writable=[*writable, Path(scratch)], readable=readable,
                                 cwd=Path.cwd())
         proc = subprocess.Popen(command, stdin=subprocess.PIPE,
@@ -131,7 +155,7 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
 
         def expire() -> None:
             timed_out.set()
-            proc.kill()
+            _kill_group(proc)
 
         timer = threading.Timer(timeout_s, expire)
         timer.start()
@@ -148,17 +172,15 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
                     if on_step:
                         on_step(event["step"], event["loss"], event["seconds"])
                 elif event["event"] == "done":
-                    done = event["result"]
+                    done = event
                 elif event["event"] == "error":
                     error = event["message"]
             code = proc.wait()
         finally:
             timer.cancel()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _kill_group(proc)
         if done is not None and code == 0:
-            return RunResult(**done)
+            return done
         if error:
             raise ReplayError(f"training failed at step {last_step + 1}: {error}")
         if timed_out.is_set():
@@ -166,6 +188,17 @@ def launch(job: dict, backend: Backend, timeout_s: float, on_step: Callable[[int
         stderr.seek(0)
         tail = stderr.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
         raise ReplayError(f"the training process died (exit {code}) at step {last_step + 1}: {tail[0][:300]}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """The child and everything it started (its own session: the ranks of a distributed replay) stopped."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 def ensure_base(settings: Settings, model: str, preset: Preset, arch: Architecture, backend: Backend,
@@ -189,34 +222,75 @@ def ensure_base(settings: Settings, model: str, preset: Preset, arch: Architectu
 
 def reference_run(settings: Settings, model: str, preset: Preset, arch: Architecture, mode: str, steps: int,
                   seed: int, backend: Backend, timeout_s: float, *, rerun: bool = False,
-                  on_event: Event | None = None) -> tuple[RunResult, str, dict]:
-    """(result, where it came from: store | file | run, facts: key and, for a run, the repeat check)."""
+                  on_event: Event | None = None, mtp: bool = False) -> tuple[RunResult, str, dict]:
+    """(result, where it came from: store | file | run, facts: key, with MTP the reference MTP curve, and, for a
+    run, the repeat check). With ``mtp`` the reference trains the MTP model (workbench.replay.mtp): a key and a
+    repository file (``<mode>-mtp-s<steps>-seed<seed>.json``) of its own."""
     base = ensure_base(settings, model, preset, arch, backend, timeout_s, on_event) if mode == "lora" else None
     key = reference_key(preset, arch, mode, steps, seed, base)
+    if mtp:
+        key = hashlib.sha256("".join([key, *mtp_module.source_digest_parts()]).encode()).hexdigest()[:32]
+    label = f"{mode}-mtp" if mtp else mode
     engine = get_engine(settings.db_url)
     if not rerun:
         stored = records.find_reference_replay(engine, model, key)
         if stored is not None:
-            return RunResult(**stored), "store", {"key": key}
-        path = reference_file(settings, model, preset, mode, steps, seed)
+            return _run_result(stored), "store", _reference_facts(key, stored)
+        path = reference_file(settings, model, preset, label, steps, seed)
         if path.is_file():
             shipped = json.loads(path.read_text())
             if shipped.get("key") == key:
                 records.save_reference_replay(engine, model=model, mode=mode, preset=preset.name, seed=seed,
                                               backend=backend.name, key=key, result=shipped["result"])
-                return RunResult(**shipped["result"]), "file", {"key": key}
+                return _run_result(shipped["result"]), "file", _reference_facts(key, shipped["result"])
     if on_event:
         on_event("reference", {"steps": steps})
-    job = training_job("train", preset, arch, mode, steps, seed, reference_ops(arch.blocks), backend, base)
-    first = launch(job, backend, timeout_s)
-    second = launch(job, backend, timeout_s)
-    identical = _same(first, second)
+    job = training_job("train", preset, arch, mode, steps, seed, reference_ops(arch.blocks), backend, base, mtp=mtp)
+    first, second = (_reference_payload(launch_process(job, backend, timeout_s)) for _ in range(2))
+    identical = _same(_run_result(first), _run_result(second)) and first.get("mtp_curve") == second.get("mtp_curve")
     if not identical:
         raise ReplayError("the reference run is not reproducible: two runs from the same seed differ "
-                          f"(first difference at step {_first_difference(first, second)})")
+                          f"(first difference at step {_first_difference(_run_result(first), _run_result(second))})")
     records.save_reference_replay(engine, model=model, mode=mode, preset=preset.name, seed=seed,
-                                  backend=backend.name, key=key, result=asdict(first))
-    return first, "run", {"key": key, "repeat_identical": identical}
+                                  backend=backend.name, key=key, result=first)
+    return _run_result(first), "run", {**_reference_facts(key, first), "repeat_identical": identical}
+
+
+def _reference_payload(done: dict) -> dict:
+    """A training process's result as a reference keeps it: the RunResult's fields, and the MTP curve if any."""
+    return {**done["result"], **({"mtp_curve": done["mtp_curve"]} if "mtp_curve" in done else {})}
+
+
+def _reference_facts(key: str, result: dict) -> dict:
+    return {"key": key, **({"reference_mtp_curve": result["mtp_curve"]} if "mtp_curve" in result else {})}
+
+
+def layout_reference_run(settings: Settings, model: str, preset: Preset, arch: Architecture, mode: str, steps: int,
+                         seed: int, backend: Backend, layout: Layout, timeout_s: float, collective_timeout_s: float,
+                         base: Path | None, reference_key_: str, *, rerun: bool = False,
+                         on_event: Event | None = None) -> tuple[RunResult, list[list[float]], str]:
+    """The reference blocks trained under ``layout`` (once, then kept in the store under a key of its own): what
+    each rank's local loss should be, so a replay that leaves its band names the rank. Returns (result, rank
+    curves, where it came from: store | run)."""
+    key = hashlib.sha256(json.dumps([reference_key_, layout.ranks, layout.sharding, layout.experts]).encode()) \
+        .hexdigest()[:32]
+    engine = get_engine(settings.db_url)
+    stored = None if rerun else records.find_reference_replay(engine, model, key)
+    if stored is not None:
+        return _run_result(stored), stored["rank_curves"], "store"
+    if on_event:
+        on_event("layout_reference", {"steps": steps, "ranks": layout.ranks})
+    job = training_job("train", preset, arch, mode, steps, seed, reference_ops(arch.blocks), backend, base,
+                       Layout(layout.ranks, layout.sharding, layout.experts), None, collective_timeout_s)
+    done = launch_process(job, backend, timeout_s)
+    records.save_reference_replay(engine, model=model, mode=mode, preset=preset.name, seed=seed,
+                                  backend=backend.name, key=key,
+                                  result={**done["result"], "rank_curves": done["rank_curves"]})
+    return RunResult(**done["result"]), done["rank_curves"], "run"
+
+
+def _run_result(stored: dict) -> RunResult:
+    return RunResult(**{f.name: stored[f.name] for f in fields(RunResult) if f.name in stored})
 
 
 def _same(a: RunResult, b: RunResult) -> bool:
@@ -231,19 +305,23 @@ def _first_difference(a: RunResult, b: RunResult) -> int:
 
 
 def export_reference(settings: Settings, model: str, preset: Preset, mode: str, steps: int, seed: int, key: str,
-                     result: RunResult) -> Path:
-    """Write the reference run to the repository file CI compares against."""
-    path = reference_file(settings, model, preset, mode, steps, seed)
+                     result: RunResult, mtp_curve: list[float] | None = None) -> Path:
+    """Write the reference run to the repository file CI compares against (with MTP: its own file, the MTP curve in
+    its result)."""
+    path = reference_file(settings, model, preset, f"{mode}-mtp" if mtp_curve is not None else mode, steps, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
+    extra = {"mtp_curve": mtp_curve} if mtp_curve is not None else {}
     payload = {"key": key, "model": model, "preset": preset.name, "mode": mode, "steps": steps, "seed": seed,
-               "torch": torch.__version__, "result": asdict(result)}
+               "torch": torch.__version__, "result": {**asdict(result), **extra}}
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
 
 
 @dataclass
 class ReplayPlan:
-    """A validated replay request: nothing is run or recorded until ``execute``."""
+    """A validated replay request: nothing is run or recorded until ``execute``. layout: ranks, sharding, expert
+    placement and the cached blocks; rank_ops: {rank: {block: target}} that one rank runs instead (a defect on one
+    rank, to test what the replay catches)."""
 
     model: str
     mode: str
@@ -253,11 +331,17 @@ class ReplayPlan:
     seed: int
     chosen: dict[str, str]
     backend: Backend
+    layout: Layout = field(default_factory=Layout)
+    rank_ops: dict[int, dict[str, str]] = field(default_factory=dict)
+    mtp: bool = False
 
 
 def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
-                ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None) -> ReplayPlan:
-    """Check every argument (WorkbenchError, one line, for the first bad one); ops: see workbench.replay.ops."""
+                ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None, ranks: int = 1,
+                layout: str | None = None, cache: str | None = None,
+                rank_ops: dict[int, list[str]] | None = None, mtp: bool = False, chunks: int = 1) -> ReplayPlan:
+    """Check every argument (WorkbenchError, one line, for the first bad one); ops: see workbench.replay.ops;
+    cache: see workbench.replay.tiers; rank_ops: {rank: ops words applied over ``ops`` on that rank only}."""
     get_model(model)
     check_mode(mode)
     p = get_preset(preset)
@@ -266,37 +350,69 @@ def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tin
     if steps < 1:
         raise WorkbenchError("--steps must be at least 1")
     chosen = resolve_ops(ops, settings.operators_dir, arch.blocks)
-    return ReplayPlan(model, mode, p, arch, steps, seed, chosen, backend or get_backend())
+    spread = Layout.parse(ranks, layout, parse_cache(cache, arch.blocks), chunks)
+    spread.check(p)
+    if mtp and (mode != "scratch" or spread.distributed):
+        raise WorkbenchError("--mtp trains a scratch replay in one process (not with --mode lora or --ranks)")
+    per_rank = {}
+    for rank, words in (rank_ops or {}).items():
+        if not 0 <= rank < spread.ranks:
+            raise WorkbenchError(f"--rank-ops: no rank {rank} among {spread.ranks}")
+        changed = resolve_ops(["reference", *words], settings.operators_dir, arch.blocks)
+        named = {w.partition("=")[0] for w in words}
+        per_rank[rank] = {b: t for b, t in changed.items() if b in named}
+    return ReplayPlan(model, mode, p, arch, steps, seed, chosen, backend or get_backend(), spread, per_rank, mtp)
 
 
 def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
                ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None,
                timeout_s: float = DEFAULT_TIMEOUT_S, rerun_reference: bool = False, export: bool = False,
-               plot: Path | None = None, on_event: Event | None = None) -> ReplayOutcome:
+               plot: Path | None = None, on_event: Event | None = None, ranks: int = 1, layout: str | None = None,
+               cache: str | None = None, rank_ops: dict[int, list[str]] | None = None,
+               collective_timeout_s: float | None = None, mtp: bool = False, chunks: int = 1) -> ReplayOutcome:
     """Plan and execute a replay (see plan_replay and execute)."""
-    plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, backend=backend)
+    plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, backend=backend,
+                       ranks=ranks, layout=layout, cache=cache, rank_ops=rank_ops, mtp=mtp, chunks=chunks)
     return execute(plan, settings, timeout_s=timeout_s, rerun_reference=rerun_reference, export=export, plot=plot,
-                   on_event=on_event)
+                   on_event=on_event, collective_timeout_s=collective_timeout_s)
 
 
 def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_TIMEOUT_S,
             rerun_reference: bool = False, export: bool = False, plot: Path | None = None,
-            on_event: Event | None = None) -> ReplayOutcome:
+            on_event: Event | None = None, collective_timeout_s: float | None = None) -> ReplayOutcome:
     """Replay ``plan`` against the reference. on_event(kind, data): "base" (the LoRA base is trained), "reference"
-    (a reference run starts), "start" (replay_id, ops, reference_source), "step" (step, loss, reference, seconds)."""
+    (a reference run starts), "layout_reference" (the reference blocks run under the plan's layout), "start"
+    (replay_id, ops, reference_source, layout), "step" (step, loss, reference, seconds).
+    A distributed layout is held against the single-process reference (the curve, parameters and eval top-k) and
+    each rank's local loss against the layout reference's (the first rank to leave its band is named);
+    collective_timeout_s: how long a rank waits in a collective for the others before the replay names the rank
+    that hung (default: the smaller of 300 s and half of timeout_s)."""
     model, mode, p, arch = plan.model, plan.mode, plan.preset, plan.arch
+    layout = plan.layout
+    collective_timeout_s = collective_timeout_s or min(DEFAULT_COLLECTIVE_TIMEOUT_S, timeout_s / 2)
     steps, seed, backend = plan.steps, plan.seed, plan.backend
     engine = get_engine(settings.db_url)
     records.mark_replays_interrupted(engine)
     reference, source, facts = reference_run(settings, model, p, arch, mode, steps, seed, backend, timeout_s,
-                                             rerun=rerun_reference, on_event=on_event)
+                                             rerun=rerun_reference, on_event=on_event, mtp=plan.mtp)
     if export:
-        facts["exported"] = str(export_reference(settings, model, p, mode, steps, seed, facts["key"], reference))
+        facts["exported"] = str(export_reference(settings, model, p, mode, steps, seed, facts["key"], reference,
+                                                 facts.get("reference_mtp_curve")))
+    base = base_path(settings, model, p) if mode == "lora" else None
+    layout_reference = None
+    if layout.distributed:
+        layout_reference = layout_reference_run(settings, model, p, arch, mode, steps, seed, backend, layout,
+                                                timeout_s, collective_timeout_s, base, facts["key"],
+                                                rerun=rerun_reference, on_event=on_event)
     shown = {**describe(plan.chosen), "band": p.band_rtol}
+    spread = {**layout.to_dict(), "rank_ops": {str(r): describe(o) for r, o in plan.rank_ops.items()}} \
+        if layout.distributed or layout.cache else None
     replay_id = records.start_replay(engine, model=model, mode=mode, preset=p.name, seed=seed, steps=steps,
-                                     backend=backend.name, ops=shown, reference_curve=reference.curve)
+                                     backend=backend.name, ops=shown, reference_curve=reference.curve, layout=spread)
     if on_event:
-        on_event("start", {"replay_id": replay_id, "ops": shown, "reference_source": source})
+        on_event("start", {"replay_id": replay_id, "ops": shown, "reference_source": source,
+                           "layout": layout.to_dict(),
+                           "rank_ops": {str(r): describe(o) for r, o in plan.rank_ops.items()}})
     curve: list[float] = []
 
     def on_step(step: int, loss: float, seconds: float) -> None:
@@ -306,11 +422,13 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
             ref = reference.curve[step] if step < len(reference.curve) else None
             on_event("step", {"step": step, "loss": loss, "reference": ref, "seconds": seconds})
 
-    base = base_path(settings, model, p) if mode == "lora" else None
-    job = training_job("train", p, arch, mode, steps, seed, plan.chosen, backend, base)
+    job = training_job("train", p, arch, mode, steps, seed, plan.chosen, backend, base,
+                       layout if layout.distributed or layout.cache else None, plan.rank_ops, collective_timeout_s,
+                       plan.mtp)
     detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step}
     try:
-        result = launch(job, backend, timeout_s, on_step)
+        done = launch_process(job, backend, timeout_s, on_step)
+        result = RunResult(**done["result"])
     except ReplayError as exc:
         records.finish_replay(engine, replay_id, ReplayStatus.ERROR, str(exc), curve=curve, detail=detail)
         return ReplayOutcome(replay_id, ReplayStatus.ERROR, str(exc), curve, reference.curve, None, 0.0,
@@ -320,6 +438,10 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
                               detail=detail)
         raise
     verdict: Judgement = judge(result, reference, p)
+    if layout_reference is not None:
+        verdict = _judge_layout(verdict, result, reference, done["rank_curves"], layout_reference, p, detail)
+    if plan.mtp:
+        verdict = _judge_mtp(verdict, done["mtp_curve"], facts["reference_mtp_curve"], p, detail)
     detail.update(checks=verdict.checks, seconds_per_step=result.seconds_per_step, eval_loss=result.eval_loss,
                   reference_eval_loss=reference.eval_loss, max_relative_deviation=verdict.max_deviation)
     plot_path = _plot(result.curve, reference.curve, p, verdict, plot or settings.work_dir / "replays" /
@@ -330,6 +452,41 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
     return ReplayOutcome(replay_id, verdict.status, verdict.reason, result.curve, reference.curve,
                          verdict.left_band_step, result.seconds_per_step, reference.seconds_per_step, source,
                          str(plot_path), verdict.checks)
+
+
+def _judge_layout(verdict: Judgement, result: RunResult, reference: RunResult, rank_curves: list[list[float]],
+                  layout_reference: tuple[RunResult, list[list[float]], str], preset: Preset, detail: dict
+                  ) -> Judgement:
+    """The single-process verdict with the ranks' check added: each rank's local loss inside the band of the layout
+    reference's; the layout reference's own distance from the single-process reference recorded beside it."""
+    layout_result, reference_rank_curves, layout_source = layout_reference
+    ranks = judge_ranks(rank_curves, reference_rank_curves, preset)
+    equivalence = judge(layout_result, reference, preset)
+    detail.update(rank_curves=rank_curves, layout_reference_source=layout_source,
+                  layout_equivalence={"status": equivalence.status, "reason": equivalence.reason,
+                                      "checks": equivalence.checks})
+    checks = {**verdict.checks, "ranks": ranks}
+    if ranks["passed"]:
+        return Judgement(verdict.status, verdict.reason, verdict.left_band_step, verdict.max_deviation, checks)
+    named = (f"rank {ranks['rank']} left its band at step {ranks['step']}: local loss "
+             f"{ranks['loss']:.6f} vs {ranks['reference']:.6f} under the same layout with reference blocks")
+    reason = named if verdict.passed else f"{verdict.reason}; first to leave: {named}"
+    left = verdict.left_band_step if verdict.left_band_step is not None else ranks["step"]
+    return Judgement(ReplayStatus.FAIL, reason, left, verdict.max_deviation, checks)
+
+
+def _judge_mtp(verdict: Judgement, mtp_curve: list[float], reference_mtp_curve: list[float], preset: Preset,
+              detail: dict) -> Judgement:
+    """The verdict with the MTP loss held against the reference's MTP loss (the same band); both curves recorded."""
+    mtp = judge_curve(mtp_curve, reference_mtp_curve, preset)
+    detail["mtp_curve"] = mtp_curve
+    checks = {**verdict.checks, "mtp": mtp}
+    if mtp["passed"]:
+        return Judgement(verdict.status, verdict.reason, verdict.left_band_step, verdict.max_deviation, checks)
+    named = (f"the MTP loss left its band at step {mtp['left_band_step']}" if mtp["left_band_step"] is not None else
+             f"the MTP curve has {len(mtp_curve)} steps, its reference {len(reference_mtp_curve)}")
+    reason = named if verdict.passed else f"{verdict.reason}; {named}"
+    return Judgement(ReplayStatus.FAIL, reason, verdict.left_band_step, verdict.max_deviation, checks)
 
 
 def _plot(curve: list[float], reference: list[float], preset: Preset, verdict: Judgement, path: Path,

@@ -144,7 +144,9 @@ class LossReplay(SQLModel, table=True):
     kind "operators": a replay with operators; ops = {block: "reference" | operator file, "band": relative band};
     status running, pass, fail, error, interrupted; left_band_step: the first step outside the band.
     kind "reference": a recorded reference run (status "reference"); detail holds its key and full result.
-    detail: the checks and timings (operators) or {"key", "result"} (reference)."""
+    detail: the checks and timings (operators) or {"key", "result"} (reference).
+    layout: how the replay was spread (workbench.replay.distributed.Layout: ranks, sharding, experts, cache, and
+    rank_ops {rank: {block: file}}); empty or null for a single process with nothing cached."""
 
     __tablename__ = "loss_replay"
     id: int | None = Field(default=None, primary_key=True)
@@ -162,6 +164,7 @@ class LossReplay(SQLModel, table=True):
     reason: str = ""
     left_band_step: int | None = None
     detail: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    layout: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     created_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
 

@@ -169,10 +169,11 @@ def process_alive(pid: int) -> bool:
 # --- loss-curve replays ----------------------------------------------------------------------------------------
 
 def start_replay(engine: Engine, *, model: str, mode: str, preset: str, seed: int, steps: int, backend: str,
-                 ops: dict[str, Any], reference_curve: list[float]) -> int:
+                 ops: dict[str, Any], reference_curve: list[float], layout: dict[str, Any] | None = None) -> int:
     with session_scope(engine) as s:
         row = LossReplay(model=model, mode=mode, preset=preset, seed=seed, steps=steps, backend=backend, ops=ops,
-                         reference_curve=reference_curve, detail={"host": socket.gethostname(), "pid": os.getpid()})
+                         reference_curve=reference_curve, detail={"host": socket.gethostname(), "pid": os.getpid()},
+                         layout=layout)
         s.add(row)
         s.flush()
         return row.id

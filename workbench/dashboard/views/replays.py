@@ -20,8 +20,8 @@ if replays.empty:
     st.stop()
 
 st.dataframe(replays, hide_index=True, key="replays_table",
-             column_order=["id", "created_at", "model", "mode", "preset", "seed", "status", "steps", "final_loss",
-                           "reference_final_loss", "band", "left_band_step", "reason"],
+             column_order=["id", "created_at", "model", "mode", "preset", "seed", "ranks", "status", "steps",
+                           "final_loss", "reference_final_loss", "band", "left_band_step", "reason"],
              column_config={"created_at": board.when("created (UTC)"), "final_loss": board.loss("final loss"),
                             "reference_final_loss": board.loss("reference final loss"),
                             "band": st.column_config.NumberColumn("band", format="percent"),
@@ -56,6 +56,7 @@ cols[1].metric("final loss (operators)", f"{last['operator']:.4f}" if last is no
 cols[2].metric("max deviation", f"{deviation.max():.2%}" if deviation.notna().any() else "-")
 cols[3].metric("steps outside the band", outside)
 st.markdown(f"{board.badge(row['status'])} {board.md_escape(row['reason'])}")
+st.markdown(f"**Layout:** {board.md_escape(row['layout'])}")
 
 long = curves.melt(id_vars=["step"], value_vars=["reference", "operator"], var_name="run", value_name="loss")
 area = alt.Chart(curves).mark_area(opacity=0.25, color="#90a4ae").encode(

@@ -1,0 +1,129 @@
+"""Selective caching of activations in a second memory tier: the tensors that chosen blocks save for backward move
+to host memory when saved (torch.autograd.graph.saved_tensors_hooks) and come back when the backward unpacks them.
+
+    --cache moe_grouped_gemm,kda:host   the tensors these blocks' outputs save for backward live in the host tier
+
+A copy there and back is exact, so a curve with caching is bit-identical to the curve without it. On a GPU the
+device tier is HBM and the host tier pinned host memory; on a CPU both are host memory, kept apart and accounted as
+two pools (``Tiers``), so the bytes each holds and the traffic between them are measured either way. Parameters
+(and views of them) that a block saves stay where they are: they are not activations.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.errors import WorkbenchError
+
+HOST = "host"
+TIERS = (HOST,)
+
+
+def parse_cache(spec: str | None, blocks: tuple[str, ...]) -> tuple[str, ...]:
+    """``"<block>,<block>:host"`` -> the blocks (each one the model calls); WorkbenchError for anything else."""
+    if not spec:
+        return ()
+    names, _, tier = spec.rpartition(":")
+    if tier not in TIERS or not names:
+        raise WorkbenchError(f"bad --cache '{spec}' (<block>,...:{'|'.join(TIERS)})")
+    chosen = tuple(dict.fromkeys(n.strip() for n in names.split(",") if n.strip()))
+    unknown = [b for b in chosen if b not in blocks]
+    if unknown:
+        raise WorkbenchError(f"--cache: block '{unknown[0]}' is not part of the replay model ({', '.join(blocks)})")
+    return chosen
+
+
+@dataclass
+class Tiers:
+    """Live bytes of saved tensors per tier (device, host), their peaks, and the bytes moved between them."""
+
+    live: dict[str, int] = field(default_factory=lambda: {"device": 0, HOST: 0})
+    peak: dict[str, int] = field(default_factory=lambda: {"device": 0, HOST: 0})
+    to_host: int = 0
+    to_device: int = 0
+
+    def hold(self, tier: str, owner: object, nbytes: int) -> None:
+        """Count ``nbytes`` in ``tier`` for as long as ``owner`` lives."""
+        self.live[tier] += nbytes
+        self.peak[tier] = max(self.peak[tier], self.live[tier])
+        weakref.finalize(owner, self._release, tier, nbytes)
+
+    def _release(self, tier: str, nbytes: int) -> None:
+        self.live[tier] -= nbytes
+
+    def figures(self) -> dict[str, int]:
+        return {"peak_device_bytes": self.peak["device"], "peak_host_bytes": self.peak[HOST],
+                "to_host_bytes": self.to_host, "to_device_bytes": self.to_device}
+
+
+class _Saved:
+    """What the autograd graph holds instead of a saved tensor: the tensor (device tier) or its host copy."""
+
+    __slots__ = ("tensor", "device", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, device: torch.device | None):
+        self.tensor, self.device = tensor, device
+
+
+def _is_parameter(t: torch.Tensor) -> bool:
+    base = t._base if t._base is not None else t
+    return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cpu":
+        return t.detach().clone()  # a pool of its own on a CPU: a separate copy
+    host = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+    return host.copy_(t.detach())
+
+
+class _Hooks:
+    """pack/unpack of one block's saved tensors: to the host tier when ``offload``, else accounted on the device."""
+
+    def __init__(self, tiers: Tiers, offload: bool):
+        self.tiers, self.offload = tiers, offload
+
+    def pack(self, t: torch.Tensor) -> object:
+        if _is_parameter(t):
+            return t
+        if not self.offload:
+            saved = _Saved(t, None)
+            self.tiers.hold("device", saved, t.nbytes)
+            return saved
+        saved = _Saved(_to_host(t), t.device)
+        self.tiers.to_host += t.nbytes
+        self.tiers.hold(HOST, saved, t.nbytes)
+        return saved
+
+    def unpack(self, saved: object) -> torch.Tensor:
+        if not isinstance(saved, _Saved):
+            return saved
+        if saved.device is None:
+            return saved.tensor
+        back = saved.tensor.to(saved.device, copy=True)
+        self.tiers.to_device += back.nbytes
+        self.tiers.hold("device", back, back.nbytes)  # while the backward holds it
+        return back
+
+
+def _wrapped(op: Callable, hooks: _Hooks) -> Callable:
+    def run(*args, **kwargs):
+        with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+            return op(*args, **kwargs)
+    return run
+
+
+def cached_ops(ops: dict[str, Callable], cache: list[str] | tuple[str, ...], tiers: Tiers | None = None,
+               account: bool = False) -> dict[str, Callable]:
+    """``ops`` with the blocks in ``cache`` saving to the host tier; with ``account`` every other block's saved
+    tensors are counted in the device tier of ``tiers`` too (what bench/replay_memory.py measures)."""
+    if not cache and not account:
+        return ops
+    tiers = tiers or Tiers()
+    host, device = _Hooks(tiers, offload=True), _Hooks(tiers, offload=False)
+    return {block: _wrapped(op, host) if block in cache else _wrapped(op, device) if account else op
+            for block, op in ops.items()}
