@@ -2,7 +2,8 @@
 # GPU check, for a machine with one CUDA GPU: verify every promoted operator on the cuda backend in bfloat16 at the
 # model card's sizes (the `model` suite), with its kernels compiled for the default targets, and print one table;
 # then time each verified operator against the eager reference, torch.compile of it and installed peers
-# (BENCH_SECONDS, default 300). Under 10 minutes on one H200.
+# (BENCH_SECONDS, default 300); with two GPUs or more, a 2-step replay on 2 ranks (NCCL, FSDP2 + expert parallel).
+# Under 10 minutes on one H200.
 #
 # It uses the machine's own python3 with its CUDA torch and triton (never installs torch). The verification path
 # needs only torch, triton, numpy, jinja2 and pyyaml besides the workbench's own source (on PYTHONPATH); wheels of
@@ -93,4 +94,17 @@ for block in sorted(b for b in newest if b in verified and (not wanted or b in w
 print("\nmeasured on this GPU: median of 10 calls (L2 flushed, fresh inputs, outputs checked), bfloat16, model suite")
 print(text_table(rows))
 EOF
+# The parallel layout on the device: 2 ranks (NCCL), dense parameters sharded with FSDP2, experts split across the
+# ranks, every promoted operator, 2 steps of the small preset. Needs two GPUs and the workbench's own dependencies
+# (the store, the CLI); said and skipped otherwise.
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
+  if "$PY" -c "import workbench.cli" 2>/dev/null; then
+    "$PY" -c "from workbench.cli import main; main()" replay kimi-k3.1-pro --preset small --steps 2 --ranks 2 \
+      --layout fsdp2+ep --db "sqlite:///$OUT_DIR/replay.db" || verified=1
+  else
+    echo "2-rank replay: skipped, the workbench's CLI dependencies are not installed here"
+  fi
+else
+  echo "2-rank replay: skipped, fewer than 2 GPUs"
+fi
 exit $verified
