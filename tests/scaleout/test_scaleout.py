@@ -65,7 +65,8 @@ def _descendant(pid: int, ancestor: int) -> bool:
 
 
 def task_workers() -> set[int]:
-    """Pids of this test process's Ray workers running an executor task now."""
+    """Pids of this test process's Ray workers running an executor task now (a child the worker has just forked
+    carries its title until it execs: only the outermost of such a family counts)."""
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -75,7 +76,7 @@ def task_workers() -> set[int]:
                 continue
             if title.startswith(TASK_TITLE) and _descendant(int(entry), os.getpid()):
                 found.add(int(entry))
-    return found
+    return {pid for pid in found if not any(_descendant(pid, other) for other in found - {pid})}
 
 
 @pytest.mark.slow

@@ -91,9 +91,9 @@ def isolated(command: list[str], writable: list[Path], readable: list[Path], cwd
     if isolation() != "bwrap":
         return command
     # the interpreter, its packages and the workbench's own source may live under /tmp too (a clone in a temporary
-    # folder): they stay visible, read-only
+    # folder, a site-packages folder a .pth line adds to the import path): they stay visible, read-only
     readable = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, PACKAGE_ROOT,
-                cwd, *readable]
+                *(Path(p) for p in sys.path if p and Path(p).is_dir()), cwd, *readable]
     binds = []
     for path in dict.fromkeys(Path(p).resolve() for p in readable if Path(p).exists()):
         binds += ["--ro-bind", str(path), str(path)]
