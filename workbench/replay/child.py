@@ -27,7 +27,8 @@ from pathlib import Path
 MARK = "@@replay "
 
 
-def _send(event: dict) -> None:
+def send_event(event: dict) -> None:
+    """One event line on stdout for the process that reads this one (MARK, then the event as JSON)."""
     sys.stdout.write(MARK + json.dumps(event) + "\n")
     sys.stdout.flush()
 
@@ -54,20 +55,20 @@ def main() -> None:
         base = Path(job["base"]) if job.get("base") else None
 
         def on_step(step: int, loss: float, seconds: float) -> None:
-            _send({"event": "step", "step": step, "loss": loss, "seconds": seconds})
+            send_event({"event": "step", "step": step, "loss": loss, "seconds": seconds})
 
         if job["task"] == "base":
             result = make_base(preset, arch, job["seed"], ops, base, job["device"], on_step)
         elif job.get("mtp"):
             run = train_mtp(preset, arch, job["steps"], job["seed"], ops, job["device"], on_step)
-            _send({"event": "done", "result": asdict(run.result), "mtp_curve": run.mtp_curve})
+            send_event({"event": "done", "result": asdict(run.result), "mtp_curve": run.mtp_curve})
             return
         else:
             result = train(preset, arch, job["mode"], job["steps"], job["seed"], ops, job["device"], base, on_step)
-        _send({"event": "done", "result": asdict(result)})
+        send_event({"event": "done", "result": asdict(result)})
     except Exception as exc:  # reported to the parent as one line; the traceback goes to stderr
         traceback.print_exc()
-        _send({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
+        send_event({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
         sys.exit(1)
 
 

@@ -42,6 +42,7 @@ from workbench.blocks.situ import BETA as SITU_BETA
 from workbench.blocks.situ import LINEAR_BETA as SITU_LINEAR_BETA
 from workbench.errors import WorkbenchError
 from workbench.replay.arch import Architecture
+from workbench.replay.child import send_event
 from workbench.replay.data import batches
 from workbench.replay.model import EPS, MoE, ReplayModel
 from workbench.replay.presets import Preset
@@ -57,7 +58,6 @@ from workbench.replay.train import (
     fingerprint,
 )
 
-MARK = "@@replay "
 LAYOUTS = ("fsdp2+ep",)
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
@@ -334,11 +334,6 @@ def _evaluate(model: ReplayModel, preset: Preset, corpus: str, seed: int, ops: d
     result.topk_values, result.topk_ids = _gather_rows(values).cpu().tolist(), _gather_rows(ids).cpu().tolist()
 
 
-def _send(event: dict) -> None:
-    sys.stdout.write(MARK + json.dumps(event) + "\n")
-    sys.stdout.flush()
-
-
 def main() -> None:
     from workbench.replay.ops import absolute_target, load_ops, operator_file
     from workbench.replay.presets import get_preset
@@ -369,16 +364,17 @@ def main() -> None:
 
         def on_step(step: int, loss: float, rank_losses: list[float], seconds: float) -> None:
             if rank == 0:
-                _send({"event": "step", "step": step, "loss": loss, "rank_losses": rank_losses, "seconds": seconds})
+                send_event({"event": "step", "step": step, "loss": loss, "rank_losses": rank_losses,
+                            "seconds": seconds})
 
         run = train_distributed(preset, arch, job["mode"], job["steps"], job["seed"], ops, device, job.get("base"),
                                 on_step, job["layout"].get("chunks", 1))
         if rank == 0:
-            _send({"event": "done", "result": asdict(run.result), "rank_curves": run.rank_curves})
+            send_event({"event": "done", "result": asdict(run.result), "rank_curves": run.rank_curves})
         dist.destroy_process_group()
     except Exception as exc:  # one line to the launcher; the traceback to stderr
         traceback.print_exc()
-        _send({"event": "error", "rank": rank, "message": f"{type(exc).__name__}: {exc}"})
+        send_event({"event": "error", "rank": rank, "message": f"{type(exc).__name__}: {exc}"})
         sys.stdout.flush()
         os._exit(1)  # a process group may hold threads that keep the interpreter alive
 

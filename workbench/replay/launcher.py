@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from workbench.replay.distributed import MARK
+from workbench.replay.child import MARK, send_event
 
 REPORT_GRACE_S = 3.0
 """After the first failure, how long the other ranks' reports are awaited before the cause is named."""
@@ -47,11 +47,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _send(event: dict) -> None:
-    sys.stdout.write(MARK + json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 def _read(rank: int, stream, events: queue.Queue) -> None:
@@ -100,9 +95,9 @@ def run_ranks(job: dict) -> int:
             kind = event["event"]
             if kind == "step":
                 step = event["step"]
-                _send(event)
+                send_event(event)
             elif kind == "done":
-                _send(event)
+                send_event(event)
             elif kind == "error":
                 failures.append(Failure(rank, event["message"], time.monotonic()))
             elif kind == "eof":
@@ -119,7 +114,7 @@ def run_ranks(job: dict) -> int:
             proc.wait()
     if not failures:
         return 0
-    _send({"event": "error", **_cause(failures, running, step)})
+    send_event({"event": "error", **_cause(failures, running, step)})
     return 1
 
 
