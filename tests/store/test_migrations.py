@@ -12,9 +12,6 @@ dropped)."""
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -185,17 +182,11 @@ def test_a_new_store_is_created_and_stamped(store_url):
 
 
 @pytest.mark.slow  # several processes racing: the whole suite's
-def test_processes_opening_an_old_store_together_migrate_it_once(store_url):
+def test_processes_opening_an_old_store_together_migrate_it_once(store_url, open_together):
     """Four processes open a store of the last release at the same moment: one adopts and upgrades it under the
     schema lock, the others find it at the newest revision; every one reads the old runs."""
     load_release(store_url, "e470ffc")
-    code = ("import sys, time; from workbench.store import get_engine, queries; "
-            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
-            "print(len(queries.list_runs(get_engine(sys.argv[1]))))")
-    at = str(time.time() + 3.0)
-    procs = [subprocess.Popen([sys.executable, "-c", code, store_url, at], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
-    outcomes = [(p.wait(timeout=120), p.stdout.read().strip(), p.stderr.read()[-500:]) for p in procs]
+    outcomes = open_together(store_url)
     assert [(rc, out) for rc, out, _ in outcomes] == [(0, "2")] * 4, outcomes
     assert_at_todays_schema(store_url)
 

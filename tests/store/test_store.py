@@ -9,7 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -415,14 +414,8 @@ def test_times_are_stored_in_utc_whatever_the_servers_time_zone(postgres):
 
 
 @pytest.mark.slow  # several processes racing, 18 s: the whole suite's
-def test_processes_starting_together_on_a_new_database_all_get_their_tables(store_url):
+def test_processes_starting_together_on_a_new_database_all_get_their_tables(store_url, open_together):
     """Four processes open one new store at the same moment (two ports and a dashboard, started together): each
     gets the tables and none fails on another's CREATE TABLE."""
-    code = ("import sys, time; from workbench.store import get_engine, queries; "
-            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
-            "print(len(queries.list_runs(get_engine(sys.argv[1]))))")
-    at = str(time.time() + 3.0)
-    procs = [subprocess.Popen([sys.executable, "-c", code, store_url, at], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
-    outcomes = [(p.wait(timeout=120), p.stdout.read().strip(), p.stderr.read()[-500:]) for p in procs]
+    outcomes = open_together(store_url)
     assert [(rc, out) for rc, out, _ in outcomes] == [(0, "0")] * 4, outcomes
