@@ -58,6 +58,16 @@ def test_the_routers_follow_the_state():
     assert graph.after_revise({"proposal": None, "passing": [{}]}) == "replay_gate"
     assert graph.after_revise({"proposal": None, "passing": []}) == "record"
     assert graph.after_replay_gate({"gate": {"candidate_id": None}}) == "record"
+    assert graph.after_explored({"passing": [{}, {}], "explore": 2}) == "replay_gate"
+    assert graph.after_explored({"passing": [{}], "explore": 2}) == "revise"
+
+
+def test_a_batch_fans_out_one_explore_branch_per_candidate_numbered_on_from_the_count():
+    points = [{"template": "t", "params": {"B": b}, "reason": "r"} for b in (1, 2)]
+    state = {"run_id": "r1", "attempt": 3, "proposal": None, "batch": points, "passing": []}
+    for branches in (graph.after_plan(state), graph.after_revise(state)):
+        assert [(b.node, b.arg["attempt"], b.arg["proposal"]) for b in branches] == \
+            [("explore", 3, points[0]), ("explore", 4, points[1])]
 
 
 def test_options_round_trip_through_the_runs_json_and_an_older_record_takes_the_defaults():

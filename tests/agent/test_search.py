@@ -115,3 +115,19 @@ def test_a_kernel_a_gpu_compiler_or_the_interpreter_rejects_is_the_templates_cod
     nxt = search.revise("row_block", GOOD, {"class": verdict, "reason": "", "evidence": {}},
                         {point_key("row_block", GOOD)})
     assert nxt["template"] == "col_tiled" and "other templates first" in nxt["reason"]
+
+
+def test_exploring_side_by_side_takes_the_points_one_at_a_time_would_take_in_the_same_order():
+    search = proposer()
+    explore = {"class": "explore", "reason": "", "evidence": {}}
+    history = [{"template": "row_block", "params": GOOD}]
+    one_at_a_time = []
+    for _ in range(3):
+        nxt = search.propose({"template": "row_block", "params": GOOD}, explore, history)
+        one_at_a_time.append(nxt["params"])
+        history.append(nxt)
+    batch = search.explore({"template": "row_block", "params": GOOD}, history[:1], 3)
+    assert [p["params"] for p in batch] == one_at_a_time
+    assert [p["reason"].split(":")[0] for p in batch] == [f"exploring, {i} of 3 side by side" for i in (1, 2, 3)]
+    everything = [{"template": t.name, "params": p} for t in search.templates for p in t.points()]
+    assert search.explore(history[0], everything, 3) == []

@@ -4,6 +4,13 @@ r"""The porting workflow as a LangGraph StateGraph.
                |         |          |  \--pass, exploring--> revise       \--none does--> record (blocked)
                +---------+----------+--fail--> diagnose -> revise --point left--> render
                                                                \--budget or space spent--> replay_gate | record
+    plan | revise --exploring on several workers--> explore x N (Send) -> explored --enough passing--> replay_gate
+                                                                                   \--else--> revise
+
+Exploring (``--explore N``) on an executor of several workers, the candidates that do not depend on each other go
+side by side: the proposer's next untried points, as many as the workers, passing candidates still wanted and the
+budget allow, each an ``explore`` branch (LangGraph ``Send``) that renders, reads, verifies and diagnoses its
+candidate in a thread of its own while its verification runs on a worker; ``explored`` joins them.
 
 The nodes are module-level functions of (state, runtime): the run's PortContext (block, templates, proposer,
 store, backend, options) is LangGraph's runtime context, given when the graph is streamed; the routers between
@@ -33,7 +40,7 @@ from typing import Any, Protocol
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
-from langgraph.types import interrupt
+from langgraph.types import Send, interrupt
 from sqlalchemy.engine import Engine
 
 from workbench import __version__
@@ -67,6 +74,10 @@ class Proposer(Protocol):
     def first(self) -> Proposal | None: ...
 
     def propose(self, current: Attempt, diagnosis: dict[str, Any], history: list[Attempt]) -> Proposal | None: ...
+
+    def explore(self, current: Attempt, history: list[Attempt], n: int) -> list[Proposal]:
+        """Up to ``n`` untried points to verify side by side once ``current`` passed (none: one at a time)."""
+        ...
 
 
 @dataclass
@@ -118,29 +129,12 @@ def describe(proposal: Proposal) -> str:
     return f"{text}; endpoint failed: {proposal['error']}" if "error" in proposal else text
 
 
-# --- nodes: each reads the run's context from LangGraph's runtime --------------------------------------------
+# --- one candidate's steps: the loop's nodes below take them one at a time, an explore branch all in a row --------
 
-def plan(state: PortState, runtime: Runtime[PortContext]) -> dict:
-    ctx = runtime.context
-    proposal, trace = split_trace(ctx.start or ctx.proposer.first())
-    names = ", ".join(f"{t.name} (rank {t.rank})" for t in ctx.templates.values())
-    first = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
-    ctx.emit(state["run_id"], "plan",
-             f"proposer {ctx.proposer.name}; templates: {names or 'none'}; verify "
-             f"{'+'.join(ctx.options.suites)} x {'/'.join(ctx.options.dtypes)} x {ctx.options.seeds} seeds on "
-             f"{ctx.backend.name}; budget {state['budget']} candidates"
-             + ("; promotion waits for approval" if ctx.options.approve else ""),
-             {"templates": list(ctx.templates), "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
-              "first": first, **({"llm": trace} if trace else {})})
-    return {"proposal": proposal, "attempt": 0, "status": "running",
-            "reason": "" if proposal else "no template point meets the requirements of every shape"}
-
-def render(state: PortState, runtime: Runtime[PortContext]) -> dict:
-    ctx = runtime.context
-    p = state["proposal"]
-    attempt = state["attempt"] + 1
+def render_candidate(ctx: PortContext, run_id: str, attempt: int, p: Proposal) -> Attempt:
+    """Iteration ``attempt`` of the proposal ``p`` written to the run's candidate folder and recorded (once, however
+    often the step runs); a template that does not render, or a model endpoint that failed, has its verdict here."""
     current: Attempt = {"iteration": attempt, "template": p["template"], "params": p["params"], "why": p["reason"]}
-    run_id = state["run_id"]
     if "error" in p:  # the model's endpoint failed: the iteration's verdict, recorded like a candidate's
         cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
             ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=p["template"],
@@ -149,7 +143,7 @@ def render(state: PortState, runtime: Runtime[PortContext]) -> dict:
         current.update(verdict=Verdict.LLM_ERROR, message=p["error"], candidate_id=cid)
         ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {Verdict.LLM_ERROR}: {p['error']}",
                  {"candidate_id": cid})
-        return {"attempt": attempt, "current": current}
+        return current
     if "source" in p:
         name, source = p["template"], p["source"]
     else:
@@ -161,7 +155,7 @@ def render(state: PortState, runtime: Runtime[PortContext]) -> dict:
         except TemplateError as exc:
             current.update(verdict=Verdict.TEMPLATE_ERROR, message=str(exc))
             ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {exc}", dict(current))
-            return {"attempt": attempt, "current": current}
+            return current
     folder = ctx.settings.work_dir / "candidates" / run_id
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / candidate_filename(ctx.spec.name, name, source)
@@ -172,25 +166,29 @@ def render(state: PortState, runtime: Runtime[PortContext]) -> dict:
     current.update(candidate_id=cid, path=str(path))
     ctx.emit(run_id, "render", f"#{attempt} {name}: {format_point(p['params'])} - {p['reason']}",
              {"candidate_id": cid, "path": str(path)})
-    return {"attempt": attempt, "current": current}
+    return current
 
-def check_contract(state: PortState, runtime: Runtime[PortContext]) -> dict:
-    ctx = runtime.context
-    current = dict(state["current"])
+
+def contract_candidate(ctx: PortContext, run_id: str, current: Attempt) -> Attempt:
+    """``current`` with the verdict compile_error when its source breaks the contract (read before anything runs
+    it), else unchanged."""
+    current = Attempt(**current)
     problem = contract_problem(Path(current["path"]).read_text(), current["path"], ctx.spec.name,
                                ctx.spec.arg_names)
     if problem:
         current.update(verdict="compile_error", message=problem)
         records.set_candidate_status(ctx.engine, current["candidate_id"], "compile_error", problem)
-        ctx.emit(state["run_id"], "contract", f"compile_error: {problem}")
+        ctx.emit(run_id, "contract", f"compile_error: {problem}")
     else:
-        ctx.emit(state["run_id"], "contract",
+        ctx.emit(run_id, "contract",
                  f"ok: parses, BLOCK = \"{ctx.spec.name}\" and run({', '.join(ctx.spec.arg_names)})")
-    return {"current": current}
+    return current
 
-def verify(state: PortState, runtime: Runtime[PortContext]) -> dict:
-    ctx = runtime.context
-    current = dict(state["current"])
+
+def verify_on_executor(ctx: PortContext, run_id: str, current: Attempt) -> tuple[Attempt, list[dict]]:
+    """(``current`` with its verdict, evidence and modelled or measured times; its checks): the sandboxed
+    verification runs on the executor, this thread waits for it and records the result."""
+    current = Attempt(**current)
     opts = ctx.options
     result = ctx.executor.verify(current["path"], block=ctx.spec.name, suites=opts.suites, dtypes=opts.dtypes,
                                  seeds=opts.seeds, backend=ctx.backend, timeout_s=opts.timeout_s,
@@ -206,33 +204,101 @@ def verify(state: PortState, runtime: Runtime[PortContext]) -> dict:
             current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
             timeout_s=ctx.options.timeout_s, forward_only=ctx.options.forward_only)
         figure = current["measured"]
-        ctx.emit(state["run_id"], "measure", f"#{current['iteration']} " + (
+        ctx.emit(run_id, "measure", f"#{current['iteration']} " + (
             f"{figure['time_ms']:.3f} ms measured on {figure['device']} ({figure['shapes']} shapes, median of "
             f"{MEASURE_TRIALS})" if "time_ms" in figure else f"not measured: {figure['error']}"), figure)
     where = f"; compiles on {len(evidence['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
     spills = f"; {len([f for f in result.findings if f.startswith('spills:')])} spill findings" \
         if any(f.startswith("spills:") for f in result.findings) else ""
-    ctx.emit(state["run_id"], "verify",
-             f"{result.verdict}: {result.message} ({result.seconds:.1f} s){where}{spills}", result.summary())
-    update: dict[str, Any] = {"current": current, "last_checks": [vars(c) for c in result.checks]}
-    if result.passed:
-        update.update(history=[current], passing=[current])
-    return update
+    ctx.emit(run_id, "verify", f"{result.verdict}: {result.message} ({result.seconds:.1f} s){where}{spills}",
+             result.summary())
+    return current, [vars(c) for c in result.checks]
 
-def diagnose_failure(state: PortState, runtime: Runtime[PortContext]) -> dict:
-    ctx = runtime.context
-    current = state["current"]
+
+def diagnosis_of(ctx: PortContext, run_id: str, current: Attempt, checks: list[dict]) -> dict:
+    """{"class", "reason", "evidence"} of a failed ``current`` (``checks``: its verification's checks)."""
     template = ctx.templates.get(current["template"])
     if current["verdict"] == Verdict.LLM_ERROR:
         d = {"class": Verdict.LLM_ERROR, "reason": current["message"], "evidence": {}}
     elif current["verdict"] == Verdict.TEMPLATE_ERROR or (template is None and current["template"] != LLM_TEMPLATE):
         d = {"class": Verdict.TEMPLATE_ERROR, "reason": current["message"], "evidence": {}}
     else:
-        checks = state.get("last_checks", []) \
-            if current["verdict"] in (*NUMERIC_VERDICTS, Verdict.RUNTIME_ERROR, Verdict.CONSTANT_OUTPUT) else []
+        checks = checks if current["verdict"] in (*NUMERIC_VERDICTS, Verdict.RUNTIME_ERROR, Verdict.CONSTANT_OUTPUT) \
+            else []
         d = diagnose(current["verdict"], current["message"], checks, template, current["params"])
-    ctx.emit(state["run_id"], "diagnose", f"{d['class']}: {d['reason']}", {"class": d["class"]})
+    ctx.emit(run_id, "diagnose", f"{d['class']}: {d['reason']}", {"class": d["class"]})
+    return d
+
+
+# --- nodes: each reads the run's context from LangGraph's runtime --------------------------------------------
+
+def plan(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    ctx = runtime.context
+    proposal, trace = split_trace(ctx.start or ctx.proposer.first())
+    names = ", ".join(f"{t.name} (rank {t.rank})" for t in ctx.templates.values())
+    first = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
+    batch = []
+    if proposal and "source" not in proposal and "error" not in proposal:
+        seen = Attempt(template=proposal["template"], params=proposal["params"])
+        room = min(ctx.executor.workers, state["explore"], state["budget"]) - 1  # beside the first
+        more = ctx.proposer.explore(seen, [seen], room) if room > 0 else []
+        batch = [proposal, *more] if more else []
+    ctx.emit(state["run_id"], "plan",
+             f"proposer {ctx.proposer.name}; templates: {names or 'none'}; verify "
+             f"{'+'.join(ctx.options.suites)} x {'/'.join(ctx.options.dtypes)} x {ctx.options.seeds} seeds on "
+             f"{ctx.backend.name}; budget {state['budget']} candidates"
+             + (f"; the first {len(batch)} side by side" if batch else "")
+             + ("; promotion waits for approval" if ctx.options.approve else ""),
+             {"templates": list(ctx.templates), "suites": ctx.options.suites, "dtypes": ctx.options.dtypes,
+              "first": first, **({"llm": trace} if trace else {}), **({"batch": batch} if batch else {})})
+    return {"proposal": proposal, "batch": batch, "attempt": 0, "status": "running",
+            "reason": "" if proposal else "no template point meets the requirements of every shape"}
+
+def render(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    current = render_candidate(runtime.context, state["run_id"], state["attempt"] + 1, state["proposal"])
+    return {"attempt": current["iteration"], "current": current}
+
+def check_contract(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    return {"current": contract_candidate(runtime.context, state["run_id"], state["current"])}
+
+def verify(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    current, checks = verify_on_executor(runtime.context, state["run_id"], state["current"])
+    update: dict[str, Any] = {"current": current, "last_checks": checks}
+    if current["verdict"] == Verdict.PASS:
+        update.update(history=[current], passing=[current])
+    return update
+
+def diagnose_failure(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    current = state["current"]
+    d = diagnosis_of(runtime.context, state["run_id"], current, state.get("last_checks", []))
     return {"diagnosis": d, "history": [{**current, "diagnosis": d}], "last_checks": []}
+
+def explore(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    """One of the candidates verified side by side (a LangGraph Send branch, in a thread of its own, its input
+    {"run_id", "attempt", "proposal"}): rendered, read, verified and, failing, diagnosed in a row. It writes only
+    the lists every branch adds to (history, passing)."""
+    ctx, run_id = runtime.context, state["run_id"]
+    current, checks = render_candidate(ctx, run_id, state["attempt"] + 1, state["proposal"]), []
+    if not current.get("verdict"):
+        current = contract_candidate(ctx, run_id, current)
+    if not current.get("verdict"):
+        current, checks = verify_on_executor(ctx, run_id, current)
+    if current["verdict"] == Verdict.PASS:
+        return {"history": [current], "passing": [current]}
+    return {"history": [{**current, "diagnosis": diagnosis_of(ctx, run_id, current, checks)}]}
+
+def explored(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    """After the candidates verified side by side: the count moves past them, and the last of them that passed
+    (else the last, with its diagnosis) is the one the run goes on from."""
+    first = state["attempt"] + 1
+    batch = sorted((h for h in state["history"] if h.get("iteration", 0) >= first), key=lambda h: h["iteration"])
+    current = next((h for h in reversed(batch) if h.get("verdict") == Verdict.PASS), batch[-1])
+    passed = sum(h.get("verdict") == Verdict.PASS for h in batch)
+    runtime.context.emit(state["run_id"], "explore",
+                         f"#{first}-#{batch[-1]['iteration']} side by side: {passed} of {len(batch)} passed; "
+                         f"{len(state['passing'])} passing of {state['explore']} wanted")
+    return {"attempt": state["attempt"] + len(state["batch"]), "batch": [], "current": current,
+            "diagnosis": current.get("diagnosis", {})}
 
 def revise(state: PortState, runtime: Runtime[PortContext]) -> dict:
     ctx = runtime.context
@@ -241,6 +307,12 @@ def revise(state: PortState, runtime: Runtime[PortContext]) -> dict:
     if state["attempt"] >= state["budget"]:
         ctx.emit(state["run_id"], "revise", f"budget of {state['budget']} candidates spent")
         return {"proposal": None, "reason": f"budget of {state['budget']} candidates spent"}
+    room = min(ctx.executor.workers, state["explore"] - len(state["passing"]), state["budget"] - state["attempt"])
+    batch = ctx.proposer.explore(current, state["history"], room) if passed and room > 1 else []
+    if len(batch) > 1:
+        ctx.emit(state["run_id"], "revise", f"next {len(batch)} side by side: "
+                 + "; ".join(f"{p['template']} {format_point(p['params'])}" for p in batch), {"batch": batch})
+        return {"proposal": None, "batch": batch, "reason": ""}
     d = {"class": "explore", "reason": f"{len(state['passing'])} passing of {state['explore']} wanted",
          "evidence": {}} if passed else state["diagnosis"]
     proposal, trace = split_trace(ctx.proposer.propose(current, d, state["history"]))
@@ -340,7 +412,15 @@ def record(state: PortState, runtime: Runtime[PortContext]) -> dict:
 
 # --- routers: which node follows, from the state alone ----------------------------------------------------------
 
-def after_plan(state: PortState) -> str:
+def side_by_side_branches(state: PortState) -> list[Send]:
+    """One explore branch for each proposal of the batch, numbered on from the candidates so far."""
+    return [Send("explore", {"run_id": state["run_id"], "attempt": state["attempt"] + i, "proposal": proposal})
+            for i, proposal in enumerate(state["batch"])]
+
+
+def after_plan(state: PortState) -> str | list[Send]:
+    if state.get("batch"):
+        return side_by_side_branches(state)
     return "render" if state["proposal"] else "record"
 
 
@@ -360,9 +440,16 @@ def after_verify(state: PortState) -> str:
     return "replay_gate" if len(state["passing"]) >= state["explore"] else "revise"
 
 
-def after_revise(state: PortState) -> str:
-    """Another proposal is rendered; with none left, the passing candidates go to the gate, else the run ends."""
+def after_revise(state: PortState) -> str | list[Send]:
+    """A batch is verified side by side, another proposal rendered; with none left, the passing candidates go to
+    the gate, else the run ends."""
+    if state.get("batch"):
+        return side_by_side_branches(state)
     return "render" if state["proposal"] else ("replay_gate" if state["passing"] else "record")
+
+
+def after_explored(state: PortState) -> str:
+    return "replay_gate" if len(state["passing"]) >= state["explore"] else "revise"
 
 
 def after_replay_gate(state: PortState) -> str:
@@ -370,7 +457,8 @@ def after_replay_gate(state: PortState) -> str:
 
 
 NODES = {"plan": plan, "render": render, "contract": check_contract, "verify": verify, "diagnose": diagnose_failure,
-         "revise": revise, "replay_gate": replay_gate, "promote": promote, "record": record}
+         "explore": explore, "explored": explored, "revise": revise, "replay_gate": replay_gate, "promote": promote,
+         "record": record}
 
 
 def build_graph(checkpointer=None):
@@ -382,12 +470,14 @@ def build_graph(checkpointer=None):
     for name, node in NODES.items():
         graph.add_node(name, node)
     graph.add_edge(START, "plan")
-    graph.add_conditional_edges("plan", after_plan, ["render", "record"])
+    graph.add_conditional_edges("plan", after_plan, ["render", "record", "explore"])
     graph.add_conditional_edges("render", after_render, ["contract", "diagnose"])
     graph.add_conditional_edges("contract", after_contract, ["verify", "diagnose"])
     graph.add_conditional_edges("verify", after_verify, ["replay_gate", "revise", "diagnose"])
     graph.add_edge("diagnose", "revise")
-    graph.add_conditional_edges("revise", after_revise, ["render", "replay_gate", "record"])
+    graph.add_conditional_edges("revise", after_revise, ["render", "replay_gate", "record", "explore"])
+    graph.add_edge("explore", "explored")
+    graph.add_conditional_edges("explored", after_explored, ["replay_gate", "revise"])
     graph.add_conditional_edges("replay_gate", after_replay_gate, ["promote", "record"])
     graph.add_edge("promote", "record")
     graph.add_edge("record", END)

@@ -268,6 +268,10 @@ class LLMProposer:
                                      "or write your own kernels.")
         return self._ask(prompt, call=1, why="first candidate written by the model")
 
+    def explore(self, current: Attempt, history: list[Attempt], n: int) -> list[Proposal]:
+        """None side by side: the model writes one candidate at a time, each told how the last one did."""
+        return []
+
     def propose(self, current: Attempt, diagnosis: dict[str, Any], history: list[Attempt]) -> Proposal:
         """The next candidate, told the last candidate's source and verification result."""
         calls = sum(h.get("template") == LLM_TEMPLATE for h in history) + 1
@@ -375,6 +379,10 @@ class HybridProposer:
 
     def first(self) -> Proposal | None:
         return self.search.first() or self.llm.first()
+
+    def explore(self, current: Attempt, history: list[Attempt], n: int) -> list[Proposal]:
+        """The search's untried points after one of its own; none after the model's (one at a time)."""
+        return self.search.explore(current, history, n) if current.get("template") in self.search.by_name else []
 
     def propose(self, current: Attempt, diagnosis: dict[str, Any], history: list[Attempt]) -> Proposal | None:
         cls = diagnosis["class"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 from workbench.agent.state import Proposal
@@ -84,6 +85,13 @@ class SearchProposer:
         """The proposer interface of the graph: revise() of the current attempt, every attempt so far tried."""
         tried = {point_key(h["template"], h["params"]) for h in history}
         return self.revise(current["template"], current["params"], diagnosis, tried)
+
+    def explore(self, current: dict[str, Any], history: list[dict], n: int) -> list[Proposal]:
+        """Up to ``n`` untried covering points, in the order revise() would take them one at a time."""
+        tried = {point_key(h["template"], h["params"]) for h in history}
+        return [Proposal(template=template.name, params=params,
+                         reason=f"exploring, {i + 1} of {n} side by side: next untried point")
+                for i, (template, params) in enumerate(islice(self._covering(self.templates, tried), n))]
 
     def _nearest(self, template: Template, params: dict, tried: set[str], ok) -> dict | None:
         """The untried point of ``template`` satisfying ``ok`` that changes the fewest parameters."""

@@ -85,6 +85,7 @@ class PortState(TypedDict, total=False):
     explore: int
     attempt: int                                   # candidates rendered so far
     proposal: Proposal | None                      # the point to render next
+    batch: list[Proposal]                          # the points to verify side by side next (explore branches)
     current: Attempt                               # the iteration in flight
     last_checks: list[dict[str, Any]]              # the checks of the last verification, for diagnose
     diagnosis: dict[str, Any]                      # {"class", "reason", "evidence"} of the last failure
