@@ -225,8 +225,9 @@ def port(
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Port blocks with the agent: render, compile, verify, diagnose, revise, promote. Exit 1 if any ends blocked.
-    Several blocks port at once, their verifications fanned out on Ray (--workers, --ray-address); one block's
-    candidates verify one after another, in this process unless a cluster is named."""
+    Several blocks port at once, their verifications fanned out on Ray (--workers, --ray-address), and so do the
+    candidates --explore verifies side by side; one block's single candidates verify one after another, in this
+    process unless a cluster is named."""
     from workbench.agent.llm import LLMConfig
     from workbench.agent.run import port_blocks, resume_port
     from workbench.backends import get_backend
@@ -263,8 +264,8 @@ def port(
     chosen = get_backend(backend)
     llm = LLMConfig.load(llm_base_url, llm_model) if proposer in ("llm", "hybrid") else None
 
-    if len(names) == 1 and not (ray_address or settings.ray_address):
-        workers = 1
+    if len(names) == 1 and explore == 1 and not (ray_address or settings.ray_address):
+        workers = 1  # one candidate at a time: nothing to fan out
     with make_executor(settings, workers, ray_address) as executor:
         parallel = executor.workers > 1 and len(names) > 1
         if parallel and not as_json:

@@ -89,9 +89,8 @@ class SearchProposer:
     def explore(self, current: dict[str, Any], history: list[dict], n: int) -> list[Proposal]:
         """Up to ``n`` untried covering points, in the order revise() would take them one at a time."""
         tried = {point_key(h["template"], h["params"]) for h in history}
-        return [Proposal(template=template.name, params=params,
-                         reason=f"exploring, {i + 1} of {n} side by side: next untried point")
-                for i, (template, params) in enumerate(islice(self._covering(self.templates, tried), n))]
+        return [Proposal(template=template.name, params=params, reason="exploring side by side: next untried point")
+                for template, params in islice(self._covering(self.templates, tried), n)]
 
     def _nearest(self, template: Template, params: dict, tried: set[str], ok) -> dict | None:
         """The untried point of ``template`` satisfying ``ok`` that changes the fewest parameters."""
