@@ -19,6 +19,7 @@ from workbench.agent.run import port_block, resume_port
 from workbench.cli import app
 from workbench.dashboard.frames import runs_frame
 from workbench.errors import WorkbenchError
+from workbench.executor import InProcessExecutor
 from workbench.store import get_engine, records
 from workbench.store.queries import candidate_checks, find_run, list_runs, run_candidates, run_steps
 
@@ -100,6 +101,37 @@ def test_a_run_that_failed_on_a_workbench_error_resumes(settings):
     assert candidate.status == "pass"
     assert "after failed: workbench error: OSError" in next(s.message for s in run_steps(engine, run.id)
                                                                if s.node == "resume")
+
+
+class TwoAtOnce(InProcessExecutor):
+    """Verifies in this process, two at once: each explore branch's thread runs its own candidate's sandbox."""
+
+    workers = 2
+
+
+@pytest.mark.interpreter
+def test_a_run_that_failed_while_candidates_were_verified_side_by_side_resumes_and_records_each_once(settings):
+    def lose_the_disk_once(node: str, message: str, data: dict) -> None:
+        if node == "verify" and not failed:
+            failed.append(message)
+            raise OSError("the agent host lost its disk")
+
+    failed: list[str] = []
+    with pytest.raises(OSError):
+        port_block("rmsnorm", settings, budget=3, explore=2, executor=TwoAtOnce(), on_event=lose_the_disk_once,
+                   **FAST)
+    engine = get_engine(settings.db_url)
+    (run,) = list_runs(engine)
+    assert run.status == "failed" and "side by side" in run_steps(engine, run.id)[0].message
+
+    outcome = resume_port(run.id, settings, executor=TwoAtOnce())
+    assert outcome.status == "promoted" and outcome.attempts == 2, outcome.reason
+    candidates = assert_recorded_once(engine, run.id)
+    assert [c.status for c in candidates] == ["pass", "pass"]
+    nodes = [s.node for s in run_steps(engine, run.id)]
+    # a branch that had ended keeps its verdict (its writes are checkpointed); one still running verifies again
+    assert nodes[:nodes.index("resume")].count("verify") >= 1 and nodes.count("verify") <= 3
+    assert nodes.count("explore") == 1 and nodes[-2:] == ["promote", "record"]
 
 
 def test_resume_refuses_unknown_running_and_missing_runs(settings):
