@@ -8,12 +8,15 @@ sandboxed child sees only the device Ray gave its task. The candidate's source t
 need not see the driver's files); the task returns the VerificationResult and never writes the store or
 operators/: the driver is the one writer. A worker killed mid-task is retried (Ray's ``max_retries``); one lost
 MAX_RETRIES + 1 times is the verdict "crashed", so every candidate gets exactly one verdict and the run goes on.
+A worker's scratch (``workbench-worker-PID`` under the system's temp) outlives a worker Ray killed until the next
+task on that machine, or the driver shutting its local instance down, removes it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -141,9 +144,50 @@ class InProcessExecutor(Executor):
         return future
 
 
+WORKER_SCRATCH = "workbench-worker-"  # + the worker's pid: a Ray worker's scratch folder under the system's temp
+SYSTEM_TEMP = Path(tempfile.gettempdir())
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc here
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_scratch(base: Path) -> None:
+    """Remove the scratch folders under ``base`` of workers that have died: Ray ends a worker with SIGKILL when it
+    shuts down or a task's worker is lost, so what the task had under way (a candidate's copy, a verification's
+    tensors) is left for the next task or the driver's close() to remove."""
+    for folder in base.glob(f"{WORKER_SCRATCH}*"):
+        pid = folder.name.removeprefix(WORKER_SCRATCH)
+        if pid.isdigit() and int(pid) != os.getpid() and not is_running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def worker_scratch(base: Path) -> Path:
+    """This worker process's scratch folder under ``base`` (made once), after the dead workers' are removed."""
+    remove_dead_scratch(base)
+    mine = base / f"{WORKER_SCRATCH}{os.getpid()}"
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
 def _in_worker(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """A Ray task: ``fn(*args, **kwargs)`` with this worker process's own Triton cache."""
-    os.environ["TRITON_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / f"workbench-triton-cache-{os.getpid()}")
+    """A Ray task: ``fn(*args, **kwargs)`` with this worker process's scratch folder as tempfile's default and its
+    own Triton cache there."""
+    tempfile.tempdir = str(worker_scratch(SYSTEM_TEMP))
+    os.environ["TRITON_CACHE_DIR"] = str(Path(tempfile.tempdir) / "triton-cache")
     return fn(*args, **kwargs)
 
 
@@ -203,6 +247,7 @@ class RayExecutor(Executor):
 
         if self.started:
             ray.shutdown()
+            remove_dead_scratch(SYSTEM_TEMP)  # the local instance's workers, ended by the shutdown
 
 
 def make_executor(settings: Settings, workers: int | None = None, address: str | None = None) -> Executor:

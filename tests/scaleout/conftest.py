@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from workbench.executor import SYSTEM_TEMP, remove_dead_scratch
+
 
 @pytest.fixture(scope="session")
 def ray_instance():
-    """ray.init(num_cpus=2) once for the session; shut down at its end."""
+    """ray.init(num_cpus=2) once for the session; shut down at its end, its workers' scratch folders removed."""
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+    remove_dead_scratch(SYSTEM_TEMP)
 
 
 @pytest.fixture

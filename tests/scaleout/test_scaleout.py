@@ -24,7 +24,17 @@ from typer.testing import CliRunner
 from workbench.agent.run import port_block
 from workbench.backends import CUDA, INTERPRETER, Backend
 from workbench.cli import app
-from workbench.executor import MAX_RETRIES, InProcessExecutor, RayExecutor, make_executor, ray_options
+from workbench.executor import (
+    MAX_RETRIES,
+    SYSTEM_TEMP,
+    WORKER_SCRATCH,
+    InProcessExecutor,
+    RayExecutor,
+    is_running,
+    make_executor,
+    ray_options,
+    worker_scratch,
+)
 from workbench.operators import promote_file
 from workbench.store import get_engine
 from workbench.store.models import PortRun, RunStep
@@ -137,6 +147,21 @@ def test_a_worker_killed_mid_verification_is_retried_and_the_candidate_gets_one_
     assert candidates[0].status == "pass"
     assert sum(s.node == "verify" for s in steps) == len(candidates)
     assert [s.message.split(":")[0] for s in steps if s.node == "verify"][0] == "pass"
+    # the killed worker's scratch (the candidate's copy, the verification's tensors) went with the retry's task
+    assert not (SYSTEM_TEMP / f"{WORKER_SCRATCH}{killed}").exists()
+
+
+def test_a_worker_removes_the_scratch_folders_of_dead_workers_and_keeps_the_living(tmp_path):
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{WORKER_SCRATCH}{int(ended.stdout)}"
+    living = tmp_path / f"{WORKER_SCRATCH}{os.getppid()}"
+    for folder in (dead, living):
+        (folder / "verify-x").mkdir(parents=True)
+        (folder / "verify-x" / "job.pt").write_bytes(b"tensors")
+    mine = worker_scratch(tmp_path)
+    assert mine == tmp_path / f"{WORKER_SCRATCH}{os.getpid()}" and mine.is_dir()
+    assert not dead.exists() and (living / "verify-x" / "job.pt").exists()
+    assert worker_scratch(tmp_path) == mine  # made once, kept
 
 
 @pytest.mark.slow
@@ -229,6 +254,9 @@ def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_int
         runs = s.exec(select(PortRun)).all()
     assert sorted(r.block for r in runs) == ["rmsnorm", "situ"]
     assert {(r.status, r.reason) for r in runs} == {("interrupted", "interrupted by the user")}
+    # the local Ray the command started is shut down, and its workers' scratch folders with it
+    left = SYSTEM_TEMP.glob(f"{WORKER_SCRATCH}*")
+    assert all(is_running(int(folder.name.removeprefix(WORKER_SCRATCH))) for folder in left)
 
 
 @pytest.mark.slow
