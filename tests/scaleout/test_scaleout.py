@@ -236,7 +236,8 @@ def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_int
     # verifications of some seconds (two suites, two dtypes, two seeds): the signal comes while both are running
     command = [str(Path(sys.executable).with_name("workbench")), "port", "rmsnorm", "situ", "--workers", "2",
                "--suites", "smoke,edge", "--dtypes", "float32,float16", "--seeds", "2", "--targets", "none"]
-    port = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = (tmp_path / "port.log").open("w")
+    port = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and port.poll() is None:
@@ -246,8 +247,12 @@ def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_int
                     break
             time.sleep(0.2)
         time.sleep(1.0)  # both ports wait on their verifications
+        state = Path(f"/proc/{port.pid}/status").read_text() if port.poll() is None else "ended"
         port.send_signal(signal.SIGINT)
-        assert port.wait(60) == 130
+        code = port.wait(60)
+        log.close()
+        assert code == 130, f"{[line for line in state.splitlines() if line.startswith(('Sig', 'Shd'))]}\n" \
+            + (tmp_path / "port.log").read_text()[-3000:]
     finally:
         port.kill()
     with Session(get_engine(settings.db_url)) as s:
