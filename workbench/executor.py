@@ -34,7 +34,6 @@ from workbench.verify.harness import source_hash, verify_candidate
 from workbench.verify.result import VerificationResult
 from workbench.vocabulary import Verdict
 
-SIGNAL_POLL_S = 0.5  # the longest a waiting thread stays blocked before Python runs a pending signal's handler
 MAX_RETRIES = 2  # a verification whose worker died is run again this many times before it is "crashed"
 
 
@@ -88,8 +87,7 @@ class Executor:
 
     def wait(self, future: Future) -> Any:
         """The call's result, once it is done or the executor is stopped (then KeyboardInterrupt)."""
-        while not wait([future, self._stopped], timeout=SIGNAL_POLL_S, return_when=FIRST_COMPLETED).done:
-            pass  # a timed wait: a Ctrl-C that landed on another thread (Ray's) reaches the main thread meanwhile
+        wait([future, self._stopped], return_when=FIRST_COMPLETED)
         if not future.done():
             raise KeyboardInterrupt("the command was interrupted")
         return future.result()

@@ -37,7 +37,7 @@ from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, BlockSpec
 from workbench.config import Settings
 from workbench.errors import TemplateError, WorkbenchError
-from workbench.executor import SIGNAL_POLL_S, Executor, InProcessExecutor
+from workbench.executor import Executor, InProcessExecutor
 from workbench.store import get_engine, records
 from workbench.store.queries import candidate_checks, find_run
 from workbench.templating import format_point, list_templates, load_template, parse_point
@@ -139,8 +139,7 @@ def port_blocks(blocks: list[str], settings: Settings, *, executor: Executor,
         thread.start()
     try:
         for thread in threads:
-            while thread.is_alive():  # timed, as Executor.wait: Ctrl-C is handled here however long the ports run
-                thread.join(SIGNAL_POLL_S)
+            thread.join()
     except KeyboardInterrupt:  # every port waiting on a verification ends interrupted (resumable), then the command
         executor.stop()
         for thread in threads:
