@@ -44,6 +44,10 @@ from workbench.verify.harness import source_hash
 
 runner = CliRunner()
 QUICK = ["--suites", "smoke", "--dtypes", "float32", "--seeds", "1", "--targets", "none"]
+# A command as a terminal starts it, SIGINT at its default: a suite run as a background job (`make test &`) ignores
+# SIGINT, and a command started from it would inherit that and never see the Ctrl-C.
+WITH_CTRL_C = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+               "os.execv(sys.argv[1], sys.argv[1:])"]
 TASK_TITLE = b"ray::_in_worker"  # what Ray names a worker process while it runs one of the executor's tasks
 
 
@@ -237,7 +241,7 @@ def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_int
     command = [str(Path(sys.executable).with_name("workbench")), "port", "rmsnorm", "situ", "--workers", "2",
                "--suites", "smoke,edge", "--dtypes", "float32,float16", "--seeds", "2", "--targets", "none"]
     log = (tmp_path / "port.log").open("w")
-    port = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    port = subprocess.Popen(WITH_CTRL_C + command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and port.poll() is None:
