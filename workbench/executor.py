@@ -30,6 +30,7 @@ from workbench.backends import Backend
 from workbench.config import Settings
 from workbench.errors import WorkbenchError, one_line
 from workbench.perf.measure import measure_candidate
+from workbench.store.records import process_alive
 from workbench.verify.harness import source_hash, verify_candidate
 from workbench.verify.result import VerificationResult
 from workbench.vocabulary import Verdict
@@ -148,30 +149,13 @@ WORKER_SCRATCH = "workbench-worker-"  # + the worker's pid: a Ray worker's scrat
 SYSTEM_TEMP = Path(tempfile.gettempdir())
 
 
-def is_running(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc here
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_dead_scratch(base: Path) -> None:
     """Remove the scratch folders under ``base`` of workers that have died: Ray ends a worker with SIGKILL when it
     shuts down or a task's worker is lost, so what the task had under way (a candidate's copy, a verification's
     tensors) is left for the next task or the driver's close() to remove."""
     for folder in base.glob(f"{WORKER_SCRATCH}*"):
         pid = folder.name.removeprefix(WORKER_SCRATCH)
-        if pid.isdigit() and int(pid) != os.getpid() and not is_running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -30,7 +30,6 @@ from workbench.executor import (
     WORKER_SCRATCH,
     InProcessExecutor,
     RayExecutor,
-    is_running,
     make_executor,
     ray_options,
     worker_scratch,
@@ -39,6 +38,7 @@ from workbench.operators import promote_file
 from workbench.store import get_engine
 from workbench.store.models import PortRun, RunStep
 from workbench.store.queries import find_run, run_candidates, run_steps
+from workbench.store.records import process_alive
 from workbench.templating import load_template
 from workbench.verify.harness import source_hash
 
@@ -265,7 +265,7 @@ def test_ctrl_c_during_a_parallel_port_ends_the_command_and_leaves_every_run_int
     assert {(r.status, r.reason) for r in runs} == {("interrupted", "interrupted by the user")}
     # the local Ray the command started is shut down, and its workers' scratch folders with it
     left = SYSTEM_TEMP.glob(f"{WORKER_SCRATCH}*")
-    assert all(is_running(int(folder.name.removeprefix(WORKER_SCRATCH))) for folder in left)
+    assert all(process_alive(int(folder.name.removeprefix(WORKER_SCRATCH))) for folder in left)
 
 
 @pytest.mark.slow

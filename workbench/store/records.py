@@ -8,6 +8,7 @@ import secrets
 import socket
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy import delete, func
@@ -156,7 +157,14 @@ def interrupt_own_runs(engine: Engine, reason: str) -> list[str]:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists (one owned by another user counts as alive)."""
+    """Whether process ``pid`` of this host runs (one owned by another user counts as alive; a zombie, killed and
+    not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc here
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
