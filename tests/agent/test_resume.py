@@ -81,16 +81,22 @@ def test_a_port_killed_mid_run_resumes_from_its_last_node(settings):
     assert result.exit_code == 2 and "has ended (promoted): nothing to resume" in result.stderr
 
 
-@pytest.mark.interpreter
-def test_a_run_that_failed_on_a_workbench_error_resumes(settings):
-    def lose_the_disk_once(node: str, message: str, data: dict) -> None:
+def lose_the_disk_at_the_first_verify():
+    """An event hook that raises OSError on the run's first verify event, as a workbench error would."""
+    failed: list[str] = []
+
+    def hook(node: str, message: str, data: dict) -> None:
         if node == "verify" and not failed:
             failed.append(message)
             raise OSError("the agent host lost its disk")
 
-    failed: list[str] = []
+    return hook
+
+
+@pytest.mark.interpreter
+def test_a_run_that_failed_on_a_workbench_error_resumes(settings):
     with pytest.raises(OSError):
-        port_block("rmsnorm", settings, budget=2, on_event=lose_the_disk_once, **FAST)
+        port_block("rmsnorm", settings, budget=2, on_event=lose_the_disk_at_the_first_verify(), **FAST)
     engine = get_engine(settings.db_url)
     (run,) = list_runs(engine)
     assert run.status == "failed" and "lost its disk" in run.reason
@@ -111,15 +117,9 @@ class TwoAtOnce(InProcessExecutor):
 
 @pytest.mark.interpreter
 def test_a_run_that_failed_while_candidates_were_verified_side_by_side_resumes_and_records_each_once(settings):
-    def lose_the_disk_once(node: str, message: str, data: dict) -> None:
-        if node == "verify" and not failed:
-            failed.append(message)
-            raise OSError("the agent host lost its disk")
-
-    failed: list[str] = []
     with pytest.raises(OSError):
-        port_block("rmsnorm", settings, budget=3, explore=2, executor=TwoAtOnce(), on_event=lose_the_disk_once,
-                   **FAST)
+        port_block("rmsnorm", settings, budget=3, explore=2, executor=TwoAtOnce(),
+                   on_event=lose_the_disk_at_the_first_verify(), **FAST)
     engine = get_engine(settings.db_url)
     (run,) = list_runs(engine)
     assert run.status == "failed" and "side by side" in run_steps(engine, run.id)[0].message
