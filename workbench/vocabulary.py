@@ -117,6 +117,14 @@ class JobStatus(StrEnum):
     FAILED = "failed"
 
 
+class ParityStatus(StrEnum):
+    """A parity run of the published modeling code against the ported kernels (ParityRun.status)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+
+
 RENDERED = "rendered"  # a candidate written to disk and not yet verified (Candidate.status)
 
 

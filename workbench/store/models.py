@@ -180,3 +180,30 @@ class CIJob(SQLModel, table=True):
     junit_path: str | None = None
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+
+
+class ParityRun(SQLModel, table=True):
+    """A parity run (workbench.integrations.parity): the published transformers implementation of a model as shipped
+    against the same code with the promoted operators swapped in. status pass, fail or error; metrics: logits KL,
+    cosine, top-1/top-5, router match, loss, gradients, first diverging module; checks: each metric against its
+    dtype's bound; patch: the modules replaced (by which blocks) and left alone (why); ci_job_id: the CI job that ran
+    it, if one did."""
+
+    __tablename__ = "parity_run"
+    id: int | None = Field(default=None, primary_key=True)
+    source: str
+    model_type: str
+    model_class: str
+    dtype: str
+    backend: str
+    layers: list[str] = Field(default_factory=list, sa_column=Column(JSON))
+    tokens: int = 0
+    status: str = ""
+    metrics: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    checks: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON))
+    patch: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    notes: list[str] = Field(default_factory=list, sa_column=Column(JSON))
+    message: str = Field(default="", sa_column=Column(Text))
+    seconds: float = 0.0
+    ci_job_id: int | None = None
+    created_at: datetime = Field(default_factory=utcnow)

@@ -16,6 +16,7 @@ from workbench.store.models import (
     CIJob,
     KernelBuild,
     LossReplay,
+    ParityRun,
     PortRun,
     RunStep,
     VerificationCheck,
@@ -152,3 +153,9 @@ def benchmarks(engine: Engine, block: str | None = None, limit: int = 5000) -> l
         if block:
             query = query.where(Benchmark.block == block)
         return list(s.exec(query))
+
+
+def parity_runs(engine: Engine, limit: int = 200) -> list[ParityRun]:
+    """Parity runs newest first."""
+    with Session(engine) as s:
+        return list(s.exec(select(ParityRun).order_by(ParityRun.created_at.desc(), ParityRun.id.desc()).limit(limit)))

@@ -20,6 +20,7 @@ from workbench.store.models import (
     Candidate,
     KernelBuild,
     LossReplay,
+    ParityRun,
     PortRun,
     RunStep,
     VerificationCheck,
@@ -245,3 +246,14 @@ def mark_replays_interrupted(engine: Engine) -> list[int]:
                 row.reason = "the replay process ended before the replay finished"
                 marked.append(row.id)
     return marked
+
+
+def record_parity(engine: Engine, result: dict[str, Any], ci_job_id: int | None = None) -> int:
+    """Store one parity run (workbench.integrations.parity.ParityResult.as_dict()); returns its id."""
+    fields = {k: result[k] for k in ("source", "model_type", "model_class", "dtype", "backend", "layers", "tokens",
+                                     "status", "metrics", "checks", "patch", "notes", "message", "seconds")}
+    with session_scope(engine) as s:
+        row = ParityRun(**fields, ci_job_id=ci_job_id)
+        s.add(row)
+        s.flush()
+        return row.id

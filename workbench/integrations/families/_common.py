@@ -1,0 +1,93 @@
+"""Module forwards shared by the families: transformers' RMSNorm, gated MLP, sigmoid top-k router, experts and
+MLA attention computed by the catalog's ops. Each ``*_forward(self, ...)`` replaces the forward of one module
+instance (``Patcher.set_forward``) and falls back to the shipped forward (``self.original_forward``) where the op has
+no form for the call (a cache, packed sequences, a padding mask): those calls run as shipped."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.blocks.situ import BETA, LINEAR_BETA
+from workbench.kernels import mla, moe_combine, moe_grouped_gemm, moe_permute, moe_router, rmsnorm, swiglu
+
+EXPERTS_IMPLEMENTATION = "workbench"
+"""The name the experts forward is registered under in transformers' ALL_EXPERTS_FUNCTIONS."""
+
+
+def rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm (weight, variance_epsilon) as workbench::rmsnorm. The shipped module casts the
+    normalised x to its dtype before the weight (one rounding more than the block in bfloat16; equal in float32)."""
+    return rmsnorm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """down_proj(silu(gate_proj(x)) * up_proj(x)) with the activation as workbench::swiglu."""
+    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def sigmoid_router_forward(self: nn.Module, hidden_states: torch.Tensor):
+    """A sigmoid top-k router with a selection bias (DeepSeek-V3 / Kimi with one expert group) as
+    workbench::moe_router: returns (router_logits, top_k_weights [N, k] float32, top_k_index [N, k]). The logits are
+    computed (in torch) only when the model is asked for them (config.output_router_logits), else None."""
+    x = hidden_states.reshape(-1, self.hidden_dim)
+    weights, ids, _ = moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
+                                 bool(self.norm_topk_prob), float(self.routed_scaling_factor))
+    wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
+    logits = F.linear(x.float(), self.weight.float()) if wanted else None
+    return logits, weights, ids
+
+
+def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' experts interface (``ALL_EXPERTS_FUNCTIONS``): hidden_states [N, D], top_k_index [N, k],
+    top_k_weights [N, k] -> [N, D], through workbench::moe_permute, moe_grouped_gemm (SwiGLU over the concatenated
+    gate_up_proj [E, 2F, D] and down_proj [E, D, F]) and moe_combine."""
+    f = self.intermediate_dim
+    x_perm, _, row_of_slot, _, offsets = moe_permute(hidden_states, top_k_index, self.num_experts)
+    y = moe_grouped_gemm(x_perm, offsets, self.gate_up_proj[:, :f], self.gate_up_proj[:, f:], self.down_proj,
+                         "swiglu", BETA, LINEAR_BETA)
+    return moe_combine(y, top_k_weights.float(), row_of_slot)
+
+
+def experts_supported(module: nn.Module, hidden_act: str) -> str:
+    """Why ``experts_forward`` cannot compute ``module`` ("" when it can)."""
+    if hidden_act != "silu":
+        return f"experts with hidden_act '{hidden_act}': moe_grouped_gemm computes SwiGLU and SiTU only"
+    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+              "has_post_expert_norm": False}
+    other = [k for k, want in layout.items() if getattr(module, k, want) != want]
+    return f"experts layout ({', '.join(other)}) moe_grouped_gemm does not take" if other else ""
+
+
+def causal_only(mask: torch.Tensor | None, length: int) -> bool:
+    """Whether an attention mask (None, or [B, 1, T, T] boolean or additive) allows exactly the causal pairs."""
+    if mask is None:
+        return True
+    if mask.dim() != 4 or mask.shape[-1] != length or mask.shape[-2] != length:
+        return False
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return bool((allowed == torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()).all())
+
+
+def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                past_key_values=None, **kwargs):
+    """MLA from its latents (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa,
+    kv_a_layernorm, kv_b_proj, o_proj) with the attention as workbench::mla, no rotary embedding (Kimi's
+    mla_use_nope): W_uk and W_uv are views of kv_b_proj's weight [H * (DN + DV), R]. A cache or a mask other than
+    the causal one runs the shipped forward."""
+    b, t = hidden_states.shape[:2]
+    if past_key_values is not None or not causal_only(attention_mask, t) or (self.training and self.attention_dropout):
+        return self.original_forward(hidden_states, attention_mask, past_key_values=past_key_values, **kwargs)
+    if self.q_lora_rank is None:
+        q = self.q_proj(hidden_states)
+    else:
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    q = q.view(b, t, self.num_heads, self.qk_head_dim)
+    c_kv, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+    c_kv = self.kv_a_layernorm(c_kv)
+    w_kv = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+    out = mla(q, c_kv.contiguous(), k_rope.contiguous(), w_kv[:, :self.qk_nope_head_dim],
+              w_kv[:, self.qk_nope_head_dim:], None, self.scaling)
+    return self.o_proj(out.reshape(b, t, -1)), None

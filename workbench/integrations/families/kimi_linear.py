@@ -1,0 +1,138 @@
+"""Kimi Linear (transformers ``kimi_linear``; Kimi K3's text config carries this model_type too): KDA layers (short
+convolution, softplus forget gate, delta rule, sigmoid-gated output norm), MLA layers without rotary embedding,
+a sigmoid MoE with a shared expert, RMSNorm.
+
+    module                            computed by
+    KimiLinearRMSNorm                 rmsnorm
+    KimiLinearMLP (silu)              swiglu (projections in torch)
+    KimiLinearTopkRouter (n_group 1)  moe_router                   group-limited routing: left alone
+    KimiLinearExperts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
+    KimiLinearAttention (MLA)         mla (projections and the latent's RMSNorm around it)
+    KimiLinearDeltaAttention (KDA)    kda_short_conv, kda; its forget gate, l2norm of q and k, beta's sigmoid and
+                                      gated output norm stay in torch (see LEFT_IN_TORCH)
+    KimiLinearForgetGate              left alone: -exp(A_log) * softplus(f + dt_bias), unbounded; kda_gate is the
+                                      bounded variant
+    KimiLinearRMSNormGated            left alone: rmsnorm(o) * sigmoid(gate), no block
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from transformers.models.kimi_linear import modeling_kimi_linear as shipped
+
+from workbench.integrations.families._common import (
+    EXPERTS_IMPLEMENTATION,
+    experts_forward,
+    experts_supported,
+    gated_mlp_forward,
+    mla_forward,
+    rmsnorm_forward,
+    sigmoid_router_forward,
+)
+from workbench.integrations.transformers import Patcher
+from workbench.kernels import kda, kda_short_conv
+
+MODEL_CLASS = "KimiLinearForCausalLM"
+ROUTER = shipped.KimiLinearTopkRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
+HUB_BOUND = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn",
+             "causal_conv1d_update")
+"""The module's functions transformers binds to an installed package's kernels (fla, causal-conv1d) at import."""
+
+LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
+FORGET_GATE = ("softplus forget gate -exp(A_log) * softplus(f + dt_bias), unbounded: kda_gate computes the bounded "
+               "variant lower_bound * sigmoid(exp(A_log) * (f + dt_bias))")
+
+
+def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
+                      attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """KimiLinearDeltaAttention.forward with the short convolution as workbench::kda_short_conv and the delta rule
+    as workbench::kda (no initial state). A cache (decode) or packed sequences (cu_seqlens) run the shipped forward."""
+    if cache_params is not None or kwargs.get("cu_seqlens") is not None:
+        return self.original_forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                                     **kwargs)
+    hidden_states = shipped.apply_mask_to_padding_states(hidden_states, attention_mask)
+    b, t = hidden_states.shape[:2]
+    heads = (b, t, -1, self.head_dim)
+    mixed = torch.cat([self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)], dim=-1)
+    mixed = kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
+    q, k, v = (part.reshape(heads) for part in mixed.split(self.qkv_dim, dim=-1))
+    g = self.forget_gate(hidden_states)
+    beta = torch.sigmoid(self.b_proj(hidden_states))
+    q = shipped.l2norm(q.float(), dim=-1, eps=1e-6).to(v.dtype)
+    k = shipped.l2norm(k.float(), dim=-1, eps=1e-6).to(v.dtype)
+    o, _ = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
+    gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(heads)
+    return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
+
+
+def apply(patcher: Patcher) -> None:
+    """Swap the catalog's ops into every Kimi Linear module they compute; report each module."""
+    config, report = patcher.model.config, patcher.report
+    experts_used = False
+    for path, module in patcher.model.named_modules():
+        if isinstance(module, shipped.KimiLinearRMSNorm):
+            if patcher.wants(path, module, "rmsnorm"):
+                patcher.set_forward(path, module, rmsnorm_forward, "rmsnorm")
+        elif isinstance(module, shipped.KimiLinearRMSNormGated):
+            report.leave(path, module, "sigmoid-gated RMSNorm rmsnorm(o) * sigmoid(gate): no block")
+        elif isinstance(module, shipped.KimiLinearMLP):
+            if config.hidden_act != "silu":
+                report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
+            elif patcher.wants(path, module, "swiglu"):
+                patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
+        elif isinstance(module, shipped.KimiLinearTopkRouter):
+            if module.num_group != 1 and module.topk_group != module.num_group:
+                report.leave(path, module, f"group-limited routing (n_group {module.num_group}, topk_group "
+                                           f"{module.topk_group}): moe_router has no group-limited variant")
+            elif patcher.wants(path, module, "moe_router"):
+                patcher.set_forward(path, module, sigmoid_router_forward, "moe_router")
+        elif isinstance(module, shipped.KimiLinearExperts):
+            why = experts_supported(module, config.hidden_act)
+            if why:
+                report.leave(path, module, why)
+            elif patcher.wants(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine"):
+                experts_used = True
+                report.replace(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine")
+        elif isinstance(module, shipped.KimiLinearAttention):
+            if patcher.wants(path, module, "mla"):
+                patcher.set_forward(path, module, mla_forward, "mla")
+        elif isinstance(module, shipped.KimiLinearDeltaAttention):
+            if module.activation != "silu" or module.conv1d.bias is not None:
+                report.leave(path, module, f"short convolution with activation '{module.activation}' or a bias: "
+                                           "kda_short_conv computes silu(conv(x)) without bias")
+            elif patcher.wants(path, module, "kda_short_conv", "kda"):
+                patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
+        elif isinstance(module, shipped.KimiLinearForgetGate):
+            report.leave(path, module, FORGET_GATE)
+        elif isinstance(module, nn.Embedding):
+            report.leave(path, module, "embedding lookup: no block")
+        elif path == "lm_head":
+            report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks "
+                                       "never build them, so they are not swapped in here")
+    if experts_used:
+        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
+        patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    if any(r.cls == "KimiLinearDeltaAttention" and r.replaced for r in report.rows):
+        report.notes.append(LEFT_IN_TORCH)
+    report.notes.append("plain projections (nn.Linear) run in torch")
+
+
+def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
+    """The fields of a tiny KimiLinearConfig of ``full``'s architecture: widths shrunk, the layer schedule, expert
+    counts and routing as chosen by the parity (workbench.integrations.parity.tiny_config), every switch kept."""
+    return {
+        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_hidden_layers": len(layer_types), "layer_types": layer_types, "mlp_layer_types": mlp_layer_types,
+        "num_attention_heads": 4, "num_key_value_heads": 4,
+        "q_lora_rank": None if full.q_lora_rank is None else 24, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "linear_num_heads": 4, "linear_head_dim": 16, "linear_conv_kernel_dim": full.linear_conv_kernel_dim,
+        "num_local_experts": experts, "num_experts_per_tok": top_k, "n_shared_experts": full.n_shared_experts,
+        "n_group": full.n_group if experts % full.n_group == 0 else 1, "topk_group": full.topk_group,
+        "norm_topk_prob": full.norm_topk_prob, "routed_scaling_factor": full.routed_scaling_factor,
+        "hidden_act": full.hidden_act, "rms_norm_eps": full.rms_norm_eps, "attention_bias": full.attention_bias,
+        "tie_word_embeddings": full.tie_word_embeddings, "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": None,
+    }

@@ -1,0 +1,209 @@
+"""The process a parity run computes in: ``python -m workbench.integrations.parity_child`` with a ParityJob (JSON)
+on stdin; its environment selects the Triton backend before anything imports triton (the interpreter on CPU). The
+answer is one line ``@@parity <json>`` on stdout: {"metrics", "patch"} or {"error"}.
+
+The model is built from the job's seed twice over (shipped, then a deep copy patched with apply_workbench_kernels),
+both run forward and backward on one batch (labels = the inputs: the causal LM loss), and forward hooks on every
+module record its first output tensor, so the first module whose output leaves the bound is named. On a machine
+without a GPU driver the family's functions that transformers bound to fla (``chunk_kda``, ``fused_recurrent_kda``,
+resolved when fla is installed) run their torch path (``__wrapped__``): what transformers runs without fla, since
+fla's kernels need a driver.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import traceback
+from typing import Any
+
+MARK = "@@parity "
+
+
+def first_tensor(value: Any):
+    """The first tensor of a module's output (a tensor, a tuple, or a ModelOutput); None when there is none."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+class Recorder:
+    """Forward hooks on every named module: each module's first output tensor (detached), in call order, and the
+    router choices (top_k_index) of the family's router modules."""
+
+    def __init__(self, model, router_class: type | None):
+        self.outputs: dict[str, Any] = {}
+        self.order: list[str] = []
+        self.choices: dict[str, Any] = {}
+        self.handles = []
+        for path, module in model.named_modules():
+            if not path:
+                continue
+            is_router = router_class is not None and isinstance(module, router_class)
+            self.handles.append(module.register_forward_hook(self._hook(path, is_router)))
+
+    def _hook(self, path: str, is_router: bool):
+        def hook(module, args, output):
+            if is_router:
+                self.choices[path] = output[2].detach().clone()
+            tensor = first_tensor(output)
+            if tensor is not None and path not in self.outputs:
+                self.outputs[path] = tensor.detach().clone()
+                self.order.append(path)
+        return hook
+
+
+def torch_paths_without_driver(fam) -> list[str]:
+    """Point the family's functions that transformers bound to an installed package's kernels (its closure's
+    ``is_new_implementation``) at their torch path when no GPU driver is present; return their names."""
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    rebound = []
+    for name in getattr(fam, "HUB_BOUND", ()):
+        shipped = fam.shipped
+        fn = getattr(shipped, name)
+        bound = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ()), strict=True))
+        if bound.get("is_new_implementation") and getattr(fn, "__wrapped__", None) is not None:
+            setattr(shipped, name, fn.__wrapped__)
+            rebound.append(name)
+    return rebound
+
+
+def rel(a, b) -> float:
+    """max |a - b| / max |a| in float64 (0 when both are zero)."""
+    a, b = a.double(), b.double()
+    scale = a.abs().max().item() if a.numel() else 0.0
+    diff = (a - b).abs().max().item() if a.numel() else 0.0
+    return diff / scale if scale else diff
+
+
+def logit_metrics(shipped, patched) -> dict[str, float]:
+    """KL(shipped || patched) averaged over tokens, cosine of the flattened logits, top-1 agreement, top-5 overlap,
+    max relative difference: in float64."""
+    import torch
+
+    a, b = shipped.double().reshape(-1, shipped.shape[-1]), patched.double().reshape(-1, patched.shape[-1])
+    la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+    kl = (la.exp() * (la - lb)).sum(-1).mean().item()
+    cosine = (torch.dot(a.flatten(), b.flatten()) / (a.norm() * b.norm())).item()
+    top1 = (a.argmax(-1) == b.argmax(-1)).double().mean().item()
+    k = min(5, a.shape[-1])
+    ta, tb = a.topk(k, -1).indices, b.topk(k, -1).indices
+    top5 = ((ta[:, :, None] == tb[:, None, :]).any(-1).double().sum(-1) / k).mean().item()
+    return {"kl": max(kl, 0.0), "cosine": cosine, "top1": top1, "top5": top5, "logits_rel": rel(a, b)}
+
+
+def router_match(shipped: dict, patched: dict) -> dict[str, float]:
+    """Per router module: the share of tokens whose set of chosen experts is the same."""
+    import torch
+
+    found = {}
+    for path, ids in shipped.items():
+        other = patched.get(path)
+        if other is None or other.shape != ids.shape:
+            found[path] = 0.0
+            continue
+        same = (torch.sort(ids, -1).values == torch.sort(other, -1).values).all(-1)
+        found[path] = same.double().mean().item()
+    return found
+
+
+def grad_metrics(shipped, patched) -> dict[str, Any]:
+    """Every parameter's gradient: relative error |g - g'| / |g| (norms), the worst with its name, the median."""
+    import statistics
+
+    errors = {}
+    mine = dict(patched.named_parameters())
+    for name, p in shipped.named_parameters():
+        if p.grad is None:
+            continue
+        q = mine[name].grad
+        if q is None:
+            errors[name] = float("inf")
+            continue
+        norm = p.grad.double().norm().item()
+        diff = (p.grad.double() - q.double()).norm().item()
+        errors[name] = diff / norm if norm else diff
+    worst = max(errors, key=errors.get) if errors else None
+    return {"grad_rel_worst": errors[worst] if worst else 0.0, "grad_rel_median":
+            statistics.median(errors.values()) if errors else 0.0, "grad_worst_param": worst,
+            "grad_params": len(errors)}
+
+
+def run(job: dict) -> dict:
+    import torch
+    from transformers import CONFIG_MAPPING
+
+    import workbench.kernels as wk
+    from workbench.integrations.parity import THRESHOLDS
+    from workbench.integrations.transformers import apply_workbench_kernels, family
+
+    torch.set_num_threads(1)
+    wk.set_operators_dir(job["operators_dir"])
+    fam = family(job["model_type"])
+    rebound = torch_paths_without_driver(fam)
+    dtype = getattr(torch, job["dtype"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = CONFIG_MAPPING[job["model_type"]](**job["config"])
+    torch.manual_seed(job["seed"])
+    model_cls = getattr(fam.shipped, job["model_class"])
+    shipped = model_cls(config).to(device=device, dtype=dtype)
+    patched = copy.deepcopy(shipped)
+    report = apply_workbench_kernels(patched, job["blocks"])
+    if rebound:
+        report.notes.append(f"no GPU driver: {', '.join(rebound)} ran their torch path (fla's kernels need one) "
+                            "in the shipped model")
+    g = torch.Generator().manual_seed(job["seed"] + 1)
+    ids = torch.randint(0, config.vocab_size, (job["batch"], job["tokens"]), generator=g).to(device)
+    router = getattr(fam, "ROUTER", None)
+    outputs = {}
+    for name, model in (("shipped", shipped), ("patched", patched)):
+        recorder = Recorder(model, router)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        outputs[name] = (out, recorder)
+    (out_s, rec_s), (out_p, rec_p) = outputs["shipped"], outputs["patched"]
+    metrics: dict[str, Any] = logit_metrics(out_s.logits.detach(), out_p.logits.detach())
+    metrics["loss_shipped"], metrics["loss_patched"] = out_s.loss.item(), out_p.loss.item()
+    metrics["loss_rel"] = abs(metrics["loss_patched"] - metrics["loss_shipped"]) / abs(metrics["loss_shipped"])
+    routers = router_match(rec_s.choices, rec_p.choices)
+    if routers:
+        metrics["router_match_per_layer"] = routers
+        metrics["router_match"] = min(routers.values())
+    metrics.update(grad_metrics(shipped, patched))
+    bound = THRESHOLDS[job["dtype"]]["module_rel_max"]
+    modules = {path: rel(rec_s.outputs[path], rec_p.outputs[path]) for path in rec_s.order
+               if path in rec_p.outputs and rec_s.outputs[path].shape == rec_p.outputs[path].shape}
+    first = next((p for p in rec_s.order if modules.get(p, 0.0) > bound), None)
+    metrics["first_divergence"] = {"module": first, "rel": modules[first]} if first else None
+    worst = max(modules, key=modules.get) if modules else None
+    metrics["worst_module"] = {"module": worst, "rel": modules[worst]} if worst else None
+    return {"metrics": metrics, "patch": report.as_dict()}
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    try:
+        answer = run(job)
+    except Exception as exc:  # the parent reports it as the run's error, with the last frame
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        answer = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())} "
+                           f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"}
+    sys.stdout.write(MARK + json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

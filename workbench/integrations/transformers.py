@@ -1,0 +1,142 @@
+"""The promoted operators in a Hugging Face transformers model, in one call, as Liger-Kernel's
+``apply_liger_kernel_to_<family>`` does:
+
+    from workbench.integrations.transformers import apply_workbench_kernels
+
+    model = AutoModelForCausalLM.from_config(config)          # or from_pretrained
+    report = apply_workbench_kernels(model)                    # every module a catalog block computes
+    print(report.table())                                      # what was replaced, by which op; what not, and why
+
+The family is chosen by ``model.config.model_type`` (``FAMILIES``: model_type -> its patch function, the registry
+of ``workbench/integrations/families/``). Each family swaps the ops of ``workbench.kernels`` in through transformers'
+own plug points where they fit (the experts-implementation registry ``ALL_EXPERTS_FUNCTIONS`` with
+``set_experts_implementation``) and by replacing a module instance's ``forward`` where they do not (the module keeps
+its parameters, names and state dict; ``original_forward`` gives the shipped one back). A module whose math no
+catalog block computes, or computes in another variant, is left alone and named in the report with the reason; it
+is never replaced by a look-alike. ``blocks`` restricts the swap to those blocks (the rest are left alone, "not
+requested").
+
+The kernels run where the operators run: on a GPU they compile; on CPU only through the Triton interpreter
+(``TRITON_INTERPRET=1`` before anything imports triton), in float32 or float16.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from workbench.blocks import get_block
+from workbench.errors import WorkbenchError
+
+
+@dataclass
+class ModuleRow:
+    """One module of the model: replaced by ``blocks`` (the ops of workbench.kernels), or left alone (``reason``)."""
+
+    path: str
+    cls: str
+    blocks: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def replaced(self) -> bool:
+        return bool(self.blocks)
+
+
+@dataclass
+class PatchReport:
+    """What ``apply_workbench_kernels`` did to one model: every module it looked at, replaced or left alone."""
+
+    model_type: str
+    model_class: str
+    rows: list[ModuleRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def replace(self, path: str, module: nn.Module, *blocks: str) -> None:
+        self.rows.append(ModuleRow(path, type(module).__name__, tuple(blocks)))
+
+    def leave(self, path: str, module: nn.Module, reason: str) -> None:
+        self.rows.append(ModuleRow(path, type(module).__name__, reason=reason))
+
+    @property
+    def replaced(self) -> list[ModuleRow]:
+        return [r for r in self.rows if r.replaced]
+
+    @property
+    def left_alone(self) -> list[ModuleRow]:
+        return [r for r in self.rows if not r.replaced]
+
+    @property
+    def blocks(self) -> list[str]:
+        """The catalog blocks the patched model runs, sorted."""
+        return sorted({b for r in self.rows for b in r.blocks})
+
+    def by_class(self) -> list[dict[str, Any]]:
+        """One row per (module class, outcome): how many modules, by which blocks or why not, one example path."""
+        grouped: dict[tuple, dict[str, Any]] = {}
+        for r in self.rows:
+            key = (r.cls, r.blocks, r.reason)
+            entry = grouped.setdefault(key, {"class": r.cls, "blocks": list(r.blocks), "reason": r.reason,
+                                             "count": 0, "example": r.path})
+            entry["count"] += 1
+        return list(grouped.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model_type": self.model_type, "model_class": self.model_class, "blocks": self.blocks,
+                "modules": self.by_class(), "notes": self.notes}
+
+
+class Patcher:
+    """What a family's patch function works with: the model, the blocks it may use and the report it fills."""
+
+    def __init__(self, model: nn.Module, blocks: Iterable[str] | None, report: PatchReport):
+        self.model = model
+        self.allowed = None if blocks is None else set(blocks)
+        self.report = report
+
+    def wants(self, path: str, module: nn.Module, *blocks: str) -> bool:
+        """Whether every block in ``blocks`` may be used; if not, the module is reported as left alone."""
+        missing = [b for b in blocks if self.allowed is not None and b not in self.allowed]
+        if missing:
+            self.report.leave(path, module, f"not requested ({', '.join(missing)} not in --blocks)")
+        return not missing
+
+    def set_forward(self, path: str, module: nn.Module, forward: Callable[..., Any], *blocks: str) -> None:
+        """Replace ``module``'s forward by ``forward(module, *args, **kwargs)`` and report it replaced by ``blocks``."""
+        if not hasattr(module, "original_forward"):
+            module.original_forward = module.forward
+        module.forward = forward.__get__(module)
+        self.report.replace(path, module, *blocks)
+
+
+FAMILIES: dict[str, str] = {
+    "kimi_linear": "workbench.integrations.families.kimi_linear",
+}
+"""model_type -> the module of its family patch (a function ``apply(patcher)`` and the ``MODEL_CLASS`` name of its
+causal LM); a family is listed only where the catalog computes some of its modules."""
+
+
+def family(model_type: str):
+    """The family module of ``model_type``; WorkbenchError (one line, with the known ones) when none is registered."""
+    if model_type not in FAMILIES:
+        raise WorkbenchError(f"no workbench kernels for model_type '{model_type}' "
+                             f"(registered: {', '.join(sorted(FAMILIES))})")
+    return importlib.import_module(FAMILIES[model_type])
+
+
+def apply_workbench_kernels(model: nn.Module, blocks: Iterable[str] | None = None) -> PatchReport:
+    """Swap the promoted operators into ``model`` (a transformers PreTrainedModel) for every module whose math a
+    catalog block computes, chosen by ``model.config.model_type``; ``blocks``: only these catalog blocks. Returns the
+    report of every module replaced and left alone. Applying it twice changes nothing more."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type is None:
+        raise WorkbenchError(f"{type(model).__name__} has no config.model_type: not a transformers model")
+    for name in blocks or ():
+        get_block(name)
+    report = PatchReport(model_type, type(model).__name__)
+    family(model_type).apply(Patcher(model, blocks, report))
+    return report
