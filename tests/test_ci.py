@@ -36,7 +36,7 @@ def _promote(settings, tmp_path, block: str, template: str, edit: tuple[str, str
 def baseline(settings, tmp_path):
     _promote(settings, tmp_path, "rmsnorm", "row_block")
     _promote(settings, tmp_path, "swiglu", "flat")
-    result = runner.invoke(app, ["ci", "--update-baseline", "--json", "--no-replays"])
+    result = runner.invoke(app, ["ci", "--update-baseline", "--json", "--no-replays", "--no-parity"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["status"] == "passed"
     return json.loads((settings.operators_dir / "ci_baseline.json").read_text())
@@ -44,7 +44,7 @@ def baseline(settings, tmp_path):
 
 def test_ci_passes_on_intact_operators_and_the_junit_lists_every_check(settings, tmp_path, baseline):
     junit = tmp_path / "junit.xml"
-    result = runner.invoke(app, ["ci", "--junit", str(junit), "--no-replays"])
+    result = runner.invoke(app, ["ci", "--junit", str(junit), "--no-replays", "--no-parity"])
     assert result.exit_code == 0, result.output
     suite = ET.parse(junit).getroot()
     names = {(c.get("classname"), c.get("name")) for c in suite.iter("testcase")}
@@ -60,7 +60,7 @@ def test_a_wrong_gradient_fails_exactly_that_operator(settings, tmp_path, baseli
     _promote(settings, tmp_path, "rmsnorm", "row_block",
              edit=("dw_part.sum(0).to(weight.dtype)", "(0.5 * dw_part.sum(0)).to(weight.dtype)"))
     junit = tmp_path / "junit.xml"
-    result = runner.invoke(app, ["ci", "--junit", str(junit), "--no-replays"])
+    result = runner.invoke(app, ["ci", "--junit", str(junit), "--no-replays", "--no-parity"])
     assert result.exit_code == 1
     lines = [line for line in result.stderr.splitlines() if line.startswith("regression:")]
     assert lines and all(line.startswith("regression: rmsnorm") for line in lines)
@@ -71,7 +71,7 @@ def test_a_wrong_gradient_fails_exactly_that_operator(settings, tmp_path, baseli
 
 def test_a_broken_tail_mask_fails_exactly_that_operator(settings, tmp_path, baseline):
     _promote(settings, tmp_path, "swiglu", "flat", edit=("mask = offs < numel", "mask = offs < numel - 1"))
-    result = runner.invoke(app, ["ci", "--changed-only", "--json", "--no-replays"])
+    result = runner.invoke(app, ["ci", "--changed-only", "--json", "--no-replays", "--no-parity"])
     assert result.exit_code == 1
     report = json.loads(result.stdout)
     assert [op["block"] for op in report["operators"]] == ["swiglu"]  # rmsnorm unchanged: not re-verified
@@ -81,7 +81,7 @@ def test_a_broken_tail_mask_fails_exactly_that_operator(settings, tmp_path, base
 
 def test_a_changed_only_baseline_update_keeps_the_operators_it_left_alone(settings, tmp_path, baseline):
     _promote(settings, tmp_path, "swiglu", "flat", edit=("BLOCK = ", "ALSO = 1\nBLOCK = "))
-    result = runner.invoke(app, ["ci", "--changed-only", "--update-baseline", "--json", "--no-replays"])
+    result = runner.invoke(app, ["ci", "--changed-only", "--update-baseline", "--json", "--no-replays", "--no-parity"])
     assert result.exit_code == 0, result.output
     assert [op["block"] for op in json.loads(result.stdout)["operators"]] == ["swiglu"]
     written = json.loads((settings.operators_dir / "ci_baseline.json").read_text())
@@ -100,6 +100,24 @@ def test_ci_replays_the_loss_curves_with_every_promoted_operator(settings, tmp_p
     assert [c.get("name") for c in replays] == [f"{model} {name}" for model in ("kimi-k3", "kimi-k3.1-pro")
                                                 for name in ("scratch tiny 4 steps", "lora tiny 3 steps")]
     assert all(c.find("failure") is None for c in replays)
+
+
+def test_ci_runs_parity_for_every_card_that_names_a_transformers_class(settings, tmp_path, baseline):
+    """kimi-k3 (onboarded from a config whose text model is kimi_linear) gets a parity run, recorded under the job;
+    kimi-k3.1-pro (derived: its DSA is in no published class) none. Only rmsnorm and swiglu are promoted here: the
+    parity swaps those in and names every other module left alone."""
+    junit = tmp_path / "junit.xml"
+    result = runner.invoke(app, ["ci", "--changed-only", "--no-replays", "--junit", str(junit), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [(p["source"].split()[0], p["status"]) for p in report["parity"]] == [("kimi-k3", "pass")]
+    cases = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("classname") == "parity"]
+    assert [c.find("failure") for c in cases] == [None]
+    from workbench.store.queries import parity_runs
+
+    (row,) = parity_runs(get_engine(settings.db_url))
+    assert row.ci_job_id == report["job"] and row.patch["blocks"] == ["rmsnorm", "swiglu"]
+    assert any("no promoted operator for mla" in m["reason"] for m in row.patch["modules"])
 
 
 def _result(compiles: list[str], spill_free: list[str]):

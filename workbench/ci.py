@@ -22,8 +22,9 @@ from sqlmodel import Session, select
 from workbench.backends import get_backend, get_targets
 from workbench.config import Settings
 from workbench.executor import Executor, InProcessExecutor
+from workbench.integrations.parity import run_parity
 from workbench.operators import is_forward_only, newest_promoted
-from workbench.store import CIJob, get_engine, session_scope
+from workbench.store import CIJob, get_engine, records, session_scope
 from workbench.store.models import utcnow
 from workbench.verify.harness import default_target_names
 from workbench.verify.result import VerificationResult
@@ -150,10 +151,13 @@ def current_commit() -> str:
 
 def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, timeout_s: float = 300.0,
            replays: tuple[tuple[str, int], ...] = (), on_report=None, on_replay=None,
-           targets: list[str] | None = None, executor: Executor | None = None
-           ) -> tuple[CIJob, list[OperatorReport], list[ReplayReport]]:
-    """Verify the newest promoted operator of every block, then run ``replays`` ((mode, steps), see CI_REPLAYS);
-    record the job, return it with the reports. The job's status is "passed" unless there is a regression.
+           targets: list[str] | None = None, executor: Executor | None = None,
+           parity_sources: tuple[str, ...] = (), on_parity=None,
+           ) -> tuple[CIJob, list[OperatorReport], list[ReplayReport], list]:
+    """Verify the newest promoted operator of every block, then run ``replays`` ((mode, steps), see CI_REPLAYS),
+    then ``workbench parity`` of each of ``parity_sources`` (model cards naming a transformers class: see
+    workbench.integrations.parity.card_parity_sources); record the job, return it with the reports (the parity
+    results recorded under the job). The job's status is "passed" unless there is a regression.
     executor: where the verifications run, all at once (default: in this process, one after another); the job is
     written here."""
     engine = get_engine(settings.db_url)
@@ -188,10 +192,18 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         replay_reports.append(report)
         if on_replay:
             on_replay(report)
+    parities = []
+    for source in parity_sources:
+        result = run_parity(source, backend=backend, operators_dir=settings.operators_dir)
+        parities.append({**result.as_dict(), "id": records.record_parity(engine, result.as_dict(), ci_job_id=job_id)})
+        if on_parity:
+            on_parity(result)
     failed = [r for rep in reports for r in rep.regressions]
     failed += [f"replay {r.name}: {r.status}: {r.reason}" for r in replay_reports if r.status != ReplayStatus.PASS]
+    failed += [f"parity {p['source']}: {p['status']}: {p['message']}" for p in parities if p["status"] != "pass"]
     summary = {"operators": {r.block: r.baseline_entry() for r in reports},
                "replays": [vars(r) for r in replay_reports],
+               "parity": [{k: p[k] for k in ("id", "source", "status", "message", "seconds")} for p in parities],
                "regressions": failed, "seed": CI_SEED, "changed_only": changed_only}
     if changed_only:  # unchanged operators keep their last results in the baseline
         summary["operators"] = {**baseline, **summary["operators"]}
@@ -200,15 +212,17 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
         job.status = JobStatus.FAILED if failed else JobStatus.PASSED
         job.summary = summary
         job.finished_at = utcnow()
-    return job, reports, replay_reports
+    return job, reports, replay_reports, parities
 
 
-def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: list[ReplayReport] = ()) -> None:
-    """One testsuite, one testcase per operator x check and per replay, failures with the reason."""
+def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: list[ReplayReport] = (),
+                parities: list[dict] = ()) -> None:
+    """One testsuite, one testcase per operator x check, per replay and per parity run, failures with the reason."""
     cases = [(r, key, passed) for r in reports for key, passed in sorted(r.checks.items())]
-    failures = sum(not p for _, _, p in cases) + sum(r.status != ReplayStatus.PASS for r in replays)
-    seconds = sum(r.seconds for r in reports) + sum(r.seconds for r in replays)
-    suite = ET.Element("testsuite", name="workbench-ci", tests=str(len(cases) + len(replays)),
+    failures = sum(not p for _, _, p in cases) + sum(r.status != ReplayStatus.PASS for r in replays) + \
+        sum(p["status"] != "pass" for p in parities)
+    seconds = sum(r.seconds for r in reports) + sum(r.seconds for r in replays) + sum(p["seconds"] for p in parities)
+    suite = ET.Element("testsuite", name="workbench-ci", tests=str(len(cases) + len(replays) + len(parities)),
                        failures=str(failures), time=str(seconds))
     for report, key, passed in cases:
         case = ET.SubElement(suite, "testcase", classname=f"operators.{report.block}", name=key,
@@ -220,6 +234,11 @@ def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: 
         case = ET.SubElement(suite, "testcase", classname="replays", name=replay.name, time=str(replay.seconds))
         if replay.status != ReplayStatus.PASS:
             ET.SubElement(case, "failure", message=f"{replay.status}: {replay.reason}"[:500])
+    for parity in parities:
+        case = ET.SubElement(suite, "testcase", classname="parity", name=parity["source"],
+                             time=str(round(parity["seconds"], 1)))
+        if parity["status"] != "pass":
+            ET.SubElement(case, "failure", message=f"{parity['status']}: {parity['message']}"[:500])
     ET.SubElement(suite, "properties").append(ET.Element("property", name="commit", value=job.commit))
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

@@ -215,8 +215,8 @@ def test_a_ci_job_on_two_workers_gives_the_junit_of_one(settings, ray_instance, 
     junits = {}
     for workers in ("1", "2"):
         junits[workers] = tmp_path / f"junit-{workers}.xml"
-        result = runner.invoke(app, ["ci", "--junit", str(junits[workers]), "--no-replays", "--targets", "none",
-                                     "--workers", workers])
+        result = runner.invoke(app, ["ci", "--junit", str(junits[workers]), "--no-replays", "--no-parity",
+                                     "--targets", "none", "--workers", workers])
         assert result.exit_code == 0, result.output
     assert _junit(junits["1"]) == _junit(junits["2"])
     assert len(_junit(junits["2"])) > 10
@@ -226,8 +226,9 @@ def test_a_ray_cluster_that_cannot_be_joined_is_one_line_and_exit_code_2(setting
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    done = subprocess.run([str(Path(sys.executable).with_name("workbench")), "ci", "--no-replays", "--ray-address",
-                           f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run([str(Path(sys.executable).with_name("workbench")), "ci", "--no-replays", "--no-parity",
+                           "--ray-address", f"127.0.0.1:{port}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: could not join the Ray cluster at 127.0.0.1:{port}: [Errno 111] Connection refused (--workers 1 "

@@ -141,6 +141,23 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
     return data, label, notes
 
 
+def card_parity_sources() -> list[str]:
+    """The model cards that name a transformers class: those onboarded from a config whose model_type (at its top or
+    in its text_config) is a registered family. A derived card (kimi-k3.1-pro) names none: what it changes is not
+    in any published class."""
+    from workbench.models import list_models
+
+    found = []
+    for card in list_models():
+        try:
+            fields, _, _ = config_fields(card.name)
+        except WorkbenchError:
+            continue
+        if fields.get("model_type") in _families():
+            found.append(card.name)
+    return found
+
+
 def load_config(fields: dict[str, Any]) -> tuple[Any, list[str]]:
     """The family's config class instance of ``fields`` (defaults filled by the class) and notes on the fields the
     class cannot compute (which the tiny instance replaces by the class's default)."""

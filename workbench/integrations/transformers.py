@@ -31,6 +31,8 @@ from torch import nn
 
 from workbench.blocks import get_block
 from workbench.errors import WorkbenchError
+from workbench.kernels import operators_dir
+from workbench.operators import newest_promoted
 
 
 @dataclass
@@ -97,13 +99,20 @@ class Patcher:
         self.model = model
         self.allowed = None if blocks is None else set(blocks)
         self.report = report
+        self.folder = operators_dir()
+        self.promoted = set(newest_promoted(self.folder))
 
     def wants(self, path: str, module: nn.Module, *blocks: str) -> bool:
-        """Whether every block in ``blocks`` may be used; if not, the module is reported as left alone."""
+        """Whether every block in ``blocks`` may be used (requested, and promoted in the operators folder); if not,
+        the module is reported as left alone."""
         missing = [b for b in blocks if self.allowed is not None and b not in self.allowed]
         if missing:
             self.report.leave(path, module, f"not requested ({', '.join(missing)} not in --blocks)")
-        return not missing
+            return False
+        unported = [b for b in blocks if b not in self.promoted]
+        if unported:
+            self.report.leave(path, module, f"no promoted operator for {', '.join(unported)} in {self.folder}")
+        return not unported
 
     def set_forward(self, path: str, module: nn.Module, forward: Callable[..., Any], *blocks: str) -> None:
         """Replace ``module``'s forward by ``forward(module, *args, **kwargs)`` and report it replaced by ``blocks``."""

@@ -1,0 +1,61 @@
+"""`workbench parity`: transformers' own Kimi Linear, as shipped and with the promoted operators swapped in, on a
+tiny random-weight instance (the kernels on the Triton interpreter in a child process). The shipped operators stay
+within the float32 bounds; a broken operator fails the run and is named as the first module that diverges."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from workbench.cli import app
+from workbench.store import get_engine
+from workbench.store.queries import parity_runs
+
+pytestmark = [pytest.mark.interpreter, pytest.mark.slow]
+runner = CliRunner()
+OPERATORS = Path(__file__).parents[2] / "operators"
+KIMI_LINEAR = Path(__file__).parents[2] / "workbench" / "models" / "configs" / "kimi-linear-48b-a3b.config.json"
+
+
+def parity(*args: str):
+    result = runner.invoke(app, ["parity", str(KIMI_LINEAR), "--tokens", "16", "--json", *args])
+    return result, json.loads(result.stdout[result.stdout.index("{"):]) if "{" in result.stdout else None
+
+
+def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(settings):
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    result, report = parity()
+    assert result.exit_code == 0, result.output
+    m = report["metrics"]
+    assert report["status"] == "pass" and report["model_class"] == "KimiLinearForCausalLM"
+    assert report["layers"] == ["linear_attention"] * 3 + ["full_attention"]
+    assert m["kl"] < 1e-8 and m["top1"] == 1.0 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5
+    assert 0 < m["logits_rel"] < 1e-5, "the kernels ran (a difference of summation order), and agree"
+    assert m["grad_rel_worst"] < 1e-3 and m["grad_params"] > 50 and m["first_divergence"] is None
+    assert report["patch"]["blocks"] == ["kda", "kda_short_conv", "mla", "moe_combine", "moe_grouped_gemm",
+                                         "moe_permute", "moe_router", "rmsnorm", "swiglu"]
+    (row,) = parity_runs(get_engine(settings.db_url))
+    assert row.status == "pass" and row.metrics["kl"] == m["kl"] and row.id == report["id"]
+
+
+def test_a_broken_operator_fails_parity_and_is_named_as_the_first_divergence(settings):
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    (path,) = (settings.operators_dir / "rmsnorm").glob("*.py")
+    source = path.read_text()
+    assert "/ N + eps)" in source
+    path.write_text(source.replace("/ N + eps)", "/ N + eps * 1000.0)"))  # eps 1e-5 -> 1e-2: activations ~4e-4
+    result, report = parity("--blocks", "rmsnorm,swiglu")
+    assert result.exit_code == 1, result.output
+    assert report["status"] == "fail" and {"kl", "loss_rel"} <= {c["metric"] for c in report["checks"] if not c["ok"]}
+    assert report["metrics"]["first_divergence"]["module"] == "model.layers.0.input_layernorm"
+    assert "first module past" in report["message"]
+
+
+def test_bfloat16_needs_a_gpu_and_says_so(settings):
+    result = runner.invoke(app, ["parity", "kimi_linear", "--dtype", "bfloat16", "--backend", "interpreter"])
+    assert result.exit_code == 2
+    assert "the interpreter backend cannot compute bfloat16" in result.output

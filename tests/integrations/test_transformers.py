@@ -1,0 +1,123 @@
+"""apply_workbench_kernels on transformers models: which modules a family swaps, which it leaves alone and why (no
+kernel runs here: patching only), and the parity helpers that shape the tiny instance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+import workbench.kernels as wk
+from workbench.errors import WorkbenchError
+from workbench.integrations.parity import config_fields, load_config, pick_layers, tiny_config
+from workbench.integrations.transformers import apply_workbench_kernels
+
+OPERATORS = Path(__file__).parents[2] / "operators"
+KIMI_LINEAR = Path(__file__).parents[2] / "workbench" / "models" / "configs" / "kimi-linear-48b-a3b.config.json"
+
+
+@pytest.fixture
+def promoted():
+    """The shipped operators folder for the library (restored afterwards)."""
+    wk.set_operators_dir(OPERATORS)
+    yield
+    wk.set_operators_dir(None)
+
+
+def tiny_kimi(**changes) -> KimiLinearForCausalLM:
+    full, _ = load_config(json.loads(KIMI_LINEAR.read_text()))
+    fields, _ = tiny_config(full, 4)
+    torch.manual_seed(0)
+    return KimiLinearForCausalLM(KimiLinearConfig(**{**fields, **changes}))
+
+
+def outcome(report) -> dict[str, tuple]:
+    return {row["class"]: tuple(row["blocks"]) or row["reason"] for row in report.as_dict()["modules"]}
+
+
+def test_kimi_linear_swaps_every_module_a_block_computes_and_names_the_rest(promoted):
+    model = tiny_kimi()
+    report = apply_workbench_kernels(model)
+    found = outcome(report)
+    assert found["KimiLinearRMSNorm"] == ("rmsnorm",) and found["KimiLinearMLP"] == ("swiglu",)
+    assert found["KimiLinearTopkRouter"] == ("moe_router",) and found["KimiLinearAttention"] == ("mla",)
+    assert found["KimiLinearExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
+    assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda")
+    assert "softplus" in found["KimiLinearForgetGate"] and "bounded" in found["KimiLinearForgetGate"]
+    assert "no block" in found["KimiLinearRMSNormGated"]
+    assert model.config._experts_implementation == "workbench"
+    assert sum(r.replaced for r in report.rows) == 10 + 4 + 3 + 3 + 1 + 3  # norms, MLPs, routers, experts, MLA, KDA
+    assert any("l2norm" in note for note in report.notes)
+    norm = model.model.norm
+    assert norm.forward != norm.original_forward and "weight" in dict(norm.named_parameters())
+
+
+def test_applying_twice_keeps_the_shipped_forward_reachable(promoted):
+    model = tiny_kimi()
+    apply_workbench_kernels(model)
+    first = model.model.norm.original_forward
+    apply_workbench_kernels(model)
+    assert model.model.norm.original_forward == first
+    assert first.__func__.__qualname__ == "KimiLinearRMSNorm.forward"
+
+
+def test_group_limited_routing_is_left_alone_and_named(promoted):
+    report = apply_workbench_kernels(tiny_kimi(num_local_experts=16, n_group=4, topk_group=2))
+    assert "group-limited routing (n_group 4, topk_group 2)" in outcome(report)["KimiLinearTopkRouter"]
+
+
+def test_only_the_requested_blocks_and_only_promoted_ones(tmp_path):
+    folder = tmp_path / "operators"
+    shutil.copytree(OPERATORS / "rmsnorm", folder / "rmsnorm")
+    wk.set_operators_dir(folder)
+    try:
+        found = outcome(apply_workbench_kernels(tiny_kimi()))
+        assert found["KimiLinearRMSNorm"] == ("rmsnorm",)
+        assert found["KimiLinearAttention"].startswith("no promoted operator for mla")
+        wk.set_operators_dir(OPERATORS)
+        found = outcome(apply_workbench_kernels(tiny_kimi(), blocks=["mla"]))
+        assert found["KimiLinearAttention"] == ("mla",)
+        assert found["KimiLinearRMSNorm"] == "not requested (rmsnorm not in --blocks)"
+    finally:
+        wk.set_operators_dir(None)
+
+
+def test_unknown_families_and_blocks_are_one_line_errors(promoted):
+    with pytest.raises(WorkbenchError, match="no workbench kernels for model_type 'llama'"):
+        apply_workbench_kernels(_llama())
+    with pytest.raises(WorkbenchError, match="unknown block 'nope'"):
+        apply_workbench_kernels(tiny_kimi(), blocks=["nope"])
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2))
+
+
+def test_the_tiny_instance_keeps_the_schedule_and_the_routing_pattern():
+    assert pick_layers(["l", "l", "l", "f"] * 6, 3) == ["l", "l", "f"]
+    assert pick_layers(["l", "l", "l", "f"] * 6, 4) == ["l", "l", "l", "f"]
+    with pytest.raises(WorkbenchError, match="ask for at least that many"):
+        pick_layers(["l", "f"], 1)
+    full, _ = load_config(json.loads(KIMI_LINEAR.read_text()))
+    fields, schedule = tiny_config(full, 3)
+    assert schedule == ["linear_attention", "linear_attention", "full_attention"]
+    assert fields["mlp_layer_types"] == ["dense", "sparse", "sparse"]
+    assert (fields["num_local_experts"], fields["num_experts_per_tok"]) == (16, 2)
+    assert fields["routed_scaling_factor"] == 2.446 and fields["linear_conv_kernel_dim"] == 4  # the class's default
+
+
+def test_k3s_card_reads_its_text_config_and_says_what_the_class_cannot_compute():
+    fields, label, notes = config_fields("kimi-k3")
+    assert fields["model_type"] == "kimi_linear" and label.startswith("kimi-k3 (")
+    full, more = load_config(fields)
+    assert full.hidden_act == "silu" and full.num_local_experts == 896
+    assert any("hidden_act 'situ'" in n and "does not cover" in n for n in more)
+    with pytest.raises(WorkbenchError, match="names no config"):
+        config_fields("kimi-k3.1-pro")
