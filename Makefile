@@ -8,9 +8,11 @@ setup:
 	./scripts/setup.sh
 	./scripts/setup-debian.sh bwrap bubblewrap "candidates run with the weaker isolation (an audit hook, no namespaces)"
 
-# The main job: port every block of the model card that has a spec, on the Triton interpreter when no GPU is seen.
+# The main job: port every block of the model card that has a spec, on the Triton interpreter when no GPU is seen;
+# then hold the model's published transformers code with the ported kernels to the code as shipped.
 port: setup
 	$(VENV)/bin/workbench port --model $(MODEL)
+	$(VENV)/bin/workbench parity $(MODEL)
 
 # The whole suite (CI runs this through .ci/run), in a random order: the seed is in the header
 # ("Using --randomly-seed=N"); `make test PYTEST_ARGS=--randomly-seed=N` reruns that order.

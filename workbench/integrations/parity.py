@@ -111,8 +111,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
     """The config fields a parity source names, the label of the source, and notes: a config.json (its nested
-    ``text_config`` when the top level is not a registered family), a model card (the config it was onboarded
-    from), or a bare model_type (the class's defaults)."""
+    ``text_config`` when the top level is not a registered family), a model card (the config it, or the card it is
+    derived from, was onboarded from), or a bare model_type (the class's defaults)."""
     from workbench.models import get_model
 
     notes: list[str] = []
@@ -125,6 +125,11 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
         return {"model_type": source}, source, ["the class's default config"]
     else:
         card = get_model(source)
+        while not (card.onboarded_from or {}).get("file") and card.derived_from:
+            notes.append(f"{card.name} is derived from {card.derived_from}: this parity covers {card.derived_from}'s "
+                         f"class; what {card.name} changes ({' '.join(card.differs.split())[:120]}) is in no "
+                         "published class")
+            card = get_model(card.derived_from)
         onboarded = card.onboarded_from or {}
         if not onboarded.get("file"):
             raise WorkbenchError(f"model card {source} names no config (onboarded_from.file): parity needs one")
@@ -143,17 +148,17 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
 
 def card_parity_sources() -> list[str]:
     """The model cards that name a transformers class: those onboarded from a config whose model_type (at its top or
-    in its text_config) is a registered family. A derived card (kimi-k3.1-pro) names none: what it changes is not
-    in any published class."""
+    in its text_config) is a registered family. A derived card (kimi-k3.1-pro) is left out: its parity is its base
+    card's (what it changes is in no published class)."""
     from workbench.models import list_models
 
-    found = []
+    found, seen = [], set()
     for card in list_models():
-        try:
-            fields, _, _ = config_fields(card.name)
-        except WorkbenchError:
+        if card.derived_from or not (card.onboarded_from or {}).get("file"):
             continue
-        if fields.get("model_type") in _families():
+        fields, label, _ = config_fields(card.name)
+        if fields.get("model_type") in _families() and label not in seen:
+            seen.add(label)
             found.append(card.name)
     return found
 
