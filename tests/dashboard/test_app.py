@@ -241,6 +241,36 @@ def test_ci_empty_state(empty_db):
     assert "`workbench ci`" in at.info[0].value
 
 
+# --- parity -------------------------------------------------------------------------------------------------------
+
+PARITY = {"source": "kimi-k3 (workbench/models/configs/kimi-k3.config.json)", "model_type": "kimi_linear",
+          "model_class": "KimiLinearForCausalLM", "dtype": "float32", "backend": "interpreter",
+          "layers": ["linear_attention", "full_attention"], "tokens": 16, "status": "fail",
+          "metrics": {"kl": 3.1e-4, "cosine": 0.999, "top1": 0.9, "top5": 0.95, "router_match": 1.0,
+                      "loss_rel": 2e-3, "grad_rel_worst": 0.2,
+                      "first_divergence": {"module": "model.layers.0.input_layernorm", "rel": 0.4}},
+          "checks": [{"metric": "kl", "value": 3.1e-4, "bound": 1e-8, "op": "<=", "ok": False}],
+          "patch": {"modules": [{"class": "KimiLinearRMSNorm", "blocks": ["rmsnorm"], "reason": "", "count": 5,
+                                 "example": "model.norm"},
+                                {"class": "KimiLinearForgetGate", "blocks": [], "reason": "softplus forget gate",
+                                 "count": 1, "example": "model.layers.0.self_attn.forget_gate"}]},
+          "notes": ["plain projections (nn.Linear) run in torch"], "message": "outside the float32 bounds: kl",
+          "seconds": 12.0}
+
+
+def test_parity_page_shows_the_runs_their_checks_and_modules(empty_db):
+    assert "`workbench parity kimi-k3`" in open_app("parity").info[0].value
+    records.record_parity(get_engine(empty_db), PARITY)
+    st.cache_data.clear()
+    at = open_app("parity")
+    runs = at.dataframe[0].value
+    assert list(runs["status"]) == ["fail"] and runs.iloc[0]["first_divergence"] == "model.layers.0.input_layernorm"
+    assert (runs.iloc[0]["replaced"], runs.iloc[0]["left_alone"]) == (5, 1)
+    assert at.dataframe[1].value.iloc[0]["metric"] == "kl"
+    assert list(at.dataframe[2].value["class"]) == ["KimiLinearRMSNorm", "KimiLinearForgetGate"]
+    assert {m.label: m.value for m in at.metric}["latest"] == "fail"
+
+
 # --- runs ---------------------------------------------------------------------------------------------------------
 
 
@@ -306,7 +336,7 @@ def _contents(url: str) -> dict:
 def test_the_dashboard_never_writes(seeded):
     before = _contents(seeded.db_url)
     assert before["port_run"] and before["candidate"]
-    for page in (None, "block", "replays", "ci", "runs"):
+    for page in (None, "block", "replays", "ci", "parity", "runs"):
         open_app(page)
     assert _contents(seeded.db_url) == before
 

@@ -15,6 +15,7 @@ page = st.navigation([
     st.Page("views/replays.py", title="Replays", icon=":material/show_chart:"),
     st.Page("views/performance.py", title="Performance", icon=":material/speed:"),
     st.Page("views/ci.py", title="CI", icon=":material/fact_check:"),
+    st.Page("views/parity.py", title="Parity", icon=":material/compare_arrows:"),
     st.Page("views/runs.py", title="Runs", icon=":material/play_circle:"),
 ])
 
