@@ -35,8 +35,8 @@ REPLAY_COLUMNS = ["id", "model", "mode", "preset", "seed", "status", "steps", "f
 CI_COLUMNS = ["id", "commit", "status", "started_at", "finished_at", "seconds", "operators", "passing", "checks",
               "failed_checks", "regressions", "junit_path", "summary"]
 PARITY_COLUMNS = ["id", "source", "model_class", "dtype", "backend", "status", "kl", "cosine", "top1", "top5",
-                  "router_match", "loss_rel", "grad_rel_worst", "first_divergence", "replaced", "left_alone", "ci_job_id",
-                  "seconds", "created_at", "message", "checks", "modules", "notes"]
+                  "router_match", "loss_rel", "grad_rel_worst", "first_divergence", "replaced", "left_alone",
+                  "ci_job_id", "seconds", "created_at", "message", "checks", "modules", "notes"]
 BENCH_COLUMNS = ["id", "block", "subject", "backend", "label", "shape", "dtype", "metric", "value", "unit",
                  "created_at"]
 
