@@ -6,6 +6,8 @@ the Triton interpreter, which must be selected before triton is first imported, 
     equal    op forward and gradients against the operator's own run (rmsnorm, situ, both loss blocks, kda)
     opcheck  torch.library.opcheck (schema, autograd registration, fake tensors, AOT dispatch with dynamic shapes)
     compile  torch.compile(fullgraph=True) of RMSNorm, SiTUMLP and LinearCrossEntropyLoss against eager
+    launches Triton launches of forward and backward through the op, the operator's run and the backward op
+    kept     what the eager forward keeps for its backward, and when it is let go (no_grad, backward, in place)
 """
 
 from __future__ import annotations
@@ -134,7 +136,130 @@ def check_compile() -> dict:
     return found
 
 
-CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile}
+LAUNCH_BLOCKS = ("rmsnorm", "kda", "mla")
+
+
+def count_launches() -> list[int]:
+    """Count every Triton launch from now on (``count[0]``): the interpreter's launch entry wrapped, as the
+    verifier's Launches.watch (workbench/verify/worker.py) wraps ``cls.run``."""
+    from triton.runtime import interpreter
+
+    count = [0]
+    original = interpreter.InterpretedFunction.run
+
+    def run(kernel, *args, **kwargs):
+        count[0] += 1
+        return original(kernel, *args, **kwargs)
+
+    interpreter.InterpretedFunction.run = run
+    return count
+
+
+def _leaf_args(block: str, dtype: torch.dtype = torch.float32) -> list:
+    spec = get_block(block)
+    return [v.requires_grad_(k in spec.grad_inputs and v.is_floating_point()) if isinstance(v, torch.Tensor) else v
+            for k, v in _inputs(block, dtype).items()]
+
+
+def _forward_backward(fn, args: list, count: list[int]) -> dict:
+    """Launches of ``fn(*args)`` and of the gradients of its outputs (fixed upstream gradients) for the grad inputs;
+    the outputs and gradients themselves."""
+    count[0] = 0
+    outputs = _tensors(fn(*args))
+    forward = count[0]
+    pairs = [(o, g) for o, g in zip(outputs, _grads_like(outputs, 1), strict=True) if g is not None]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    count[0] = 0
+    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs])
+    return {"forward": forward, "backward": count[0], "values": [o.detach() for o in outputs] + list(grads)}
+
+
+def check_launches() -> dict:
+    """{block: {"op": [forward, backward], "run": [...], "backward_op": n, "bitwise": bool}}: launches through the
+    library op (eager, with grad), through the operator's own autograd.Function, and of the backward op called
+    directly (the recomputing path torch.compile takes)."""
+    count = count_launches()
+    found = {}
+    for block in LAUNCH_BLOCKS:
+        op = wk.OPS[block]
+        via_op = _forward_backward(op, _leaf_args(block), count)
+        via_run = _forward_backward(op.operator().run, _leaf_args(block), count)
+        args = _leaf_args(block)
+        with torch.no_grad():
+            grads = _grads_like(_tensors(op(*args)), 1)
+        count[0] = 0
+        op.backward_op(grads, [True] * len(op.spec.grad_inputs), *args)
+        found[block] = {"op": [via_op["forward"], via_op["backward"]],
+                        "run": [via_run["forward"], via_run["backward"]], "backward_op": count[0],
+                        "bitwise": all(torch.equal(a, b) for a, b in
+                                       zip(via_op["values"], via_run["values"], strict=True))}
+    return found
+
+
+def check_kept() -> dict:
+    """rmsnorm and kda: {"no_grad_keeps", "slots_clear", "released_after_backward", "launches": {case: backward
+    launches}, "equal": {case: gradients bitwise equal to the first backward's}} for a first backward, a second one
+    through the same graph (retain_graph), one after an output was modified in place (multiplied by one), the
+    backward op (recompute), and a backward through torch.utils.checkpoint (non-reentrant: the forward's saved
+    tensors, the kept graph's among them, are dropped and recomputed)."""
+    import weakref
+
+    import torch.utils.checkpoint
+
+    from workbench.kernels import _ops
+
+    count = count_launches()
+    keeping = _ops.BlockOp._forward_keeping
+    calls, graphs = [0], []
+
+    def spy(self, *args):
+        calls[0] += 1
+        outputs = keeping(self, *args)
+        graphs.append(weakref.ref(_ops._local.kept.graph[0]))
+        return outputs
+
+    _ops.BlockOp._forward_keeping = spy
+    found = {}
+    for block in ("rmsnorm", "kda"):
+        op, args = wk.OPS[block], _leaf_args(block)
+        leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        figures: dict = {"launches": {}, "equal": {}}
+        calls[0] = 0
+        with torch.no_grad():
+            op(*args)
+        with torch.inference_mode():
+            op(*args)
+        figures["no_grad_keeps"] = calls[0]
+
+        def backward(outputs, leaves=leaves, **kwargs):
+            pairs = [(o, g) for o, g in zip(outputs, _grads_like(outputs, 1), strict=True) if g is not None]
+            count[0] = 0
+            grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], **kwargs)
+            return count[0], grads
+
+        outputs = _tensors(op(*args))
+        figures["slots_clear"] = getattr(_ops._local, "want", None) is None and \
+            getattr(_ops._local, "kept", None) is None
+        figures["launches"]["first"], first = backward(outputs, retain_graph=True)
+        figures["released_after_backward"] = graphs[-1]() is None
+        figures["launches"]["second"], second = backward(outputs)
+        outputs = _tensors(op(*args))
+        outputs[0].mul_(1.0)
+        figures["launches"]["in_place"], in_place = backward(outputs)
+        count[0] = 0
+        recompute = op.backward_op(_grads_like(outputs, 1), [True] * len(leaves), *args)
+        figures["launches"]["backward_op"] = count[0]
+        outputs = _tensors(torch.utils.checkpoint.checkpoint(op, *args, use_reentrant=False))
+        figures["launches"]["checkpoint"], checkpointed = backward(outputs)
+        for case, grads in (("second", second), ("in_place", in_place), ("backward_op", recompute),
+                            ("checkpoint", checkpointed)):
+            figures["equal"][case] = all(torch.equal(a, b) for a, b in zip(first, grads, strict=True))
+        found[block] = figures
+    return found
+
+
+CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
+          "launches": check_launches, "kept": check_kept}
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ def test_every_fake_implementation_gives_the_real_ops_shapes_and_dtypes():
 
 
 def test_ops_equal_the_promoted_operators_run_bitwise():
-    """Forward and every gradient through the custom ops equal the operator's own run (same kernels; the backward op
-    recomputes the forward and runs the operator's backward), bitwise."""
+    """Forward and every gradient through the custom ops equal the operator's own run (same kernels: the eager
+    backward runs the operator's backward on the graph its forward kept), bitwise."""
     found = run_child("equal")
     assert set(found) == {"rmsnorm", "situ", "vocab_blockwise_ce", "seq_chunked_ce", "kda"}
     for block, figures in found.items():
@@ -68,3 +68,32 @@ def test_compiled_layers_with_fullgraph_match_eager():
     assert set(found) == {"RMSNorm", "SiTUMLP", "LinearCrossEntropyLoss"}
     for layer, figures in found.items():
         assert figures["bitwise"], (layer, figures["diffs"])
+
+
+def test_forward_and_backward_through_an_op_launch_what_the_operator_launches():
+    """Eager, with grad: the op's forward keeps the operator's graph and its backward runs only the operator's
+    backward kernels, so forward + backward launch exactly what the operator's own autograd.Function launches (no
+    second forward), with bitwise the same results; the backward op called directly (torch.compile's path)
+    recomputes the forward first."""
+    found = run_child("launches")
+    assert set(found) == {"rmsnorm", "kda", "mla"}
+    for block, figures in found.items():
+        assert figures["op"] == figures["run"], (block, figures)
+        assert figures["bitwise"], block
+        assert figures["backward_op"] == sum(figures["run"]), (block, figures)
+
+
+def test_what_the_forward_keeps_for_its_backward_is_let_go():
+    """No graph is kept by a call that makes no autograd node (no_grad, inference_mode), none is left in the
+    hand-over slots, and the kept graph is let go after the backward that used it; a second backward through the
+    same graph (retain_graph) and one after an output was modified in place recompute, with the same gradients, as
+    does activation checkpointing around the op."""
+    found = run_child("kept")
+    for block, figures in found.items():
+        assert figures["no_grad_keeps"] == 0 and figures["slots_clear"], (block, figures)
+        assert figures["released_after_backward"], block
+        launches = figures["launches"]
+        assert launches["second"] == launches["in_place"] == launches["backward_op"] > launches["first"], \
+            (block, launches)
+        assert all(figures["equal"].values()), (block, figures["equal"])
+

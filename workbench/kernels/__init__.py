@@ -10,10 +10,11 @@
     model = torch.compile(model, fullgraph=True)
 
 Each op takes exactly the arguments of the block's reference (workbench/blocks/<block>.py) in its order, tensors and
-non-tensors (eps, scale, topk, reduction, ...) alike, and returns its outputs; ``torch.ops.workbench.<block>_backward``
-is the matching backward op: it runs the operator's forward again and then its own backward kernels (one extra
-forward per backward; workbench/kernels/_ops.py says why). Block modules: ``workbench.kernels.<block>`` defines
-``<block>`` (a BlockOp); ``OPS`` holds them all by block name.
+non-tensors (eps, scale, topk, reduction, ...) alike, and returns its outputs. Gradients come from the operator's own
+backward kernels: in eager mode on the autograd graph the forward kept (forward plus backward launch what the operator
+alone launches); under torch.compile through ``torch.ops.workbench.<block>_backward``, an opaque backward op that runs
+the operator's forward again first (workbench/kernels/_ops.py says why). Block modules: ``workbench.kernels.<block>``
+defines ``<block>`` (a BlockOp); ``OPS`` holds them all by block name.
 
 Operators come from the operators folder: ``$WORKBENCH_OPERATORS``, else ``./operators`` (workbench.config), or the
 folder given to ``set_operators_dir(folder)``; each op takes the newest operator promoted for its block, imported at

@@ -6,14 +6,31 @@ ops, ``workbench::<block>`` and ``workbench::<block>_backward``.
 
 The schema is read from the block's reference (workbench/blocks/<block>.py): tensors, optional tensors and the
 non-tensor arguments (eps, scale, topk, reduction, ...) in its order, one output per name in ``spec.outputs``.
-The forward op calls the promoted operator's ``run`` without grad. The backward op gives one gradient per name in
-``spec.grad_inputs`` (an empty tensor where ``needs`` is False or the input is None): it runs ``run`` again with
-grad enabled on the saved inputs and calls ``torch.autograd.grad``, so the gradients come from the operator's own
-autograd.Function backward (its Triton backward kernels) at the cost of one extra forward. What that Function keeps
-for its backward cannot be returned from the forward op generically: its count and shapes are only known by running
-the kernels (a fake implementation cannot), and part of it is Python state on ``ctx``, some of it data-dependent.
 The fake implementations run the block's reference on the fake inputs (or a per-block rule where the reference is
 data-dependent), so both ops trace under ``torch.compile(fullgraph=True)`` without graph breaks.
+
+Autograd, two paths; the gradients come from the operator's own autograd.Function backward (its Triton backward
+kernels) on both, bitwise the same:
+
+- Eager (not under ``torch.compile``), grad enabled and a grad input requiring grad: the forward op runs the
+  operator's ``run`` once, with grad, on detached leaf copies of the grad inputs, and the autograd node keeps that
+  graph (the operator's saved tensors, on its own ctx); backward is ``torch.autograd.grad`` on it: no second forward.
+  How: the op's Autograd kernel (``_autograd_kernel``, wrapping torch's generated one) decides and hands the
+  dispatch-key state it was called with to the forward (a thread-local slot), since torch runs the forward below
+  autograd; the forward hands the graph to ``setup_context`` the same way. Both slots are cleared when the Autograd
+  kernel returns, so a call without an autograd node (no_grad, inference_mode, nothing requiring grad) keeps nothing.
+  A second backward through the same node (``retain_graph=True``), or one after an output was modified in place,
+  recomputes instead (the next path), as the op did before.
+- Under ``torch.compile`` (AOTAutograd on fake tensors), with fake or subclass tensors, under a dispatch mode or a
+  functorch transform: ``setup_context`` saves the inputs and backward is the opaque ``workbench::<block>_backward``,
+  which runs ``run`` again with grad on the saved inputs and calls ``torch.autograd.grad`` (one extra forward). What
+  the operator's autograd.Function keeps cannot be returned from the forward op generically: its count and shapes
+  are only known by running the kernels (a fake implementation cannot), and part of it is Python state on ``ctx``,
+  some of it data-dependent. Calling the backward op directly always recomputes.
+
+The backward op gives one gradient per name in ``spec.grad_inputs`` (an empty tensor where ``needs`` is False or the
+input is None). Outputs are fresh (``_fresh``): contiguous, sharing memory with no input and no other output; on the
+eager path an output shares its version counter with the kept graph's, so an in-place change of it is seen.
 
 Which operator backs a block: the newest promoted one in the operators folder (``set_operators_dir``; default
 ``Settings.load().operators_dir``: ``$WORKBENCH_OPERATORS`` or ``./operators``), resolved at the first call and kept;
@@ -24,12 +41,16 @@ the training operator under the block's name, a forward-only (decode) port under
 from __future__ import annotations
 
 import inspect
+import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch._library.autograd import make_autograd_impl
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from workbench.blocks import get_block
 from workbench.config import Settings
@@ -46,6 +67,20 @@ SCHEMA_TYPES = {"torch.Tensor": "Tensor", "torch.Tensor | None": "Tensor?", "flo
 _folder: Path | None = None
 _resolved: dict[str, str] = {}          # key -> operator file, for the current folder
 _modules: dict[str, ModuleType] = {}    # operator file -> its imported module
+
+_local = threading.local()
+"""Per thread: ``want`` (an op and the dispatch-key state its Autograd kernel was called with, for its forward to run
+with grad; taken by that forward), ``kept`` (the forward's graph, taken by the op's setup_context); both cleared when
+the Autograd kernel returns."""
+
+class _Kept(NamedTuple):
+    """What an eager forward with grad hands its setup_context: the op, its returned outputs (to recognise them),
+    the operator's outputs with their autograd graph, and the leaves (grad input position -> detached leaf)."""
+
+    op: BlockOp
+    outputs: list[torch.Tensor]
+    graph: tuple[torch.Tensor, ...]
+    leaves: dict[int, torch.Tensor]
 
 
 def set_operators_dir(folder: str | Path | None) -> None:
@@ -125,6 +160,12 @@ class BlockOp:
             backward.register_fake(self._backward_fake)
             self.backward_op = getattr(getattr(torch.ops, NAMESPACE), f"{self.name}_backward")
             self.custom_op.register_autograd(self._autograd_backward, setup_context=self._setup_context)
+            # torch's generated Autograd kernel, wrapped to tell the forward (run below autograd) whether to keep
+            # its graph; the override is torch's own "Overriding a previously registered kernel" warning, silenced
+            self._generated_autograd = make_autograd_impl(self.op.default, self.custom_op)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Warning only once for all operators")
+                self.custom_op._lib.impl(self.name, self._autograd_kernel, "Autograd", with_keyset=True)
 
     def _schema_type(self, param: inspect.Parameter) -> str:
         annotation = param.annotation if isinstance(param.annotation, str) else inspect.formatannotation(
@@ -154,16 +195,73 @@ class BlockOp:
 
     # --- implementations -------------------------------------------------------------------------------------
 
+    def _returned(self, outputs: list[torch.Tensor]) -> Any:
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _keeps(self, args: Sequence[Any]) -> bool:
+        """Whether a call will make an autograd node whose backward can use the forward's own graph: eager (not
+        compiling, no dispatch mode or functorch transform, plain tensors), grad enabled, a grad input requiring
+        grad."""
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return False
+        if torch._C._are_functorch_transforms_active() or _get_current_dispatch_mode() is not None:
+            return False
+        if any(isinstance(a, torch.Tensor) and (type(a) not in (torch.Tensor, torch.nn.Parameter) or a.is_meta)
+               for a in args):
+            return False
+        return any(args[pos] is not None and args[pos].requires_grad for pos in self.grad_positions)
+
+    def _autograd_kernel(self, keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        """The op's Autograd kernel: torch's generated one, told beforehand (``_local.want``) whether the forward is
+        to keep its graph; whatever no setup_context took is dropped on the way out."""
+        previous = getattr(_local, "want", None), getattr(_local, "kept", None)
+        _local.want = ((self, torch._C._dispatch_tls_local_include_set(),
+                        torch._C._dispatch_tls_local_exclude_set()) if self._keeps(args) else None)
+        _local.kept = None
+        try:
+            return self._generated_autograd(keyset, *args, **kwargs)
+        finally:
+            _local.want, _local.kept = previous
+
     def _forward(self, *args: Any) -> Any:
+        want, _local.want = getattr(_local, "want", None), None
+        if want is not None and want[0] is self:
+            return self._returned(self._forward_keeping(args, want[1], want[2]))
         with torch.no_grad():
             outputs = _fresh(_as_tuple(self.operator().run(*args)), args)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return self._returned(outputs)
+
+    def _forward_keeping(self, args: Sequence[Any], include: Any, exclude: Any) -> list[torch.Tensor]:
+        """Run the operator with grad on detached leaf copies of the grad inputs that require grad, with the
+        dispatch keys of the caller (torch runs a custom op's forward with autograd excluded), and hand the graph to
+        setup_context; return fresh outputs sharing the graph's memory."""
+        with torch._C._ForceDispatchKeyGuard(include, exclude), torch.enable_grad():
+            inputs = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+            leaves = {}
+            for pos in self.grad_positions:
+                if args[pos] is not None and args[pos].requires_grad:
+                    leaves[pos] = inputs[pos] = args[pos].detach().requires_grad_(True)
+            graph = _as_tuple(self.operator().run(*inputs))
+            outputs = _fresh([o.detach() for o in graph], args)
+        _local.kept = _Kept(self, outputs, graph, leaves)
+        return outputs
 
     def _fake(self, *args: Any) -> Any:
         reference = self._fake_rule or self.spec.reference
         with torch.no_grad():
             outputs = [o.new_empty(o.shape) for o in _as_tuple(reference(*args))]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @staticmethod
+    def _gradients(outputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                   leaves: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Gradient of ``outputs`` (upstream ``grads``) for each leaf by position; zeros where none reaches it."""
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None and o.requires_grad]
+        found = dict.fromkeys(leaves)
+        if pairs and leaves:
+            found = dict(zip(leaves, torch.autograd.grad([o for o, _ in pairs], list(leaves.values()),
+                                                         [g for _, g in pairs], allow_unused=True), strict=True))
+        return {pos: grad if grad is not None else torch.zeros_like(leaves[pos]) for pos, grad in found.items()}
 
     def _backward(self, grads: list[torch.Tensor | None], needs: list[bool], *args: Any) -> list[torch.Tensor]:
         inputs, leaves = list(args), {}
@@ -172,14 +270,9 @@ class BlockOp:
                 leaves[pos] = inputs[pos] = args[pos].detach().requires_grad_(True)
         with torch.enable_grad():
             outputs = _as_tuple(self.operator().run(*inputs))
-        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None and o.requires_grad]
-        found = dict.fromkeys(leaves)
-        if pairs and leaves:
-            found = dict(zip(leaves, torch.autograd.grad([o for o, _ in pairs], list(leaves.values()),
-                                                         [g for _, g in pairs], allow_unused=True), strict=True))
+        found = self._gradients(outputs, grads, leaves)
         like = next(t for t in args if isinstance(t, torch.Tensor))
-        return _fresh([like.new_empty(0) if pos not in leaves else found[pos] if found[pos] is not None
-                       else torch.zeros_like(leaves[pos]) for pos in self.grad_positions], args)
+        return _fresh([found[pos] if pos in found else like.new_empty(0) for pos in self.grad_positions], args)
 
     def _backward_fake(self, grads: list[torch.Tensor | None], needs: list[bool], *args: Any) -> list[torch.Tensor]:
         like = next(t for t in args if isinstance(t, torch.Tensor))
@@ -187,20 +280,41 @@ class BlockOp:
                 for pos, need in zip(self.grad_positions, needs, strict=True)]
 
     def _setup_context(self, ctx: Any, inputs: tuple, output: Any) -> None:
+        kept, _local.kept = getattr(_local, "kept", None), None
         ctx.save_for_backward(*(a if isinstance(a, torch.Tensor) else None for a in inputs))
         ctx.plain = [None if isinstance(a, torch.Tensor) else a for a in inputs]
+        ctx.kept = None
+        outputs = _as_tuple(output)
+        if kept is not None and kept.op is self and len(kept.outputs) == len(outputs) \
+                and all(a is b for a, b in zip(kept.outputs, outputs, strict=True)):
+            # not the returned outputs themselves (their grad_fn is this node: a reference cycle)
+            ctx.kept = (kept.graph, kept.leaves, [o._version for o in kept.graph])
 
     def _autograd_backward(self, ctx: Any, *grads: torch.Tensor | None) -> tuple:
         needs = [bool(ctx.needs_input_grad[pos]) for pos in self.grad_positions]
         result: list[torch.Tensor | None] = [None] * len(self.arg_names)
+        kept, ctx.kept = ctx.kept, None  # used once: a second backward through this node recomputes
         if not any(needs):
             return tuple(result)
-        args = [t if t is not None else plain for t, plain in zip(ctx.saved_tensors, ctx.plain, strict=True)]
-        found = self.backward_op(list(grads), needs, *args)
-        for pos, need, grad in zip(self.grad_positions, needs, found, strict=True):
-            if need and args[pos] is not None:
-                result[pos] = grad
+        if kept is not None and self._kept_usable(kept, needs):
+            graph, leaves, _ = kept
+            found = self._gradients(graph, grads, leaves)
+        else:
+            args = [t if t is not None else plain for t, plain in zip(ctx.saved_tensors, ctx.plain, strict=True)]
+            found = dict(zip(self.grad_positions, self.backward_op(list(grads), needs, *args), strict=True))
+        for pos, need in zip(self.grad_positions, needs, strict=True):
+            if need and pos in found:
+                result[pos] = found[pos]
         return tuple(result)
+
+    def _kept_usable(self, kept: tuple, needs: list[bool]) -> bool:
+        """The kept graph answers this backward: the same inputs need grad, no output was modified in place since
+        (its values may be saved in the graph), and no graph of the gradients is wanted (create_graph: the backward
+        op, whose missing derivative then says so, instead of gradients that silently carry none)."""
+        graph, leaves, versions = kept
+        wanted = {pos for pos, need in zip(self.grad_positions, needs, strict=True) if need}
+        return (set(leaves) == wanted and not torch.is_grad_enabled()
+                and all(o._version == v for o, v in zip(graph, versions, strict=True)))
 
 
 def linear_ce_fake(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_index: int, reduction: str
