@@ -97,3 +97,19 @@ def test_what_the_forward_keeps_for_its_backward_is_let_go():
             (block, launches)
         assert all(figures["equal"].values()), (block, figures["equal"])
 
+
+def test_bfloat16_the_interpreter_cannot_compute_is_refused_in_one_line():
+    """On the interpreter a kernel's tl.dot on bfloat16 operands is wrong by ~1e8 (triton issue #11584): such an op
+    refuses with one line naming it, the dtype, the reason and what to do; float32 there, and bfloat16 where the
+    kernels upcast before their dots (kda) or only load and store it (rmsnorm), pass the verifier's checks against
+    the float64 reference. A kernel outside the library is not the library's to refuse."""
+    found = run_child("bf16")
+    assert set(found["refused"]) == {"mla", "vocab_blockwise_ce"}
+    for block, message in found["refused"].items():
+        assert message is not None, f"{block} in bfloat16 was not refused"
+        assert "\n" not in message and message.startswith(f"workbench::{block} refused in bfloat16"), message
+        for part in ("Triton interpreter", "tl.dot on bfloat16 operands", "triton issue #11584",
+                     "float32 or float16", "GPU"):
+            assert part in message, (part, message)
+    assert found["right"] == {"mla@float32": [], "kda@bfloat16": [], "rmsnorm@bfloat16": []}, found["right"]
+    assert found["guard_after"] is False and found["others_untouched"]

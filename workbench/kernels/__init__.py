@@ -21,6 +21,8 @@ folder given to ``set_operators_dir(folder)``; each op takes the newest operator
 its first call; ``wk.rmsnorm.forward_only`` is the block's forward-only (decode) operator where one was promoted.
 The operators are Triton kernels: on a GPU they compile; on CPU they run only through the Triton interpreter, which
 needs ``TRITON_INTERPRET=1`` in the environment before anything imports triton (torch.compile and AdamW import it).
+There, an op whose kernels would run ``tl.dot`` on bfloat16 operands (which the interpreter multiplies wrong, triton
+issue #11584) refuses with ``workbench.kernels._ops.InterpreterBFloat16Error``, one line: float32 or float16 on CPU.
 """
 
 from workbench.kernels._ops import BlockOp, operators_dir, set_operators_dir

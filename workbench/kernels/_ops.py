@@ -32,6 +32,12 @@ The backward op gives one gradient per name in ``spec.grad_inputs`` (an empty te
 input is None). Outputs are fresh (``_fresh``): contiguous, sharing memory with no input and no other output; on the
 eager path an output shares its version counter with the kept graph's, so an in-place change of it is seen.
 
+On the Triton interpreter (``TRITON_INTERPRET=1``) bfloat16 is refused where it would be wrong: the interpreter keeps
+bfloat16 as raw uint16 bit patterns, and its ``tl.dot`` multiplies them as integers (relative errors ~1e8; triton
+issue #11584), as would its elementwise arithmetic. While an op runs there, a kernel that hands bfloat16 operands to
+``tl.dot`` (or to elementwise arithmetic) stops with ``InterpreterBFloat16Error``, one line; operators that upcast to
+float32 before their dots (kda, moe_router) run bfloat16 and are right (tests/kernels/).
+
 Which operator backs a block: the newest promoted one in the operators folder (``set_operators_dir``; default
 ``Settings.load().operators_dir``: ``$WORKBENCH_OPERATORS`` or ``./operators``), resolved at the first call and kept;
 the training operator under the block's name, a forward-only (decode) port under ``<block>:forward-only``
@@ -40,10 +46,13 @@ the training operator under the block's name, a forward-only (decode) port under
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
+import os
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -70,8 +79,24 @@ _modules: dict[str, ModuleType] = {}    # operator file -> its imported module
 
 _local = threading.local()
 """Per thread: ``want`` (an op and the dispatch-key state its Autograd kernel was called with, for its forward to run
-with grad; taken by that forward), ``kept`` (the forward's graph, taken by the op's setup_context); both cleared when
-the Autograd kernel returns."""
+with grad; taken by that forward), ``kept`` (the forward's graph, taken by the op's setup_context; both cleared when
+the Autograd kernel returns), ``guard`` (an op is running on the interpreter: bfloat16 operands refused)."""
+
+BF16_GUARDED = ("create_dot", "binary_op", "unary_op", "create_fma")
+"""The interpreter's builder methods that compute on bfloat16 handles as on integers (uint16 bit patterns)."""
+
+
+class InterpreterBFloat16Error(WorkbenchError):
+    """An op would compute in bfloat16 on the Triton interpreter, which computes bfloat16 wrong: one line."""
+
+
+class _BFloat16Operands(Exception):
+    """Raised inside an interpreted kernel by the guard: ``method`` got bfloat16 handles."""
+
+    def __init__(self, method: str):
+        super().__init__(f"bfloat16 operands to the interpreter's {method}")
+        self.method = method
+
 
 class _Kept(NamedTuple):
     """What an eager forward with grad hands its setup_context: the op, its returned outputs (to recognise them),
@@ -81,6 +106,47 @@ class _Kept(NamedTuple):
     outputs: list[torch.Tensor]
     graph: tuple[torch.Tensor, ...]
     leaves: dict[int, torch.Tensor]
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run on the interpreter (TRITON_INTERPRET=1, as everywhere in the workbench)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _install_bf16_guard() -> None:
+    """Wrap the interpreter builder's BF16_GUARDED methods (once): while ``_local.guard`` is set (an op of this
+    library is running), bfloat16 operands raise _BFloat16Operands instead of giving a wrong number. Kernels run
+    by anything else are untouched."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_workbench_bf16_guard", False):
+        return
+
+    def guard(method: str, original: Callable) -> Callable:
+        @functools.wraps(original)
+        def guarded(self, *args, **kwargs):
+            if getattr(_local, "guard", False) and any(
+                    isinstance(a, interpreter.TensorHandle) and a.dtype == tl.bfloat16 for a in args):
+                raise _BFloat16Operands(method)
+            return original(self, *args, **kwargs)
+        return guarded
+
+    for method in BF16_GUARDED:
+        setattr(builder, method, guard(method, getattr(builder, method)))
+    builder._workbench_bf16_guard = True
+
+
+def _bf16_method(exc: BaseException) -> str | None:
+    """The guarded method behind ``exc`` (the interpreter wraps a kernel's exception in InterpreterError), else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, _BFloat16Operands):
+            return exc.method
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def set_operators_dir(folder: str | Path | None) -> None:
@@ -198,6 +264,35 @@ class BlockOp:
     def _returned(self, outputs: list[torch.Tensor]) -> Any:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    @contextlib.contextmanager
+    def _interpreter_guard(self, op_name: str, args: Sequence[Any]) -> Iterator[None]:
+        """On the interpreter: bfloat16 operands to tl.dot or arithmetic in the kernels run inside refused, as
+        InterpreterBFloat16Error (one line); elsewhere nothing."""
+        if not interpreting():
+            yield
+            return
+        _install_bf16_guard()
+        previous, _local.guard = getattr(_local, "guard", False), True
+        try:
+            yield
+        except Exception as exc:
+            method = _bf16_method(exc)
+            if method is None:
+                raise
+            raise InterpreterBFloat16Error(self._bf16_refusal(op_name, method, args)) from None
+        finally:
+            _local.guard = previous
+
+    def _bf16_refusal(self, op_name: str, method: str, args: Sequence[Any]) -> str:
+        dtypes = sorted({str(a.dtype).removeprefix("torch.") for a in args
+                         if isinstance(a, torch.Tensor) and a.is_floating_point()})
+        what = ("tl.dot on bfloat16 operands, which the Triton interpreter multiplies wrong (triton issue #11584)"
+                if method == "create_dot" else
+                "bfloat16 arithmetic, which the Triton interpreter computes on raw bit patterns")
+        return (f"{NAMESPACE}::{op_name} refused in {'/'.join(dtypes) or 'bfloat16'} on the Triton interpreter "
+                f"(TRITON_INTERPRET=1): its kernels ({Path(self.operator_path()).name}) run {what}; "
+                f"call it with float32 or float16 tensors on CPU, or run on a GPU")
+
     def _keeps(self, args: Sequence[Any]) -> bool:
         """Whether a call will make an autograd node whose backward can use the forward's own graph: eager (not
         compiling, no dispatch mode or functorch transform, plain tensors), grad enabled, a grad input requiring
@@ -225,10 +320,11 @@ class BlockOp:
 
     def _forward(self, *args: Any) -> Any:
         want, _local.want = getattr(_local, "want", None), None
-        if want is not None and want[0] is self:
-            return self._returned(self._forward_keeping(args, want[1], want[2]))
-        with torch.no_grad():
-            outputs = _fresh(_as_tuple(self.operator().run(*args)), args)
+        with self._interpreter_guard(self.name, args):
+            if want is not None and want[0] is self:
+                return self._returned(self._forward_keeping(args, want[1], want[2]))
+            with torch.no_grad():
+                outputs = _fresh(_as_tuple(self.operator().run(*args)), args)
         return self._returned(outputs)
 
     def _forward_keeping(self, args: Sequence[Any], include: Any, exclude: Any) -> list[torch.Tensor]:
@@ -268,9 +364,10 @@ class BlockOp:
         for pos, need in zip(self.grad_positions, needs, strict=True):
             if need and args[pos] is not None:
                 leaves[pos] = inputs[pos] = args[pos].detach().requires_grad_(True)
-        with torch.enable_grad():
-            outputs = _as_tuple(self.operator().run(*inputs))
-        found = self._gradients(outputs, grads, leaves)
+        with self._interpreter_guard(f"{self.name}_backward", args):
+            with torch.enable_grad():
+                outputs = _as_tuple(self.operator().run(*inputs))
+            found = self._gradients(outputs, grads, leaves)
         like = next(t for t in args if isinstance(t, torch.Tensor))
         return _fresh([found[pos] if pos in found else like.new_empty(0) for pos in self.grad_positions], args)
 
@@ -298,7 +395,8 @@ class BlockOp:
             return tuple(result)
         if kept is not None and self._kept_usable(kept, needs):
             graph, leaves, _ = kept
-            found = self._gradients(graph, grads, leaves)
+            with self._interpreter_guard(f"{self.name} (its backward)", list(leaves.values())):
+                found = self._gradients(graph, grads, leaves)
         else:
             args = [t if t is not None else plain for t, plain in zip(ctx.saved_tensors, ctx.plain, strict=True)]
             found = dict(zip(self.grad_positions, self.backward_op(list(grads), needs, *args), strict=True))
