@@ -42,13 +42,26 @@ AMD_FIELDS = re.compile(r"^\s*-?\s*\.(vgpr_count|sgpr_count|vgpr_spill_count|sgp
 CUDA_USAGE = re.compile(r"REG:(\d+)\s+STACK:(\d+)")
 
 
+def jit_function(obj):
+    """The JITFunction under a module attribute: itself, or the one a @triton.heuristics or @triton.autotune wraps
+    (their ``fn``, as fla's kernels ship; the launch recorded is the JITFunction's, with the values they add); None
+    for anything else."""
+    from triton.runtime.jit import JITFunction
+
+    for _ in range(8):  # decorators nest a few deep
+        if obj is None or isinstance(obj, JITFunction):
+            return obj
+        obj = getattr(obj, "fn", None)
+    return None
+
+
 def load_kernel(launch: dict, candidate_module):
     """The JITFunction the launch ran: from the candidate itself, or from the package it was imported from."""
     module = candidate_module if launch["module"] == "candidate" else importlib.import_module(launch["module"])
-    kernel = getattr(module, launch["kernel"], None)
-    if kernel is None or getattr(kernel, "fn", None) is None:  # a kernel under another name: find it by its own
-        kernel = next((v for v in vars(module).values() if getattr(getattr(v, "fn", None), "__name__", None)
-                       == launch["kernel"]), None)
+    kernel = jit_function(getattr(module, launch["kernel"], None))
+    if kernel is None:  # a kernel under another name: find it by its own
+        kernel = next((k for k in map(jit_function, vars(module).values())
+                       if k is not None and k.fn.__name__ == launch["kernel"]), None)
     if kernel is None:
         raise LookupError(f"kernel {launch['kernel']} not found in module {launch['module']}")
     return kernel

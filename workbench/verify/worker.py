@@ -149,6 +149,13 @@ def make_audit_hook(candidate: str, job_dir: str, events: list[dict], guard_writ
     globals can switch it off, and Python offers no way to remove an audit hook."""
     scratch = os.path.join(os.path.abspath(job_dir), "scratch")
     private = (WORKBENCH_DIR, os.path.abspath(job_dir), "/proc/self", f"/proc/{os.getpid()}")
+    # sys.path entries that are no path on disk: placeholders a path hook claims (setuptools' editable install adds
+    # "__editable__.<dist>.finder.__path_hook__"). Code that scans sys.path for installed packages tries such an entry
+    # as a zip archive (importlib.metadata's distribution search, which torch's lazy imports reach through networkx's
+    # entry points), opening that name: relative, it resolves into the working directory, the job folder, but it is
+    # neither the workbench's sources nor a job file. Taken before the candidate runs, and honoured only while
+    # nothing exists by that name (the candidate cannot make one: its writes outside scratch are refused).
+    placeholders = frozenset(p for p in sys.path if isinstance(p, str) and p and not os.path.lexists(p))
     busy = [False]
 
     def refuse_write(event: str, path: str) -> None:
@@ -178,6 +185,8 @@ def make_audit_hook(candidate: str, job_dir: str, events: list[dict], guard_writ
         if event == "open" and not (isinstance(args[0], str) and os.path.abspath(args[0]).startswith(private)
                                     and not os.path.abspath(args[0]).startswith(scratch)):
             return
+        if event == "open" and args[0] in placeholders and not os.path.lexists(args[0]):
+            return  # a scan of sys.path probing a path hook's placeholder: it opens nothing
         if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame"):
             return
         busy[0] = True
@@ -556,6 +565,11 @@ def main(job_dir: str, result_fd: int) -> int:
     token = job.pop("token")
     del sys.argv[1:]
     candidate = job["candidate"]
+    # the temporary folder is the scratch folder before the warm-up below: there torch fixes its inductor cache folder
+    # (TORCHINDUCTOR_CACHE_DIR, under the temporary folder), which every later torch.compile makes again (os.makedirs),
+    # so a candidate's package that compiles at import writes inside scratch, not outside it
+    (Path(job_dir) / "scratch").mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job_dir) / "scratch")  # the candidate's own temporary files
     launches = Launches(candidate)
     counter = launches.count
     launches.watch(jit.JITFunction)
@@ -592,8 +606,6 @@ def main(job_dir: str, result_fd: int) -> int:
     threads = threading.active_count()
     events: list[dict] = []
     sys.meta_path.insert(0, RefuseWorkbench())
-    (Path(job_dir) / "scratch").mkdir(exist_ok=True)
-    os.environ["TMPDIR"] = tempfile.tempdir = str(Path(job_dir) / "scratch")  # the candidate's own temporary files
     # writes are refused under bubblewrap too: there they would fail anyway, and the attempt is worth a verdict
     sys.addaudithook(make_audit_hook(candidate, job_dir, events, guard_writes=True))
 
