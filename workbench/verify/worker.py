@@ -185,6 +185,9 @@ def make_audit_hook(candidate: str, job_dir: str, events: list[dict], guard_writ
         if event == "open" and not (isinstance(args[0], str) and os.path.abspath(args[0]).startswith(private)
                                     and not os.path.abspath(args[0]).startswith(scratch)):
             return
+        if event == "open" and isinstance(args[0], str) and os.path.basename(args[0]) == "mountinfo" and \
+                os.path.dirname(os.path.abspath(args[0])) in ("/proc/self", f"/proc/{os.getpid()}"):
+            return  # the mount table (filelock reads it at import to tell network filesystems): no process state
         if event == "open" and args[0] in placeholders and not os.path.lexists(args[0]):
             return  # a scan of sys.path probing a path hook's placeholder: it opens nothing
         if event == "object.__getattr__" and args[1] not in ("tb_frame", "gi_frame", "cr_frame", "ag_frame"):
