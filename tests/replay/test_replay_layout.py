@@ -101,8 +101,11 @@ def test_two_ranks_stay_in_the_band_of_the_single_process_reference(shared, mode
 @pytest.mark.slow
 def test_caching_to_the_host_tier_leaves_every_curve_bit_identical(shared):
     cache = "moe_grouped_gemm,kda,attnres:host"
+    uncached = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4)
     single = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, cache=cache)
-    assert single.status == "pass" and single.curve == single.reference_curve  # the shipped reference, bit for bit
+    # bit for bit against the same run without caching on this machine (the shipped reference file was recorded on
+    # another CPU, whose float32 products may round otherwise: it is the band that holds across machines)
+    assert single.status == "pass" and uncached.status == "pass" and single.curve == uncached.curve
     assert _last_row(shared).layout["cache"] == ["moe_grouped_gemm", "kda", "attnres"]
     plain = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2)
     plain_ranks = _last_row(shared).detail["rank_curves"]

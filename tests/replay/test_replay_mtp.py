@@ -42,7 +42,10 @@ def test_an_mtp_replay_holds_both_losses_against_a_reference_of_its_own(settings
     again = run_replay(MODEL, "scratch", fresh, ops=["reference"], steps=4, mtp=True)
     assert again.reference_source == "file" and again.status == "pass"
     default = run_replay(MODEL, "scratch", fresh, ops=["reference"], steps=4)
-    assert default.reference_source == "file" and default.curve == shipped["result"]["curve"]
+    # ... and the default replay still reads the main reference, which the MTP run left as it was (the curves
+    # themselves are bit-identical only on one machine: the shipped file was recorded on another CPU)
+    assert default.reference_source == "file" and default.reference_curve == shipped["result"]["curve"]
+    assert default.status == "pass" and default.curve[0] == outcome.curve[0]
 
 
 def test_mtp_is_a_single_process_scratch_option(settings):
