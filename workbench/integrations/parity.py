@@ -7,7 +7,8 @@ the first module whose output leaves the dtype's bound.
       -> load_config: the family's config class reads the json (defaults filled as the class fills them)
       -> tiny_config: widths shrunk; the layer-type schedule, expert counts, top-k and routing groups kept in
          pattern (every layer kind of the full schedule appears; experts at most 16)
-      -> a child process (python -m workbench.integrations.parity_child; TRITON_INTERPRET=1 on CPU) builds the
+      -> a child process (python -m workbench.integrations.parity_child, sandboxed as the replay's training child;
+         TRITON_INTERPRET=1 on CPU) builds the
          model from a seed, deep-copies it, patches the copy, runs both forward and backward on one batch
       -> ParityResult: metrics, verdict against THRESHOLDS, the report of modules replaced and left alone
 
@@ -19,15 +20,16 @@ class implements, and says so.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.errors import WorkbenchError, one_line
+from workbench.verify.sandbox import child_command, child_env
 from workbench.vocabulary import ParityStatus
 
 THRESHOLDS: dict[str, dict[str, float]] = {
@@ -218,13 +220,6 @@ def tiny_config(full, layers: int) -> tuple[dict[str, Any], list[str]]:
     return fam.tiny(full, attention, mlp, experts, top_k), attention
 
 
-def _child_env(backend) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
-    env.update(backend.env)
-    env["PYTHONHASHSEED"] = "0"
-    return env
-
-
 def run_parity(source: str, layers: int = 4, tokens: int = 32, blocks: list[str] | None = None,
                dtype: str = "float32", seed: int = 0, backend=None, operators_dir: Path | None = None,
                timeout_s: float = 1800.0) -> ParityResult:
@@ -249,14 +244,21 @@ def run_parity(source: str, layers: int = 4, tokens: int = 32, blocks: list[str]
     result = ParityResult(source=label, model_type=full.model_type, model_class=fam.MODEL_CLASS, dtype=dtype,
                           backend=backend.name, layers=schedule, tokens=tokens, notes=[*notes, *more])
     started = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "workbench.integrations.parity_child"],
-                              input=json.dumps(asdict(job)), capture_output=True, text=True, timeout=timeout_s,
-                              env=_child_env(backend))
-    except subprocess.TimeoutExpired:
-        result.message = f"the parity child ran past {timeout_s:.0f} s"
-        result.seconds = time.monotonic() - started
-        return result
+    # the operators are candidates too: the child runs as the replay's training child does (the sandbox's
+    # isolation and environment, its own scratch folder for temporary files, Triton's and transformers' caches)
+    with tempfile.TemporaryDirectory(prefix="parity-") as scratch:
+        env = {**child_env(backend.env), "TMPDIR": scratch, "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"),
+               "HF_HOME": str(Path(scratch) / "hf")}
+        command = child_command([sys.executable, "-m", "workbench.integrations.parity_child"], memory_bytes=None,
+                                timeout_s=timeout_s, writable=[Path(scratch)], readable=[Path(job.operators_dir)],
+                                cwd=Path.cwd())
+        try:
+            proc = subprocess.run(command, input=json.dumps({**asdict(job), "scratch": scratch}),
+                                  capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            result.message = f"the parity child ran past {timeout_s:.0f} s"
+            result.seconds = time.monotonic() - started
+            return result
     result.seconds = time.monotonic() - started
     answer = next((json.loads(line[len(MARK):]) for line in reversed(proc.stdout.splitlines())
                    if line.startswith(MARK)), None)

@@ -1,6 +1,7 @@
 """The process a parity run computes in: ``python -m workbench.integrations.parity_child`` with a ParityJob (JSON)
 on stdin; its environment selects the Triton backend before anything imports triton (the interpreter on CPU). The
-answer is one line ``@@parity <json>`` on stdout: {"metrics", "patch"} or {"error"}.
+answer is one line ``@@parity <json>`` on stdout: {"metrics", "patch"} or {"error"}. The promoted operators' code may
+write only in the job's ``scratch`` folder (workbench.verify.worker.install_write_guard, as in the replay's child).
 
 The model is built from the job's seed twice over (shipped, then a deep copy patched with apply_workbench_kernels),
 both run forward and backward on one batch (labels = the inputs: the causal LM loss), and forward hooks on every
@@ -16,6 +17,7 @@ import copy
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 MARK = "@@parity "
@@ -149,9 +151,13 @@ def run(job: dict) -> dict:
     import workbench.kernels as wk
     from workbench.integrations.parity import THRESHOLDS
     from workbench.integrations.transformers import apply_workbench_kernels, family
+    from workbench.operators import newest_promoted
+    from workbench.verify.worker import install_write_guard
 
     torch.set_num_threads(1)
     wk.set_operators_dir(job["operators_dir"])
+    operators = [m["path"] for m in newest_promoted(Path(job["operators_dir"])).values()]
+    install_write_guard(operators, [job["scratch"]], "the parity sandbox")  # they write nowhere else
     fam = family(job["model_type"])
     rebound = torch_paths_without_driver(fam)
     dtype = getattr(torch, job["dtype"])
