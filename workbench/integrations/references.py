@@ -1,0 +1,296 @@
+"""The catalog's references held to the published code, in float64: each block's reference and the transformers
+(or PEFT) module or function that computes the same math, on the same random inputs, outputs and gradients.
+
+transformers casts to float32 by name (``.float()``, ``.to(torch.float32)``, ``dtype=torch.float32``), so a float64
+module still computes parts in float32; ``Float64Casts`` (a torch function mode) turns those casts into float64 for
+the comparison. Each comparison returns a ``Comparison``: the block, the published counterpart, whether the block
+computes the same variant, and the worst relative error of the outputs and of the gradients. A "differs" row is a
+variant the catalog does not compute (the error says by how much): the family integration leaves such a module
+alone (workbench.integrations.families).
+
+    python bench/reference_parity.py      # the table
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from workbench.blocks import get_block
+
+F64 = torch.float64
+
+
+class Float64Casts(TorchFunctionMode):
+    """Casts to float32 become casts to float64 (``.float()``, ``.to(torch.float32)``, ``.type(torch.float32)``,
+    ``dtype=torch.float32`` keywords), so published code given float64 tensors computes in float64 throughout."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.float:
+            func, args = torch.Tensor.to, (args[0], F64)
+        args = tuple(F64 if a is torch.float32 else a for a in args)
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = F64
+        return func(*args, **kwargs)
+
+
+@dataclass
+class Comparison:
+    """One block against its published counterpart: ``same`` the variant, and the worst relative errors."""
+
+    block: str
+    counterpart: str
+    same: bool
+    output_rel: float
+    grad_rel: float
+    note: str = ""
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |a| (0 when both vanish)."""
+    scale = a.abs().max().item()
+    return (a - b).abs().max().item() / scale if scale else (a - b).abs().max().item()
+
+
+def _compare(block: str, counterpart: str, ours: Callable, theirs: Callable, leaves: list[torch.Tensor],
+             same: bool = True, note: str = "") -> Comparison:
+    """Run both on ``leaves`` (float64, requiring grad) with one random upstream gradient per output; compare."""
+    out_a = ours()
+    with Float64Casts():
+        out_b = theirs()
+    out_a = out_a if isinstance(out_a, tuple) else (out_a,)
+    out_b = out_b if isinstance(out_b, tuple) else (out_b,)
+    g = torch.Generator().manual_seed(7)
+    ups = [torch.randn(o.shape, generator=g, dtype=F64) for o in out_a]
+    differentiable = [i for i, o in enumerate(out_a) if o.requires_grad]  # discrete outputs (ids) take none
+    grads_a = torch.autograd.grad([out_a[i] for i in differentiable], leaves, [ups[i] for i in differentiable],
+                                  allow_unused=True)
+    grads_b = torch.autograd.grad([out_b[i] for i in differentiable], leaves, [ups[i] for i in differentiable],
+                                  allow_unused=True)
+    output_rel = max(rel(a, b) for a, b in zip(out_a, out_b, strict=True))
+    grad_rel = max(rel(a if a is not None else torch.zeros_like(x), b if b is not None else torch.zeros_like(x))
+                   for a, b, x in zip(grads_a, grads_b, leaves, strict=True))
+    return Comparison(block, counterpart, same, output_rel, grad_rel, note)
+
+
+def _leaf(*shape: int, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=g, dtype=F64)).requires_grad_(True)
+
+
+def rmsnorm() -> Comparison:
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x = _leaf(2, 5, 24, g=g)
+    norm = KimiLinearRMSNorm(24, eps=1e-5).to(F64)
+    w = norm.weight
+    w.data = 1 + 0.1 * torch.randn(24, generator=g, dtype=F64)
+    return _compare("rmsnorm", "KimiLinearRMSNorm", lambda: get_block("rmsnorm").reference(x, w, 1e-5),
+                    lambda: norm(x), [x, w])
+
+
+def swiglu() -> Comparison:
+    from transformers.activations import ACT2FN
+
+    g = torch.Generator().manual_seed(1)
+    a, b = _leaf(6, 20, g=g, scale=3.0), _leaf(6, 20, g=g)
+    return _compare("swiglu", "KimiLinearMLP: act_fn(gate) * up (silu)", lambda: get_block("swiglu").reference(a, b),
+                    lambda: ACT2FN["silu"](a) * b, [a, b])
+
+
+def kda_short_conv() -> Comparison:
+    from transformers.models.kimi_linear import modeling_kimi_linear as kl
+
+    g = torch.Generator().manual_seed(2)
+    x, w = _leaf(2, 9, 12, g=g), _leaf(12, 4, g=g, scale=0.5)
+    conv = kl.causal_conv1d_fn.__wrapped__  # the torch path (fla's and causal-conv1d's need a GPU driver)
+    return _compare("kda_short_conv", "causal_conv1d_fn (KimiLinearDeltaAttention, silu)",
+                    lambda: get_block("kda_short_conv").reference(x, w),
+                    lambda: conv(x.transpose(1, 2), w, None, "silu").transpose(1, 2), [x, w])
+
+
+def _kda_inputs(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    b, t, h, d = 2, 19, 2, 8
+    q = torch.nn.functional.normalize(torch.randn(b, t, h, d, generator=g, dtype=F64), dim=-1).requires_grad_(True)
+    k = torch.nn.functional.normalize(torch.randn(b, t, h, d, generator=g, dtype=F64), dim=-1).requires_grad_(True)
+    v = _leaf(b, t, h, d, g=g)
+    gate = torch.nn.functional.logsigmoid(torch.randn(b, t, h, d, generator=g, dtype=F64)).requires_grad_(True)
+    beta = torch.sigmoid(torch.randn(b, t, h, generator=g, dtype=F64)).requires_grad_(True)
+    h0 = _leaf(b, h, d, d, g=g)
+    return q, k, v, gate, beta, h0
+
+
+def kda() -> list[Comparison]:
+    from transformers.models.kimi_linear import modeling_kimi_linear as kl
+
+    rows = []
+    for name, fn in (("chunk_kimi_delta_attention", kl.chunk_kimi_delta_attention.__wrapped__),
+                     ("recurrent_kimi_delta_attention", kl.recurrent_kimi_delta_attention.__wrapped__)):
+        q, k, v, gate, beta, h0 = _kda_inputs(3)
+        rows.append(_compare(
+            "kda", f"{name} (torch path)",
+            lambda q=q, k=k, v=v, gate=gate, beta=beta, h0=h0: get_block("kda").reference(
+                q, k, v, gate, beta, q.shape[-1] ** -0.5, h0),
+            lambda q=q, k=k, v=v, gate=gate, beta=beta, h0=h0, fn=fn: fn(
+                q, k, v, g=gate, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=False),
+            [q, k, v, gate, beta, h0]))
+    return rows
+
+
+def _gate_inputs(config_cls, gate_cls, seed: int, **config):
+    g = torch.Generator().manual_seed(seed)
+    cfg = config_cls(hidden_size=16, linear_num_heads=2, linear_head_dim=4, **config)
+    gate = gate_cls(cfg).to(F64)
+    for p in gate.parameters():
+        p.data = torch.randn(p.shape, generator=g, dtype=F64)
+    x = _leaf(2, 5, 16, g=g, scale=2.0)
+    return gate, x
+
+
+def kda_gate() -> list[Comparison]:
+    from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextForgetGate
+    from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearForgetGate
+
+    block = get_block("kda_gate")
+    gate, x = _gate_inputs(Glm5NextTextConfig, Glm5NextTextForgetGate, 4, linear_lower_bound=-5.0)
+    f = lambda: gate.f_b_proj(gate.f_a_proj(x)).view(2, 5, 2, 4)  # noqa: E731
+    bounded = _compare("kda_gate", "Glm5NextTextForgetGate (linear_lower_bound -5)",
+                       lambda: block.reference(f(), gate.A_log, gate.dt_bias.view(2, 4), -5.0), lambda: gate(x),
+                       [x, gate.A_log, gate.dt_bias])
+    gate, x = _gate_inputs(KimiLinearConfig, KimiLinearForgetGate, 5)
+    softplus = _compare("kda_gate", "KimiLinearForgetGate", lambda: block.reference(
+        gate.f_b_proj(gate.f_a_proj(x)).view(2, 5, 2, 4), gate.A_log.view(2), gate.dt_bias.view(2, 4), -5.0),
+        lambda: gate(x), [x, gate.dt_bias], same=False,
+        note="softplus gate -exp(A_log) softplus(f + dt_bias), unbounded: no block yet")
+    return [bounded, softplus]
+
+
+def mla() -> Comparison:
+    from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
+
+    g = torch.Generator().manual_seed(6)
+    cfg = KimiLinearConfig(hidden_size=32, num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=16,
+                           qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, q_lora_rank=None)
+    cfg._attn_implementation = "eager"
+    attn = KimiLinearAttention(cfg, 0).to(F64)
+    for p in attn.parameters():
+        p.data = torch.randn(p.shape, generator=g, dtype=F64) * p.shape[-1] ** -0.5
+    x, t = _leaf(2, 7, 32, g=g), 7
+    mask = torch.full((t, t), float("-inf"), dtype=F64).triu(1)[None, None]
+    block = get_block("mla")
+
+    def ours():
+        q = attn.q_proj(x).view(2, t, 3, 12)
+        c_kv, k_rope = attn.kv_a_proj_with_mqa(x).split([16, 4], dim=-1)
+        w = attn.kv_b_proj.weight.view(3, 14, 16)
+        norm = attn.kv_a_layernorm
+        c_kv = get_block("rmsnorm").reference(c_kv, norm.weight, norm.variance_epsilon)
+        out = block.reference(q, c_kv, k_rope, w[:, :8], w[:, 8:], None, attn.scaling)
+        return attn.o_proj(out.reshape(2, t, -1))
+
+    return _compare("mla", "KimiLinearAttention (decompressed, no rope)", ours, lambda: attn(x, mask)[0],
+                    [x, attn.kv_b_proj.weight, attn.q_proj.weight])
+
+
+def _router(config_cls, router_cls, seed: int, **config):
+    g = torch.Generator().manual_seed(seed)
+    cfg = config_cls(hidden_size=16, num_local_experts=16, num_experts_per_tok=4, **config)
+    router = router_cls(cfg).to(F64)
+    router.weight.data = torch.randn(16, 16, generator=g, dtype=F64)
+    router.e_score_correction_bias = torch.randn(16, generator=g, dtype=F64) * 0.1
+    return router, _leaf(48, 16, g=g)
+
+
+def _routed(router, x):
+    """The router's weights in ascending expert order and the chosen expert sets (order-free)."""
+    def run():
+        _, weights, ids = router(x)
+        order = ids.argsort(-1)
+        return weights.gather(-1, order), ids.gather(-1, order).to(F64)
+    return run
+
+
+def moe_router() -> list[Comparison]:
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearTopkRouter
+
+    block = get_block("moe_router")
+    rows = []
+    for cls, config_cls, name, config, same, note in (
+            (KimiLinearTopkRouter, KimiLinearConfig, "KimiLinearTopkRouter (n_group 1)",
+             {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.446}, True, ""),
+            (DeepseekV3TopkRouter, DeepseekV3Config, "DeepseekV3TopkRouter (n_group 4, topk_group 2)",
+             {"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5}, False,
+             "group-limited routing: no variant yet")):
+        router, x = _router(config_cls, cls, 8, **config)
+
+        def ours(router=router, x=x):
+            weights, ids, _ = block.reference(x, router.weight, router.e_score_correction_bias, router.top_k,
+                                              "sigmoid", None, router.norm_topk_prob, router.routed_scaling_factor)
+            order = ids.argsort(-1)
+            return weights.gather(-1, order), ids.gather(-1, order).to(F64)
+
+        rows.append(_compare("moe_router", name, ours, _routed(router, x), [x, router.weight], same, note))
+    return rows
+
+
+def moe_experts() -> Comparison:
+    from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearExperts
+
+    g = torch.Generator().manual_seed(9)
+    cfg = KimiLinearConfig(hidden_size=16, moe_intermediate_size=12, num_local_experts=6)
+    experts = KimiLinearExperts(cfg).to(F64)
+    experts.gate_up_proj.data = torch.randn(6, 24, 16, generator=g, dtype=F64) * 0.25
+    experts.down_proj.data = torch.randn(6, 16, 12, generator=g, dtype=F64) * 0.3
+    x = _leaf(20, 16, g=g)
+    ids = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(20)])
+    weights = torch.rand(20, 2, generator=g, dtype=F64).requires_grad_(True)
+
+    def ours():
+        x_perm, _, row_of_slot, _, offsets = get_block("moe_permute").reference(x, ids, 6)
+        y = get_block("moe_grouped_gemm").reference(x_perm, offsets, experts.gate_up_proj[:, :12],
+                                                    experts.gate_up_proj[:, 12:], experts.down_proj, "swiglu", 4.0,
+                                                    25.0)
+        return get_block("moe_combine").reference(y, weights, row_of_slot)
+
+    return _compare("moe_permute + moe_grouped_gemm + moe_combine", "KimiLinearExperts (eager)", ours,
+                    lambda: experts(x, ids, weights), [x, weights, experts.gate_up_proj, experts.down_proj])
+
+
+def lora_linear() -> Comparison:
+    import peft
+
+    g = torch.Generator().manual_seed(10)
+    base = torch.nn.Sequential(torch.nn.Linear(12, 10, bias=False)).to(F64)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["0"], lora_dropout=0.0))
+    layer = model.base_model.model[0]
+    layer.lora_B["default"].weight.data = torch.randn(10, 4, generator=g, dtype=F64)
+    x = _leaf(7, 12, g=g)
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    return _compare("lora_linear", "peft LoraLayer Linear (alpha / r, no dropout)",
+                    lambda: get_block("lora_linear").reference(x, layer.base_layer.weight, a, b, 8 / 4),
+                    lambda: layer(x), [x, a, b])
+
+
+COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
+    rmsnorm, swiglu, kda_short_conv, kda, kda_gate, mla, moe_router, moe_experts, lora_linear)
+"""Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
+
+
+def compare_all() -> list[Comparison]:
+    rows: list[Comparison] = []
+    for comparison in COMPARISONS:
+        found = comparison()
+        rows += found if isinstance(found, list) else [found]
+    return rows
