@@ -845,6 +845,9 @@ def parity(
     dtype: Annotated[str, typer.Option(help="float32; bfloat16 on a GPU backend")] = "float32",
     seed: Annotated[int, typer.Option(help="weights and batch seed")] = 0,
     backend: Annotated[str, typer.Option(help="auto, interpreter or cuda")] = "auto",
+    lora: Annotated[int, typer.Option(min=0, help="LoRA rank through PEFT on both models, then --steps fine-tuning "
+                                                  "steps compared (0: no LoRA)")] = 0,
+    steps: Annotated[int, typer.Option(min=1, help="fine-tuning steps with --lora")] = 4,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Run the model's published transformers code as shipped and with the promoted operators swapped in
@@ -857,7 +860,7 @@ def parity(
     settings = Settings.load(db, operators)
     chosen = [b.strip() for b in blocks.split(",") if b.strip()] if blocks else None
     result = run_parity(source, layers=layers, tokens=tokens, blocks=chosen, dtype=dtype, seed=seed,
-                        backend=get_backend(backend), operators_dir=settings.operators_dir)
+                        backend=get_backend(backend), operators_dir=settings.operators_dir, lora=lora, steps=steps)
     parity_id = records.record_parity(_engine(settings), result.as_dict())
     if as_json:
         _emit_json({"id": parity_id, **result.as_dict()})
@@ -887,6 +890,9 @@ def print_parity(result) -> None:
                  ("grad worst parameter", str(m.get("grad_worst_param"))),
                  ("worst module", "-" if not m.get("worst_module") else
                   f"{m['worst_module']['module']} ({m['worst_module']['rel']:.3g})")]
+        if m.get("lora"):
+            extra += [(f"LoRA r{m['lora']['rank']} curve, {name}", " ".join(f"{v:.6g}" for v in curve))
+                      for name, curve in m["lora"]["curves"].items()]
         for name, value in extra:
             table.add_row(name, escape(value), "", "")
         console.print(table)

@@ -59,3 +59,16 @@ def test_bfloat16_needs_a_gpu_and_says_so(settings):
     result = runner.invoke(app, ["parity", "kimi_linear", "--dtype", "bfloat16", "--backend", "interpreter"])
     assert result.exit_code == 2
     assert "the interpreter backend cannot compute bfloat16" in result.output
+
+
+def test_a_lora_fine_tune_through_peft_keeps_the_shipped_curve(settings):
+    """Both models wrapped by PEFT's LoRA (rank 4 on every projection), then 3 AdamW steps: the patched model (its
+    LoRA layers as lora_linear, everything else as above) follows the shipped curve."""
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    result, report = parity("--layers", "2", "--lora", "4", "--steps", "3")
+    assert result.exit_code == 0, result.output
+    lora = report["metrics"]["lora"]
+    assert lora["rank"] == 4 and len(lora["curves"]["patched"]) == 3
+    assert lora["curves"]["shipped"] != [lora["curves"]["shipped"][0]] * 3, "the adapters trained"
+    assert report["metrics"]["curve_rel"] < 1e-4
+    assert any(m["blocks"] == ["lora_linear"] and m["count"] >= 8 for m in report["patch"]["modules"])

@@ -122,3 +122,18 @@ def test_k3s_card_reads_its_text_config_and_says_what_the_class_cannot_compute()
     fields, label, notes = config_fields("kimi-k3.1-pro")
     assert label.startswith("kimi-k3.1-pro (")
     assert "derived from kimi-k3" in notes[0] and "no published class" in notes[0]
+
+
+def test_peft_lora_layers_are_swapped_for_lora_linear_unless_they_drop_out(promoted):
+    import peft
+
+    targets = ["q_proj", "o_proj", "kv_b_proj"]
+    model = peft.get_peft_model(tiny_kimi(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    rows = {r.path.split("base_model.model.", 1)[1]: r for r in apply_workbench_kernels(model).rows}
+    assert rows["model.layers.0.self_attn.q_proj"].blocks == ("lora_linear",)
+    assert rows["model.layers.3.self_attn.kv_b_proj"].blocks == ("lora_linear",)
+    assert "kv_b_proj is a peft.Linear (an adapter)" in rows["model.layers.3.self_attn"].reason  # runs as shipped
+    assert rows["lm_head"].reason.startswith("the logits are the model's output")
+    dropping = peft.get_peft_model(tiny_kimi(), peft.LoraConfig(r=4, target_modules=targets, lora_dropout=0.1))
+    rows = {r.path.split("base_model.model.", 1)[1]: r for r in apply_workbench_kernels(dropping).rows}
+    assert "LoRA dropout 0.1" in rows["model.layers.0.self_attn.q_proj"].reason

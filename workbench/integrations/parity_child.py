@@ -144,6 +144,35 @@ def grad_metrics(shipped, patched) -> dict[str, Any]:
             "grad_params": len(errors)}
 
 
+def with_lora(model, rank: int, targets: tuple[str, ...], seed: int):
+    """The model wrapped by PEFT's LoRA (rank, alpha 2 * rank, no dropout) on ``targets``, initialised from
+    ``seed`` (so the shipped and the patched copy start with the same adapters)."""
+    import peft
+    import torch
+
+    torch.manual_seed(seed + 2)
+    return peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                                      target_modules=list(targets)))
+
+
+def fine_tune(model, steps: int, seed: int, shape, vocab: int, device: str) -> list[float]:
+    """``steps`` AdamW steps (lr 1e-2) on fresh batches of ``shape`` from ``seed``: the loss of each."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 3)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, tuple(shape), generator=g).to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def run(job: dict) -> dict:
     import torch
     from transformers import CONFIG_MAPPING
@@ -167,6 +196,8 @@ def run(job: dict) -> dict:
     model_cls = getattr(fam.shipped, job["model_class"])
     shipped = model_cls(config).to(device=device, dtype=dtype)
     patched = copy.deepcopy(shipped)
+    if job["lora"]:
+        shipped, patched = (with_lora(m, job["lora"], fam.LORA_TARGETS, job["seed"]) for m in (shipped, patched))
     report = apply_workbench_kernels(patched, job["blocks"])
     if rebound:
         report.notes.append(f"no GPU driver: {', '.join(rebound)} ran their torch path (fla's kernels need one) "
@@ -196,6 +227,12 @@ def run(job: dict) -> dict:
     metrics["first_divergence"] = {"module": first, "rel": modules[first]} if first else None
     worst = max(modules, key=modules.get) if modules else None
     metrics["worst_module"] = {"module": worst, "rel": modules[worst]} if worst else None
+    if job["lora"]:
+        curves = {name: fine_tune(model, job["steps"], job["seed"], ids.shape, config.vocab_size, device)
+                  for name, model in (("shipped", shipped), ("patched", patched))}
+        metrics["lora"] = {"rank": job["lora"], "steps": job["steps"], "curves": curves}
+        metrics["curve_rel"] = max(abs(p - s) / abs(s) for s, p in zip(curves["shipped"], curves["patched"],
+                                                                        strict=True))
     return {"metrics": metrics, "patch": report.as_dict()}
 
 

@@ -13,7 +13,8 @@ own plug points where they fit (the experts-implementation registry ``ALL_EXPERT
 ``set_experts_implementation``) and by replacing a module instance's ``forward`` where they do not (the module keeps
 its parameters, names and state dict; ``original_forward`` gives the shipped one back). A module whose math no
 catalog block computes, or computes in another variant, is left alone and named in the report with the reason; it
-is never replaced by a look-alike. ``blocks`` restricts the swap to those blocks (the rest are left alone, "not
+is never replaced by a look-alike. PEFT's LoRA layers (``peft.get_peft_model``) are swapped for ``lora_linear`` in
+any family (``apply_to_lora``). ``blocks`` restricts the swap to those blocks (the rest are left alone, "not
 requested").
 
 The kernels run where the operators run: on a GPU they compile; on CPU only through the Triton interpreter
@@ -147,5 +148,27 @@ def apply_workbench_kernels(model: nn.Module, blocks: Iterable[str] | None = Non
     for name in blocks or ():
         get_block(name)
     report = PatchReport(model_type, type(model).__name__)
-    family(model_type).apply(Patcher(model, blocks, report))
+    patcher = Patcher(model, blocks, report)
+    family(model_type).apply(patcher)
+    apply_to_lora(patcher)
     return report
+
+
+def apply_to_lora(patcher: Patcher) -> None:
+    """PEFT's LoRA Linear layers (a model wrapped by peft.get_peft_model), whatever the family, as lora_linear where
+    it computes them; each reported."""
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return
+    from workbench.integrations.families._common import lora_forward, lora_supported
+
+    for path, module in patcher.model.named_modules():
+        if not isinstance(module, LoraLinear):
+            continue
+        why = lora_supported(module)
+        if why:
+            patcher.report.leave(path, module, why)
+        elif patcher.wants(path, module, "lora_linear"):
+            module.workbench_adapter = module.active_adapters[0]
+            patcher.set_forward(path, module, lora_forward, "lora_linear")

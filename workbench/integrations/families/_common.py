@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.blocks.situ import BETA, LINEAR_BETA
-from workbench.kernels import mla, moe_combine, moe_grouped_gemm, moe_permute, moe_router, rmsnorm, swiglu
+from workbench.kernels import lora_linear, mla, moe_combine, moe_grouped_gemm, moe_permute, moe_router, rmsnorm, swiglu
 
 EXPERTS_IMPLEMENTATION = "workbench"
 """The name the experts forward is registered under in transformers' ALL_EXPERTS_FUNCTIONS."""
@@ -75,10 +75,12 @@ def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: to
                 past_key_values=None, **kwargs):
     """MLA from its latents (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa,
     kv_a_layernorm, kv_b_proj, o_proj) with the attention as workbench::mla, no rotary embedding (Kimi's
-    mla_use_nope): W_uk and W_uv are views of kv_b_proj's weight [H * (DN + DV), R]. A cache or a mask other than
-    the causal one runs the shipped forward."""
+    mla_use_nope): W_uk and W_uv are views of kv_b_proj's weight [H * (DN + DV), R]. A cache, a mask other than the
+    causal one, or an adapted kv_b_proj (a LoRA layer: its weight alone is not what it computes) runs the shipped
+    forward."""
     b, t = hidden_states.shape[:2]
-    if past_key_values is not None or not causal_only(attention_mask, t) or (self.training and self.attention_dropout):
+    if past_key_values is not None or not causal_only(attention_mask, t) or (self.training and self.attention_dropout) \
+            or type(self.kv_b_proj) is not nn.Linear:
         return self.original_forward(hidden_states, attention_mask, past_key_values=past_key_values, **kwargs)
     if self.q_lora_rank is None:
         q = self.q_proj(hidden_states)
@@ -91,3 +93,34 @@ def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: to
     out = mla(q, c_kv.contiguous(), k_rope.contiguous(), w_kv[:, :self.qk_nope_head_dim],
               w_kv[:, self.qk_nope_head_dim:], None, self.scaling)
     return self.o_proj(out.reshape(b, t, -1)), None
+
+
+def lora_supported(module: nn.Module) -> str:
+    """Why ``lora_forward`` cannot compute a PEFT LoRA Linear ("" when it can)."""
+    adapters = list(module.active_adapters)
+    if len(adapters) != 1:
+        return f"{len(adapters)} active adapters: lora_linear takes one"
+    name = adapters[0]
+    dropout = module.lora_dropout[name]
+    if isinstance(dropout, nn.Dropout) and dropout.p > 0:
+        return (f"LoRA dropout {dropout.p}: the adapter sees dropout(x) and the base layer plain x, which lora_linear "
+                "(one x for both) cannot express")
+    if module.use_dora.get(name):
+        return "DoRA: lora_linear has no magnitude vector"
+    base = module.get_base_layer()
+    if not isinstance(base, nn.Linear) or base.bias is not None or getattr(module, "fan_in_fan_out", False):
+        return "a base layer other than a bias-free nn.Linear: lora_linear computes x W^T + x A^T B^T * scaling"
+    return ""
+
+
+def lora_forward(self: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """A PEFT LoRA Linear (one adapter, no dropout, unmerged) as workbench::lora_linear: x W^T + x A^T B^T *
+    scaling (alpha / r, or alpha / sqrt(r) with rsLoRA: PEFT's own scaling); disabled or merged adapters, or another
+    active adapter than the one patched, run the shipped forward."""
+    name = self.workbench_adapter
+    if self.disable_adapters or self.merged or list(self.active_adapters) != [name]:
+        return self.original_forward(x, *args, **kwargs)
+    base = self.get_base_layer()
+    y = lora_linear(x.reshape(-1, x.shape[-1]), base.weight, self.lora_A[name].weight, self.lora_B[name].weight,
+                    float(self.scaling[name]))
+    return y.reshape(*x.shape[:-1], y.shape[-1])

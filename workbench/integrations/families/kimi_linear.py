@@ -39,6 +39,8 @@ ROUTER = shipped.KimiLinearTopkRouter  # its output (router_logits, top_k_weight
 HUB_BOUND = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn",
              "causal_conv1d_update")
 """The module's functions transformers binds to an installed package's kernels (fla, causal-conv1d) at import."""
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "kv_a_proj_with_mqa", "gate_proj", "up_proj", "down_proj")
+"""The projections a parity run's LoRA adapts (workbench parity --lora): attention, MLA's latent, the MLPs."""
 
 LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
 FORGET_GATE = ("softplus forget gate -exp(A_log) * softplus(f + dt_bias), unbounded: kda_gate computes the bounded "
@@ -48,8 +50,9 @@ FORGET_GATE = ("softplus forget gate -exp(A_log) * softplus(f + dt_bias), unboun
 def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
                       attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
     """KimiLinearDeltaAttention.forward with the short convolution as workbench::kda_short_conv and the delta rule
-    as workbench::kda (no initial state). A cache (decode) or packed sequences (cu_seqlens) run the shipped forward."""
-    if cache_params is not None or kwargs.get("cu_seqlens") is not None:
+    as workbench::kda (no initial state). A cache (decode), packed sequences (cu_seqlens) or an adapted conv1d (its
+    weight alone is not what it computes) run the shipped forward."""
+    if cache_params is not None or kwargs.get("cu_seqlens") is not None or type(self.conv1d) is not nn.Conv1d:
         return self.original_forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask,
                                      **kwargs)
     hidden_states = shipped.apply_mask_to_padding_states(hidden_states, attention_mask)
@@ -65,6 +68,11 @@ def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params
     o, _ = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
     gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(heads)
     return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
+
+
+def qualified(module: nn.Module) -> str:
+    """``peft.Linear``: a module's class with its package."""
+    return f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"
 
 
 def apply(patcher: Patcher) -> None:
@@ -96,10 +104,16 @@ def apply(patcher: Patcher) -> None:
                 experts_used = True
                 report.replace(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine")
         elif isinstance(module, shipped.KimiLinearAttention):
-            if patcher.wants(path, module, "mla"):
+            if type(module.kv_b_proj) is not nn.Linear:
+                report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla takes "
+                                           "W_uk and W_uv as plain weights")
+            elif patcher.wants(path, module, "mla"):
                 patcher.set_forward(path, module, mla_forward, "mla")
         elif isinstance(module, shipped.KimiLinearDeltaAttention):
-            if module.activation != "silu" or module.conv1d.bias is not None:
+            if type(module.conv1d) is not nn.Conv1d:
+                report.leave(path, module, f"conv1d is a {qualified(module.conv1d)} (an adapter): "
+                                           "kda_short_conv takes the taps as a plain weight")
+            elif module.activation != "silu" or module.conv1d.bias is not None:
                 report.leave(path, module, f"short convolution with activation '{module.activation}' or a bias: "
                                            "kda_short_conv computes silu(conv(x)) without bias")
             elif patcher.wants(path, module, "kda_short_conv", "kda"):
@@ -108,7 +122,7 @@ def apply(patcher: Patcher) -> None:
             report.leave(path, module, FORGET_GATE)
         elif isinstance(module, nn.Embedding):
             report.leave(path, module, "embedding lookup: no block")
-        elif path == "lm_head":
+        elif path.rsplit(".", 1)[-1] == "lm_head":
             report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks "
                                        "never build them, so they are not swapped in here")
     if experts_used:
