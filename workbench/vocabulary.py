@@ -47,6 +47,7 @@ class Verdict(StrEnum):
     CACHED_RESULT = "cached_result"
     CONSTANT_OUTPUT = "constant_output"
     NONDETERMINISTIC = "nondeterministic"
+    CAPTURE_DIVERGENCE = "capture_divergence"  # host code launching otherwise on a capture's meta tensors
     OVERFIT_SHAPES = "overfit_shapes"
     # iterations of a port that produced no verifiable candidate
     LLM_ERROR = "llm_error"  # the model endpoint failed

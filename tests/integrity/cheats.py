@@ -387,6 +387,19 @@ CHEATS = [
         "    sys.stdout.flush()\n"
         + R_RUN)],
         "crashed", "printed more than 64 MiB"),
+    # --- forging the targets' evidence: other launches when the capture's tensors are meta ---------------------
+    Cheat("launch settings picked apart for the capture (is_meta)", "rmsnorm", [(R_LAUNCH, R_LAUNCH.replace(
+        "num_warps=warps)", "num_warps=1 if x2.is_meta else warps)"))],
+        "capture_divergence", "reads .is_meta", {"targets": ["sm_90a"]},
+        why="compiled for the targets with 1 warp, launched with its real count: refused before it runs"),
+    Cheat("launch settings picked apart for the capture (the device's name)", "rmsnorm", [(R_LAUNCH, R_LAUNCH.replace(
+        "num_warps=warps)", "num_warps=1 if str(x2.device)[:2] == 'me' else warps)"))],
+        "capture_divergence", "sm_90a [rows=", {"targets": ["sm_90a"]}, numbers_pass=True,
+        why="no name the static scan knows: the probes (meta against real tensors) see 1 warp against 4"),
+    Cheat("asks the runtime whether a GPU is there", "rmsnorm", [(R_LAUNCH, R_LAUNCH.replace(
+        "num_warps=warps)", "num_warps=warps if torch.cuda.is_available() else 1)"))],
+        "capture_divergence", "reads .is_available", {"targets": ["sm_90a"]},
+        why="on a machine without a GPU the answer tells the capture from a GPU run"),
     Cheat("allocates far beyond the memory cap", "rmsnorm", [run_body(
         "    _hog = torch.empty(8 << 30, dtype=torch.uint8)\n"
         + R_RUN)],

@@ -30,7 +30,8 @@ from workbench.verify.contract import declared_block
 from workbench.verify.integrity import evaluate
 from workbench.verify.result import Check, VerificationResult
 from workbench.verify.sandbox import isolation, run_job
-from workbench.verify.static_scan import instrumentation_access
+from workbench.verify.static_scan import capture_probe, instrumentation_access
+from workbench.verify.worker import PROBE
 from workbench.vocabulary import INTEGRITY_VERDICTS, Verdict
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -163,7 +164,9 @@ CAPTURE_DTYPE = torch.bfloat16  # the model suite's dtype on the GPU targets
 def build_captures(spec: BlockSpec, targets: list[Target]) -> tuple[list[dict], list[str]]:
     """(captures sent to the sandbox, problems): the model suite's shapes as meta inputs in CAPTURE_DTYPE, once per
     target (the host code chooses its launch settings per target), whose launches the worker records without
-    running them."""
+    running them; and per target two probes of the first smoke shape, on meta tensors and on real ones (zeros),
+    whose launches must be the same (workbench.verify.integrity: capture_divergence): host code that tells a
+    capture from a run would compile one thing for the targets and launch another."""
     captures, problems = [], []
     for shape in suite_shapes(spec, "model"):
         try:
@@ -173,6 +176,11 @@ def build_captures(spec: BlockSpec, targets: list[Target]) -> tuple[list[dict], 
             continue
         captures += [{"id": len(captures) + i, "suite": "model", "shape": shape_label(shape), "target": t.name,
                       "inputs": inputs} for i, t in enumerate(targets)]
+    for shape in suite_shapes(spec, "smoke")[:1]:  # the probes: meta against real tensors, per target
+        inputs = spec.meta_inputs(shape, CAPTURE_DTYPE)
+        captures += [{"id": len(captures) + i, "suite": f"{PROBE}{kind}:{shape_label(shape)}", "probe": kind,
+                      "shape": shape_label(shape), "target": t.name, "inputs": inputs}
+                     for i, (t, kind) in enumerate((t, kind) for t in targets for kind in ("meta", "real"))]
     return captures, problems
 
 
@@ -281,6 +289,14 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
                                direction="integrity:instrumentation_access", passed=False, reason=result.message)]
         result.seconds = time.monotonic() - started
         return result
+    probe = capture_probe(source)
+    if probe:  # refused before it runs: host code that can tell the targets' capture from a GPU run
+        result.verdict = Verdict.CAPTURE_DIVERGENCE
+        result.message = f"host code that tells a capture from a run: {probe}"
+        result.checks = [Check(suite="integrity", shape="-", dtype="-", seed=0,
+                               direction="integrity:capture_divergence", passed=False, reason=result.message)]
+        result.seconds = time.monotonic() - started
+        return result
     trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed, forward_only)
     if not trials:
         raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")
@@ -327,11 +343,12 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     ``result``, and return one failed check per kernel x target that did not compile."""
     started = time.monotonic()
     for capture in results.get("captures", []):
-        if capture.get("error"):
+        if capture.get("error") and capture.get("suite", "").startswith("model"):
             result.findings.append(f"model suite launches incomplete: {capture['error']['message']}"[:300])
     settings = Settings.load()
     cache = cache or settings.compile_cache or settings.work_dir / "compile-cache"
-    report = compile_for_targets(path, result.source_hash, results.get("launches", []), required, cache_dir=cache)
+    launches = [launch for launch in results.get("launches", []) if not launch["suite"].startswith(PROBE)]
+    report = compile_for_targets(path, result.source_hash, launches, required, cache_dir=cache)
     result.compile_seconds = time.monotonic() - started
     result.builds = [b.to_dict() for b in report.builds]
     result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the model suite"

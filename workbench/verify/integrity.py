@@ -12,7 +12,7 @@ import torch
 
 from workbench.blocks.base import BlockSpec
 from workbench.verify.result import Check
-from workbench.verify.worker import POISON_BITS, POISON_INT
+from workbench.verify.worker import POISON_BITS, POISON_INT, PROBE
 
 # Host code may allocate, view, copy and read scalars; every other aten op during run/backward is a torch fallback
 # unless the block lists it in host_ops.
@@ -151,6 +151,8 @@ def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[i
         failed.append(_check("constant_output", f"constant output where the truth varies: {'; '.join(constant[:3])}"))
     if nondet := _nondeterministic(expected, by_id, numeric):
         failed.append(_check("nondeterministic", nondet))
+    if divergence := _capture_divergence(results):
+        failed.append(_check("capture_divergence", divergence))
     if overfit := _overfit(expected, numeric):
         failed.append(_check("overfit_shapes", overfit))
     return failed
@@ -205,4 +207,38 @@ def _overfit(expected: list[dict], numeric: dict[int, list[Check]]) -> str:
     if shown and all(c.passed for c in shown) and any(not c.passed for c in hidden):
         bad = next(c for c in hidden if not c.passed)
         return f"passes every suite shape but fails hidden shape [{bad.shape}] {bad.dtype}: {bad.reason}"
+    return ""
+
+
+def _probe_launches(results: dict) -> dict[tuple[str, str, str], set[str]]:
+    """The launches of each capture probe by (target, shape, meta | real), each as its kernel with its argument types,
+    constexprs and options; a probe whose host code failed adds its error's kind."""
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for capture in results.get("captures", []):
+        if capture.get("suite", "").startswith(PROBE):
+            _, kind, shape = capture["suite"].split(":", 2)
+            errors = {f"error: {capture['error']['kind']}"} if capture.get("error") else set()
+            found.setdefault((capture["target"], shape, kind), set()).update(errors)
+    for launch in results.get("launches", []):
+        if launch["suite"].startswith(PROBE):
+            _, kind, shape = launch["suite"].split(":", 2)
+            settings = {**launch["constexprs"], **launch["options"]}
+            found.setdefault((launch["target"], shape, kind), set()).add(
+                f"{launch['kernel']}({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})")
+    return found
+
+
+def _capture_divergence(results: dict) -> str:
+    """The host code launches other kernels or settings on the meta tensors of a capture than on real tensors of the
+    same shape and target: what was compiled for the targets is not what the candidate runs there."""
+    found = _probe_launches(results)
+    for (target, shape, kind), launches in sorted(found.items()):
+        if kind != "meta":
+            continue
+        real = found.get((target, shape, "real"), set())
+        if launches != real:
+            only_meta, only_real = sorted(launches - real), sorted(real - launches)
+            return (f"{target} [{shape}]: on meta tensors (the capture) the host code launches "
+                    f"{'; '.join(only_meta[:2]) or 'nothing more'}, on real tensors "
+                    f"{'; '.join(only_real[:2]) or 'nothing more'}")[:500]
     return ""

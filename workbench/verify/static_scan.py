@@ -84,3 +84,36 @@ def instrumentation_access(source: str) -> str | None:
         if found:
             return f"line {node.lineno}: {found}"
     return None
+
+
+RUNTIME_PROBES = frozenset({"is_meta", "is_fake", "is_available", "device_count", "is_initialized",
+                            "get_device_capability", "get_device_properties", "FakeTensor", "FakeTensorMode"})
+"""Names through which host code tells a capture (the model suite's launches recorded on meta tensors, on a machine
+without a GPU) from a run on the GPU: ``x.is_meta``, ``torch.cuda.is_available()`` and its kin, fake tensors. No
+operator needs them: the device a launch runs on comes from the tensors' device and the module's LAUNCH_TARGET
+(templates/_launch.j2), which the verifier sets for each target. ``torch._subclasses`` is refused above."""
+PROBE_ALLOWED: frozenset[str] = frozenset()
+"""Dotted names of RUNTIME_PROBES that host code may use anyway: none today (written down here when one is needed)."""
+
+
+def capture_probe(source: str) -> str | None:
+    """"line N: <what>" for the first place the source can tell a capture from a run (RUNTIME_PROBES, or a
+    comparison with the string "meta"), None when it cannot (or does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        found = None
+        if isinstance(node, ast.Attribute) and node.attr in RUNTIME_PROBES and _dotted(node) not in PROBE_ALLOWED:
+            found = f"reads .{node.attr}"
+        elif isinstance(node, ast.Name) and node.id in RUNTIME_PROBES:
+            found = f"names {node.id}"
+        elif isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == "meta"
+                                                   for c in (node.left, *node.comparators)):
+            found = 'compares with "meta"'
+        elif isinstance(node, ast.Constant) and node.value in RUNTIME_PROBES:
+            found = f"names {node.value!r}"
+        if found:
+            return f"line {node.lineno}: {found}"
+    return None

@@ -23,8 +23,8 @@ the host code reads back (``.item()``, ``.tolist()``, ``.cpu()``) answered with 
 
 Reads JOB_DIR/job.pt; writes the result as one torch.save blob to RESULT_FD (a pipe): ``{"load_error",
 "trials": [{id, outputs, grads, error, launches_fwd, launches_bwd, ops, aliasing, mutated, subclass, seconds}],
-"captures": [{id, error}], "launches": [{kernel, module, file, suite, target, signature, constexprs, options}],
-"events", "patched"}`` (a launch's target: the GPU target its capture recorded it for, None in the trials).
+"captures": [{id, suite, target, error}], "launches": [{kernel, module, file, suite, target, signature, constexprs,
+options}], "events", "patched"}`` (a launch's target: the GPU target its capture recorded it for, None in the trials).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import traceback
 import types
 from pathlib import Path
 
+PROBE = "probe:"  # the suite label of a capture probe's launches: probe:<meta|real>:<shape>
 KERNEL_ERRORS = (ValueError, TypeError, AttributeError, NameError, AssertionError, SyntaxError)
 # Bit patterns written into every fresh buffer (NaN payloads for floats, a sentinel for integers).
 POISON_BITS = {"float32": 0x7FA5A5A5, "float16": 0x7D5A, "bfloat16": 0x7FA5, "float64": 0x7FF4A5A5A5A5A5A5}
@@ -274,7 +275,9 @@ class Launches:
         entry = {"kernel": fn.__name__, "module": fn.__module__, "file": inspect.getsourcefile(fn) or "",
                  "suite": self.suite, "target": self.target, "signature": signature, "constexprs": constexprs,
                  "options": options}
-        key = json.dumps({k: v for k, v in entry.items() if k != "suite"}, sort_keys=True, default=str)
+        # a launch is recorded once whatever suite made it, but a capture probe's launches apart: they are compared
+        key = json.dumps({k: v for k, v in entry.items() if k != "suite" or v.startswith(PROBE)}, sort_keys=True,
+                         default=str)
         if key not in self.seen:
             self.seen.add(key)
             self.records.append(entry)
@@ -522,25 +525,48 @@ def make_abstract_mode():
     return Abstract
 
 
+def make_zeroing_mode():
+    """A dispatch mode for a probe on real tensors: every fresh buffer is zeros, so what the host code reads back from
+    a buffer no (skipped) kernel wrote is zeros, as a meta capture answers."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    fresh = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+             torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
+             torch.ops.aten.new_empty_strided.default}
+
+    class Zeroing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out.zero_() if func in fresh else out
+
+    return Zeroing
+
+
 def capture(module, job_capture: dict, job: dict, launches: Launches, safe) -> dict:
     """Call ``module.run`` and its backward on the capture's meta inputs, recording (not executing) every launch
     under the capture's suite and target; a module with per-target launch settings reads the target from its
-    LAUNCH_TARGET. {id, error}: error when the host code failed at these sizes."""
+    LAUNCH_TARGET. A probe on real tensors (``probe: "real"``) takes zeros of the inputs' shapes and dtypes on the
+    CPU instead, every fresh buffer zeros: honest host code launches there what it launches on meta tensors (the
+    parent compares the two: capture_divergence). {id, error}: error when the host code failed at these sizes."""
     import torch
 
     run, target = module.run, job_capture.get("target")
+    real = job_capture.get("probe") == "real"
     launches.suite, launches.target, launches.skip = job_capture["suite"], target, True
     if hasattr(module, "LAUNCH_TARGET"):
         module.LAUNCH_TARGET = target
     args, leaves = [], []
     for name in job["arg_names"]:
         value = job_capture["inputs"][name]
+        if real and isinstance(value, torch.Tensor):
+            value = torch.zeros(value.shape, dtype=value.dtype)
         if isinstance(value, torch.Tensor) and name in job["grad_inputs"] and value.is_floating_point():
             value = safe.detach(value).requires_grad_(True)
             leaves.append(value)
         args.append(value)
     try:
-        with make_abstract_mode()():
+        with (make_zeroing_mode() if real else make_abstract_mode())():
             out = run(*args)
             outputs = list(out) if isinstance(out, tuple | list) else [out]
             grown = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -553,7 +579,7 @@ def capture(module, job_capture: dict, job: dict, launches: Launches, safe) -> d
         launches.skip, launches.target = False, None
         if hasattr(module, "LAUNCH_TARGET"):
             module.LAUNCH_TARGET = None
-    return {"id": job_capture["id"], "error": error}
+    return {"id": job_capture["id"], "suite": job_capture["suite"], "target": target, "error": error}
 
 
 def main(job_dir: str, result_fd: int) -> int:
