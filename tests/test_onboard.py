@@ -33,7 +33,8 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
                "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
                "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5, "q_lora_rank": 1536,
                "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-               "vocab_size": 129280, "hidden_act": "silu", "rms_norm_eps": 1e-6, "num_nextn_predict_layers": 1}
+               "vocab_size": 129280, "hidden_act": "silu", "rms_norm_eps": 1e-6, "num_nextn_predict_layers": 1,
+               "n_group": 8, "topk_group": 4}
 DEEPSEEK_V32 = {**DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
                 "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
 
@@ -89,7 +90,8 @@ def test_kimi_k3_from_its_published_config():
     assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, "k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0,
                                                      "drop": 0, "act": 1}]  # SiTU experts
     assert "differs" not in blocks["moe_grouped_gemm"]  # it differed while the grouped GEMM was SwiGLU only
-    assert "route scale 1.0" in blocks["moe_router"]["differs"]
+    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 7168, "E": 896, "k": 16, "mode": 0, "scale": 1.0}]
+    assert "differs" not in blocks["moe_router"]  # the config's route scale is an argument of the block
     assert blocks["situ"]["shapes"] == [{"rows": 8192, "N": 6144}, {"rows": 8192, "N": 33792}]  # shared, dense
     assert blocks["situ"]["layers"] == 93  # 92 MoE layers' shared experts and the one dense layer
     assert {"rows": 8192, "N": 3584} in blocks["rmsnorm"]["shapes"]  # the latent experts' norm
@@ -103,6 +105,8 @@ def test_kimi_linear_from_its_published_config():
     assert blocks["kda"]["layers"] == 20 and blocks["mla"]["layers"] == 7
     assert blocks["kda"]["shapes"][0]["H"] == 32 and blocks["kda"]["shapes"][0]["K"] == 72  # head_dim 72
     assert gaps(card) == set()  # SwiGLU experts, no latent MoE, no short convolution in this config
+    assert blocks["kda_gate"]["shapes"] == [{"B": 1, "T": 8192, "H": 32, "K": 72, "form": 1}]  # softplus gate
+    assert blocks["moe_router"]["shapes"][0]["mode"] == 0 and "G" not in blocks["moe_router"]["shapes"][0]
     assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 1024}, {"rows": 8192, "N": 9216}]
     assert blocks["moe_grouped_gemm"]["shapes"][0]["D"] == 2304 and "differs" not in blocks["moe_grouped_gemm"]
 
@@ -113,8 +117,9 @@ def test_deepseek_v3_style_mla_and_moe(tmp_path):
     assert gaps(card) == {"mtp_head"}
     assert blocks["mla"]["shapes"][0]["DR"] == 64 and "no rotary" not in blocks["mla"]["role"]  # RoPE kept
     assert blocks["mla"]["layers"] == 61 and blocks["moe_router"]["layers"] == 58  # first 3 layers dense
-    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 7168, "E": 256, "k": 8, "mode": 0}]
-    assert "route scale 2.5" in blocks["moe_router"]["differs"]
+    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 7168, "E": 256, "k": 8, "mode": 0, "scale": 2.5,
+                                               "G": 8, "kg": 4}]  # group-limited: the best 4 of 8 groups
+    assert "differs" not in blocks["moe_router"] and "best 4 of 8 groups" in blocks["moe_router"]["role"]
     assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 2048}, {"rows": 8192, "N": 18432}]
     assert "head_dim" not in card["facts"]  # MLA's head sizes are its own, not hidden / heads
 
@@ -193,7 +198,7 @@ def test_the_written_card_is_planned_like_any_other(settings, tmp_path, monkeypa
     assert rows["quantized_weights"]["status"] == "no spec" and "mxfp4" in rows["quantized_weights"]["detail"]
     assert rows["mla"]["status"] == "not started" and rows["mla"]["layers"] == 24
     assert rows["kda"]["status"] == "not started" and rows["kda"]["layers"] == 69
-    assert "differs: route scale 1.0" in rows["moe_router"]["detail"]
+    assert "differs" not in rows["moe_router"]["detail"]
     assert get_model("kimi-k3.1-pro")  # the workbench's own cards are still found
 
 
@@ -201,4 +206,4 @@ def test_name_and_out_options(tmp_path):
     result = runner.invoke(app, ["onboard", str(SHARED / "kimi-linear-48b-a3b.config.json"), "--name", "kl",
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "kl.yaml").is_file() and "11 blocks with a spec, 0 without" in result.output
+    assert (tmp_path / "kl.yaml").is_file() and "12 blocks with a spec, 0 without" in result.output  # kda_gate: its softplus form

@@ -27,7 +27,6 @@ from workbench.errors import WorkbenchError
 TOKENS = 8192  # tokens per step of the model suite: not in a config
 LORA_RANK = 64  # the fine-tuning adapters' rank: not in a config
 ROUTER_MODES = {("sigmoid", True): 0, ("softmax", True): 1, ("softmax", False): 3}  # workbench.blocks.moe_router
-ROUTER_SCALES = {0: 2.827, 1: 1.0, 3: 16.0}
 LATENT_MOE = ("latent MoE: the routed experts run at this width, between a down projection from the hidden size with "
               "its RMSNorm and an up projection back; the norm is the rmsnorm block at this width, the projections "
               "dense GEMMs like every projection of the model: no block of its own")
@@ -205,12 +204,17 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
             card.block("kda_short_conv", "KDA's causal depthwise short convolution (with SiLU) on q, k and v",
                        counts["kda"], [{"B": 1, "T": t, "D": kh * kd, "W": linear["short_conv_kernel_size"]}],
                        [f"{linear_field}.short_conv_kernel_size"], gap="KDA short convolution")
-        if linear.get("use_full_rank_gate") or linear.get("gate_lower_bound") is not None:
-            card.block("kda_gate", f"KDA's full-rank decay gate, lower bound {linear.get('gate_lower_bound')}",
-                       counts["kda"],
-                       [{"B": 1, "T": t, "H": kh, "K": kd}],
-                       [f"{linear_field}.use_full_rank_gate", f"{linear_field}.gate_lower_bound"],
-                       gap=f"KDA full-rank gate (lower bound {linear.get('gate_lower_bound')})")
+        bound = linear.get("gate_lower_bound")
+        gate_fields = [f for f, given in ((f"{linear_field}.gate_lower_bound", bound is not None),
+                                          (f"{linear_field}.use_full_rank_gate", "use_full_rank_gate" in linear)) if given]
+        if bound is None:  # every KDA layer has a forget gate: without a bound, Kimi Linear's softplus form
+            card.block("kda_gate", "KDA's decay gate, -exp(A_log) softplus(f + dt_bias) (no lower bound)",
+                       counts["kda"], [{"B": 1, "T": t, "H": kh, "K": kd, "form": 1}], gate_fields or [kda_field],
+                       gap="KDA softplus decay gate")
+        else:
+            card.block("kda_gate", f"KDA's decay gate, lower bound {bound}", counts["kda"],
+                       [{"B": 1, "T": t, "H": kh, "K": kd}], gate_fields,
+                       gap=f"KDA bounded decay gate (lower bound {bound})")
     elif isinstance(linear, dict) or cfg.field("layer_types")[0] is not None:
         _, lt_field = cfg.field("layer_types")
         card.block("linear_attention", "a linear-attention layer kind the workbench does not recognise", None, [],
@@ -286,16 +290,22 @@ def _experts(cfg: Config, card: _Card, d: int, layers: int, t: int) -> dict[str,
         note = {"moe_layers": "the layers from first_k_dense_replace on" if field else "every layer",
                 "expert_width": LATENT_MOE}
         card.fact(fact, value, field, note.get(fact, ""))
+    groups, groups_field = cfg.integer("n_group", "num_expert_group")
+    kept, kept_field = cfg.integer("topk_group")
     mode = ROUTER_MODES.get((func, renorm))
-    router_fields = [e_field, k_field, func_field, renorm_field, scale_field]
+    router_fields = [e_field, k_field, func_field, renorm_field, scale_field, groups_field, kept_field]
     if mode is None:
         card.block("moe_router", f"{func} routing, {k} of {experts} experts", moe_layers, [], router_fields,
                    gap=f"a router with {func} scores (renormalize={renorm})")
     else:
-        differs = "" if scale is None or abs(float(scale) - ROUTER_SCALES[mode]) < 1e-9 else \
-            f"route scale {scale} in the config; the catalog's mode {mode} scales by {ROUTER_SCALES[mode]}"
-        card.block("moe_router", f"{func} routing, {k} of {experts} experts", moe_layers,
-                   [{"N": t, "D": d, "E": experts, "k": k, "mode": mode}], router_fields, differs=differs)
+        shape = {"N": t, "D": d, "E": experts, "k": k, "mode": mode}
+        if scale is not None:
+            shape["scale"] = float(scale)
+        role = f"{func} routing, {k} of {experts} experts"
+        if groups and groups > 1:
+            shape.update(G=groups, kg=kept or 1)
+            role += f" in the best {kept or 1} of {groups} groups"
+        card.block("moe_router", role, moe_layers, [shape], router_fields)
     for block, role in (("moe_permute", "tokens to expert-major order"),
                         ("moe_combine", "weighted unpermute back to token order")):
         card.block(block, role, moe_layers, [{"N": t, "D": dx, "E": experts, "k": k, "hot": 0, "drop": 0}],

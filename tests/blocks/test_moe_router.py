@@ -29,8 +29,10 @@ SPEC = get_block("moe_router")
 ALL_SHAPES = SPEC.shapes["smoke"] + SPEC.shapes["edge"]
 
 
-def per_token_router(x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale):
-    """The same routing written token by token in float64 with Python sorting (independent of the reference)."""
+def per_token_router(x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale, n_group=1,
+                     topk_group=1):
+    """The same routing written token by token in float64 with Python sorting (independent of the reference); with
+    groups, DeepSeek-V3's recipe as its paper states it: rank the groups by the sum of their two best scores."""
     xs, ws, bs = x.double().tolist(), weight.double().tolist(), bias.double().tolist()
     n, e = len(xs), len(ws)
     weights, ids = torch.zeros(n, topk, dtype=torch.float64), torch.zeros(n, topk, dtype=torch.int64)
@@ -47,7 +49,11 @@ def per_token_router(x, weight, bias, topk, score_func, norm_lambda, renormalize
             mx = max(z)
             p = [math.exp(v - mx) for v in z]
             s = [v / sum(p) for v in p]
-        chosen = sorted(range(e), key=lambda j: -(s[j] + bs[j]))[:topk]
+        sel = [s[j] + bs[j] for j in range(e)]
+        size = e // n_group
+        best_two = [sum(sorted(sel[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(n_group)]
+        kept = sorted(range(n_group), key=lambda g: -best_two[g])[:topk_group] if n_group > 1 else [0]
+        chosen = sorted((j for j in range(e) if j // size in kept), key=lambda j: -sel[j])[:topk]
         w = [s[j] for j in chosen]
         if renormalize:
             w = [v / (sum(w) + 1e-20) for v in w]
@@ -89,6 +95,26 @@ def test_sigmoid_hand_case_and_bias_steers_selection_only():
     w, ids, counts = reference(x, eye, torch.tensor([0.0, 0.0, 0.0, 0.5]), 2, "sigmoid", None, True, 2.827)
     assert ids.tolist() == [[2, 3]] and counts.tolist() == [0, 0, 1, 1]
     torch.testing.assert_close(w, torch.tensor([[s[2], s[3]]]) / (s[2] + s[3]) * 2.827)
+
+
+def test_group_limited_hand_case():
+    """Four groups of two; selection scores (sigmoid, no bias) by group: [.9 .1] [.8 .7] [.85 .05] [.6 .55]. Two
+    groups kept: by top-2 sums (1.0, 1.5, 0.9, 1.15) groups 1 and 3, although experts 0 (0.9) and 4 (0.85) score
+    higher than any of group 3; k = 3 picks experts 2, 3 and 6 (0.8, 0.7, 0.6)."""
+    probs = torch.tensor([[0.9, 0.1, 0.8, 0.7, 0.85, 0.05, 0.6, 0.55]], dtype=torch.float64)
+    x = torch.log(probs / (1 - probs))  # logits whose sigmoid is probs
+    eye = torch.eye(8, dtype=torch.float64)
+    w, ids, counts = reference(x, eye, torch.zeros(8), 3, "sigmoid", None, True, 2.5, 4, 2)
+    assert ids.tolist() == [[2, 3, 6]] and counts.tolist() == [0, 0, 1, 1, 0, 0, 1, 0]
+    torch.testing.assert_close(w, torch.tensor([[0.8, 0.7, 0.6]], dtype=torch.float64) / 2.1 * 2.5)
+    _, ungrouped, _ = reference(x, eye, torch.zeros(8), 3, "sigmoid", None, True, 2.5)
+    assert ungrouped.tolist() == [[0, 4, 2]]  # one group: the global top 3
+
+
+@pytest.mark.parametrize("groups", [(3, 2), (4, 0), (4, 5)], ids=str)
+def test_group_settings_that_cannot_route_are_refused(groups):
+    with pytest.raises(ValueError, match="group-limited routing needs"):
+        reference(torch.zeros(1, 4), torch.zeros(8, 4), torch.zeros(8), 2, "sigmoid", None, True, 1.0, *groups)
 
 
 def test_softmax_hand_cases_with_and_without_renormalization():
@@ -173,7 +199,9 @@ def test_make_inputs_skews_expert_load():
 def test_hidden_shapes_respect_constraints():
     for seed in range(30):
         for shape in hidden_shapes(random.Random(seed)):
-            assert set(shape) == set(ALL_SHAPES[0])
+            assert set(shape) - {"G", "kg"} == set(ALL_SHAPES[0])
+            if "G" in shape:
+                assert shape["E"] % shape["G"] == 0 and shape["k"] <= shape["kg"] * shape["E"] // shape["G"]
             assert 1 <= shape["k"] <= shape["E"]
             assert shape["E"] >= 2 or MODES[shape["mode"]][1] is None
             assert shape["k"] >= 2 or not MODES[shape["mode"]][2]

@@ -36,8 +36,8 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert m["kl"] < 1e-8 and m["top1"] == 1.0 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5
     assert 0 < m["logits_rel"] < 1e-5, "the kernels ran (a difference of summation order), and agree"
     assert m["grad_rel_worst"] < 1e-3 and m["grad_params"] > 50 and m["first_divergence"] is None
-    assert report["patch"]["blocks"] == ["kda", "kda_short_conv", "mla", "moe_combine", "moe_grouped_gemm",
-                                         "moe_permute", "moe_router", "rmsnorm", "swiglu"]
+    assert report["patch"]["blocks"] == ["kda", "kda_gate", "kda_short_conv", "mla", "moe_combine",
+                                         "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "swiglu"]
     (row,) = parity_runs(get_engine(settings.db_url))
     assert row.status == "pass" and row.metrics["kl"] == m["kl"] and row.id == report["id"]
 

@@ -40,7 +40,10 @@ def test_every_block_with_a_promoted_operator_has_a_module_and_a_registered_op()
         assert [a.name for a in backward.arguments] == ["grads", "needs", *names], block
     types = {a.name: str(a.type) for a in torch.ops.workbench.moe_router.default._schema.arguments}
     assert types == {"x": "Tensor", "weight": "Tensor", "bias": "Tensor", "topk": "int", "score_func": "str",
-                     "norm_lambda": "Optional[float]", "renormalize": "bool", "route_scale": "float"}
+                     "norm_lambda": "Optional[float]", "renormalize": "bool", "route_scale": "float",
+                     "n_group": "int", "topk_group": "int"}
+    defaults = {a.name: a.default_value for a in torch.ops.workbench.moe_router.default._schema.arguments}
+    assert (defaults["n_group"], defaults["topk_group"]) == (1, 1)  # the reference's defaults
 
 
 def test_ops_take_the_newest_operator_of_the_configured_folder(tmp_path, monkeypatch):

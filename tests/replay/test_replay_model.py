@@ -54,7 +54,8 @@ def test_each_card_gives_its_architecture():
     SiTU experts and a SiTU shared expert; kimi-k3.1-pro the same with gated DSA in the full-attention layer (MLA in
     the second one of a longer schedule)."""
     assert (K3.layers, PRO.layers) == ("KM", "KD")
-    assert K3.short_conv and K3.bounded_gate and K3.latent and (K3.experts, K3.shared) == ("situ", "situ")
+    assert K3.short_conv and K3.gate == "bounded" and K3.latent and (K3.experts, K3.shared) == ("situ", "situ")
+    assert K3.route_scale == 1.0  # the config's routed_scaling_factor
     assert {"kda_short_conv", "kda_gate", "mla", "situ"} <= set(K3.blocks) and "swiglu" not in K3.blocks
     assert {"dsa_indexer", "dsa_sparse_attention"} <= set(PRO.blocks) and "mla" not in PRO.blocks
     assert architecture("kimi-k3.1-pro", "KKKFKKKF").layers == "KKKDKKKM"

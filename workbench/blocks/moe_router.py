@@ -5,13 +5,19 @@ normalization).
     logits = x.float() @ W.T                                   # [N, E], float32 always (float64 for float64 inputs)
     z      = (logits - mean_e) / std_e * lambda                # Skywork normalization, only when norm_lambda is set
     s      = sigmoid(z)   or   softmax(z, over e)              # score_func
-    ids    = topk(s + bias, k)                                 # the bias steers selection only, sorted descending
+    sel    = s + bias                                          # the bias steers selection only
+    sel    = -inf outside the topk_group best of n_group groups   # group-limited, only when n_group > 1
+    ids    = topk(sel, k)                                      # sorted descending
     w      = s.gather(ids)
     w      = w / (w.sum(-1) + 1e-20)                           # when renormalize
     w      = w * route_scale
     counts = bincount(ids, E)
 
 std is the unbiased (E - 1) standard deviation over the experts, as torch.std and Skywork's code compute it.
+Group-limited routing (DeepSeek-V3's ``n_group`` / ``topk_group``, its noaux_tc method): the E experts form n_group
+contiguous groups of E / n_group (at least 2); a group's score is the sum of its two best ``sel``; the topk_group best
+groups stay and the top k is taken inside them. The route scale is the config's ``routed_scaling_factor``, an
+argument (the modes below only give the suites a default).
 
 Shapes: x [N, D] (any float dtype), weight [E, D] (same dtype), bias [E] float32 (DeepSeek-V3 keeps its correction
 bias in float32); outputs weights [N, k] float32 (float64 for float64 inputs), ids [N, k] int64 in descending order
@@ -23,7 +29,8 @@ Discrete outputs are verified exactly, so inputs are tie-free by construction: r
 scores come closer than 1e-4 of their scale are redrawn (the role of TransformerEngine's arange-based logits).
 Modes (shape dim ``mode``): 0 sigmoid + renormalize, scale 2.827 (Kimi K2 / DeepSeek-V3); 1 softmax + renormalize
 (Mixtral, Qwen3); 2 softmax with Skywork normalization, lambda 1, renormalize (Skywork-MoE); 3 softmax without
-renormalization, scale 16 (DeepSeek-V2).
+renormalization, scale 16 (DeepSeek-V2). Optional shape dims: ``scale`` (the route scale, replacing the mode's),
+``G`` and ``kg`` (n_group and topk_group, default 1).
 
 The balancing statistics a trainer needs around the router are plain torch functions here: the Switch
 auxiliary loss, the router z-loss, the aux-loss-free bias update and Skywork-MoE's adaptive aux-loss coefficient.
@@ -64,13 +71,42 @@ def scores(logits: torch.Tensor, score_func: str, norm_lambda: float | None) -> 
     raise ValueError(f"score_func must be 'sigmoid' or 'softmax', got {score_func!r}")
 
 
+def check_groups(experts: int, topk: int, n_group: int, topk_group: int) -> None:
+    """ValueError unless the E experts split into n_group groups of at least 2 and the kept groups hold k."""
+    if n_group == 1:
+        return
+    if n_group < 1 or experts % n_group or experts // n_group < 2 or not 1 <= topk_group <= n_group \
+            or topk > topk_group * (experts // n_group):
+        raise ValueError(f"group-limited routing needs E % n_group == 0, E / n_group >= 2, 1 <= topk_group <= "
+                         f"n_group and k <= topk_group * E / n_group; got E={experts}, k={topk}, n_group={n_group}, "
+                         f"topk_group={topk_group}")
+
+
+def kept_groups(sel: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """sel [N, E] selection scores -> [N, E] bool: the experts of the topk_group groups whose two best scores sum
+    highest (DeepSeek-V3's noaux_tc)."""
+    n, e = sel.shape
+    group_scores = sel.view(n, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
+    keep = torch.topk(group_scores, topk_group, dim=-1).indices
+    mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+    return mask.repeat_interleave(e // n_group, dim=1)
+
+
+def select(sel: torch.Tensor, topk: int, n_group: int, topk_group: int) -> torch.Tensor:
+    """ids [N, k] int64: the top k of sel [N, E] in descending order, inside the kept groups when n_group > 1."""
+    if n_group > 1:
+        sel = sel.masked_fill(~kept_groups(sel, n_group, topk_group), float("-inf"))
+    return torch.topk(sel, topk, dim=-1, sorted=True).indices
+
+
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str,
-              norm_lambda: float | None, renormalize: bool, route_scale: float
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              norm_lambda: float | None, renormalize: bool, route_scale: float, n_group: int = 1,
+              topk_group: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_groups(weight.shape[0], topk, n_group, topk_group)
     ct = compute_dtype(x)
     logits = x.to(ct) @ weight.to(ct).T
     s = scores(logits, score_func, norm_lambda)
-    ids = torch.topk(s.detach() + bias.detach().to(ct), topk, dim=-1, sorted=True).indices
+    ids = select(s.detach() + bias.detach().to(ct), topk, n_group, topk_group)
     w = s.gather(-1, ids)
     if renormalize:
         w = w / (w.sum(-1, keepdim=True) + RENORM_EPS)
@@ -81,26 +117,45 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: i
 # --- inputs ------------------------------------------------------------------------------------------------------
 
 
+def _close(values: torch.Tensor, count: int, scale: torch.Tensor) -> torch.Tensor:
+    """Rows [N] bool whose top-``count`` values [N, M] have two within TIE_GAP * scale [N, 1] of each other."""
+    top = torch.topk(values, min(count, values.shape[-1]), dim=-1).values
+    if top.shape[-1] < 2:
+        return torch.zeros(values.shape[0], dtype=torch.bool)
+    return (top[:, :-1] - top[:, 1:] < TIE_GAP * scale).any(-1)
+
+
 def near_ties(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str,
-              norm_lambda: float | None) -> torch.Tensor:
-    """Rows [N] bool whose top-(k+1) selection scores (float64) are not separated by TIE_GAP of their scale."""
+              norm_lambda: float | None, n_group: int = 1, topk_group: int = 1) -> torch.Tensor:
+    """Rows [N] bool whose top-(k+1) selection scores (float64, inside the kept groups), or top-(kg+1) group
+    scores, are not separated by TIE_GAP of their scale."""
     with torch.no_grad():
         sel = scores(x.double() @ weight.double().T, score_func, norm_lambda) + bias.double()
-        top = torch.topk(sel, min(topk + 1, sel.shape[-1]), dim=-1).values
-        if top.shape[-1] < 2:
-            return torch.zeros(sel.shape[0], dtype=torch.bool)
-        gaps = top[:, :-1] - top[:, 1:]
-        return (gaps < TIE_GAP * sel.abs().amax(-1, keepdim=True)).any(-1) | ~torch.isfinite(sel).all(-1)
+        scale = sel.abs().amax(-1, keepdim=True)
+        bad = ~torch.isfinite(sel).all(-1)
+        if n_group > 1:
+            n, e = sel.shape
+            group_scores = sel.view(n, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
+            bad |= _close(group_scores, topk_group + 1, scale)
+            sel = sel.masked_fill(~kept_groups(sel, n_group, topk_group), float("-inf"))
+        return bad | _close(sel, topk + 1, scale)
 
 
 def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
     """make_inputs' shapes and dtypes on the meta device (its near-tie redraws are data-dependent)."""
     n, d, e = shape["N"], shape["D"], shape["E"]
-    score_func, norm_lambda, renormalize, route_scale = MODES[shape["mode"]]
     meta = {"device": "meta"}
     return {"x": torch.empty(n, d, dtype=dtype, **meta), "weight": torch.empty(e, d, dtype=dtype, **meta),
-            "bias": torch.empty(e, **meta), "topk": shape["k"], "score_func": score_func,
-            "norm_lambda": norm_lambda, "renormalize": renormalize, "route_scale": route_scale}
+            "bias": torch.empty(e, **meta), **routing_args(shape)}
+
+
+def routing_args(shape: Shape) -> dict:
+    """The non-tensor arguments of a shape: its mode's score function, normalization and renormalization, the
+    route scale (``scale``, else the mode's), the groups (``G``, ``kg``)."""
+    score_func, norm_lambda, renormalize, route_scale = MODES[shape["mode"]]
+    return {"topk": shape["k"], "score_func": score_func, "norm_lambda": norm_lambda, "renormalize": renormalize,
+            "route_scale": float(shape.get("scale", route_scale)), "n_group": shape.get("G", 1),
+            "topk_group": shape.get("kg", 1)}
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
@@ -109,7 +164,9 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     N(0, 0.05^2) for sigmoid scores, scaled by 1/E for softmax scores. Near-tie rows are redrawn."""
     g = torch.Generator().manual_seed(seed)
     n, d, e, k = shape["N"], shape["D"], shape["E"], shape["k"]
-    score_func, norm_lambda, renormalize, route_scale = MODES[shape["mode"]]
+    args = routing_args(shape)
+    score_func, norm_lambda, groups = args["score_func"], args["norm_lambda"], (args["n_group"], args["topk_group"])
+    check_groups(e, k, *groups)
     mean_dir = 0.5 * torch.randn(d, generator=g)
     weight = torch.randn(e, d, generator=g) / math.sqrt(d) * (1 + 0.5 * torch.rand(e, 1, generator=g))
     bias = 0.05 * torch.randn(e, generator=g) / (1 if score_func == "sigmoid" else e)
@@ -117,16 +174,14 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     wc = weight.to(dtype)
     redo = torch.arange(n)
     for _ in range(200):
-        bad = redo[near_ties(x[redo].to(dtype), wc, bias, k, score_func, norm_lambda)]
+        bad = redo[near_ties(x[redo].to(dtype), wc, bias, k, score_func, norm_lambda, *groups)]
         if not len(bad):
             break
         x[bad] = torch.randn(len(bad), d, generator=g) + mean_dir
         redo = bad
     else:
         raise RuntimeError(f"moe_router: could not draw tie-free inputs for {dict(shape)}")
-    return {"x": x.to(device, dtype), "weight": wc.to(device), "bias": bias.to(device), "topk": k,
-            "score_func": score_func, "norm_lambda": norm_lambda, "renormalize": renormalize,
-            "route_scale": route_scale}
+    return {"x": x.to(device, dtype), "weight": wc.to(device), "bias": bias.to(device), **args}
 
 
 # --- balancing statistics (plain torch, for trainers and replays) ----------------------------------------------
@@ -168,29 +223,38 @@ SHAPES = {
     "smoke": [
         {"N": 32, "D": 32, "E": 16, "k": 4, "mode": 0},
         {"N": 24, "D": 64, "E": 8, "k": 2, "mode": 1},
+        {"N": 32, "D": 32, "E": 16, "k": 4, "mode": 0, "G": 4, "kg": 2, "scale": 2.5},  # DeepSeek-V3's recipe
     ],
     # no tokens, one token with k = 1 (unnormalized: renormalizing a single weight makes it a constant without
-    # gradient), Skywork normalization on odd sizes, unnormalized softmax, k = E
+    # gradient), Skywork normalization on odd sizes, unnormalized softmax, k = E; groups: the kept groups hold
+    # exactly k experts, groups of two, one group kept, softmax scores
     "edge": [
         {"N": 0, "D": 16, "E": 8, "k": 2, "mode": 0},
         {"N": 1, "D": 16, "E": 8, "k": 1, "mode": 3},
         {"N": 37, "D": 48, "E": 12, "k": 3, "mode": 2},
         {"N": 19, "D": 24, "E": 16, "k": 4, "mode": 3},
         {"N": 5, "D": 20, "E": 3, "k": 3, "mode": 1},
+        {"N": 13, "D": 20, "E": 12, "k": 6, "mode": 0, "G": 4, "kg": 2},
+        {"N": 17, "D": 24, "E": 16, "k": 3, "mode": 1, "G": 8, "kg": 3},
+        {"N": 9, "D": 16, "E": 12, "k": 2, "mode": 3, "G": 3, "kg": 1},
     ],
 }
 
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
     """Four draws: routing sizes (k <= E), D in [16, 64], a mode that is not degenerate there (Skywork
-    normalization needs E >= 2; with k = 1 only the unnormalized mode leaves the weight a gradient)."""
+    normalization needs E >= 2; with k = 1 only the unnormalized mode leaves the weight a gradient); where E splits
+    into groups of at least 2 that can hold k, half the draws route group-limited."""
     out = []
     for _ in range(4):
         shape = draw_routing_shape(rng)
-        modes = [m for m, (_, lam, renorm, _) in MODES.items()
-                 if (shape["E"] >= 2 or lam is None) and (shape["k"] >= 2 or not renorm)]
-        out.append({"N": shape["N"], "D": rng.randint(16, 64), "E": shape["E"], "k": shape["k"],
-                    "mode": rng.choice(modes)})
+        e, k = shape["E"], shape["k"]
+        modes = [m for m, (_, lam, renorm, _) in MODES.items() if (e >= 2 or lam is None) and (k >= 2 or not renorm)]
+        draw = {"N": shape["N"], "D": rng.randint(16, 64), "E": e, "k": k, "mode": rng.choice(modes)}
+        groups = [(g, kg) for g in range(2, e // 2 + 1) if e % g == 0 for kg in range(1, g + 1) if k <= kg * e // g]
+        if groups and rng.random() < 0.5:
+            draw["G"], draw["kg"] = rng.choice(groups)
+        out.append(draw)
     return out
 
 

@@ -165,10 +165,9 @@ def kda_gate() -> list[Comparison]:
                        lambda: block.reference(f(), gate.A_log, gate.dt_bias.view(2, 4), -5.0), lambda: gate(x),
                        [x, gate.A_log, gate.dt_bias])
     gate, x = _gate_inputs(KimiLinearConfig, KimiLinearForgetGate, 5)
-    softplus = _compare("kda_gate", "KimiLinearForgetGate", lambda: block.reference(
-        gate.f_b_proj(gate.f_a_proj(x)).view(2, 5, 2, 4), gate.A_log.view(2), gate.dt_bias.view(2, 4), -5.0),
-        lambda: gate(x), [x, gate.dt_bias], same=False,
-        note="softplus gate -exp(A_log) softplus(f + dt_bias), unbounded: no block yet")
+    softplus = _compare("kda_gate", "KimiLinearForgetGate (softplus, lower_bound None)", lambda: block.reference(
+        gate.f_b_proj(gate.f_a_proj(x)).view(2, 5, 2, 4), gate.A_log.view(2), gate.dt_bias.view(2, 4), None),
+        lambda: gate(x), [x, gate.A_log, gate.dt_bias])
     return [bounded, softplus]
 
 
@@ -226,21 +225,21 @@ def moe_router() -> list[Comparison]:
 
     block = get_block("moe_router")
     rows = []
-    for cls, config_cls, name, config, same, note in (
+    for cls, config_cls, name, config in (
             (KimiLinearTopkRouter, KimiLinearConfig, "KimiLinearTopkRouter (n_group 1)",
-             {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.446}, True, ""),
+             {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.446}),
             (DeepseekV3TopkRouter, DeepseekV3Config, "DeepseekV3TopkRouter (n_group 4, topk_group 2)",
-             {"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5}, False,
-             "group-limited routing: no variant yet")):
+             {"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5})):
         router, x = _router(config_cls, cls, 8, **config)
 
         def ours(router=router, x=x):
             weights, ids, _ = block.reference(x, router.weight, router.e_score_correction_bias, router.top_k,
-                                              "sigmoid", None, router.norm_topk_prob, router.routed_scaling_factor)
+                                              "sigmoid", None, router.norm_topk_prob, router.routed_scaling_factor,
+                                              router.num_group, router.topk_group)
             order = ids.argsort(-1)
             return weights.gather(-1, order), ids.gather(-1, order).to(F64)
 
-        rows.append(_compare("moe_router", name, ours, _routed(router, x), [x, router.weight], same, note))
+        rows.append(_compare("moe_router", name, ours, _routed(router, x), [x, router.weight]))
     return rows
 
 

@@ -5,7 +5,8 @@ ops, ``workbench::<block>`` and ``workbench::<block>_backward``.
     workbench::<block>_backward(Tensor?[] grads, bool[] needs, <the reference's arguments>) -> Tensor[]
 
 The schema is read from the block's reference (workbench/blocks/<block>.py): tensors, optional tensors and the
-non-tensor arguments (eps, scale, topk, reduction, ...) in its order, one output per name in ``spec.outputs``.
+non-tensor arguments (eps, scale, topk, reduction, ...) in its order with its defaults, one output per name in
+``spec.outputs``.
 The fake implementations run the block's reference on the fake inputs (or a per-block rule where the reference is
 data-dependent), so both ops trace under ``torch.compile(fullgraph=True)`` without graph breaks.
 
@@ -211,7 +212,7 @@ class BlockOp:
         params = inspect.signature(self.spec.reference).parameters
         self.arg_names = tuple(params)
         self.grad_positions = tuple(self.arg_names.index(name) for name in self.spec.grad_inputs)
-        args = ", ".join(f"{self._schema_type(p)} {name}" for name, p in params.items())
+        args = ", ".join(f"{self._schema_type(p)} {name}{self._schema_default(p)}" for name, p in params.items())
         outputs = ", ".join(["Tensor"] * len(self.spec.outputs))
         returns = outputs if len(self.spec.outputs) == 1 else f"({outputs})"
         qualified = f"{NAMESPACE}::{self.name}"
@@ -239,6 +240,13 @@ class BlockOp:
         if annotation not in SCHEMA_TYPES:
             raise WorkbenchError(f"{self.block}: argument '{param.name}' of type {annotation} has no schema type")
         return SCHEMA_TYPES[annotation]
+
+    @staticmethod
+    def _schema_default(param: inspect.Parameter) -> str:
+        """``=<default>`` for a reference argument with a default (numbers, booleans, None), else ""."""
+        if param.default is inspect.Parameter.empty:
+            return ""
+        return "=" + {None: "None", True: "True", False: "False"}.get(param.default, repr(param.default))
 
     def __call__(self, *args: Any) -> Any:
         return self.op(*args)

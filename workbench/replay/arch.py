@@ -6,7 +6,10 @@ which of the card's blocks the layers run through.
                   before MLA ("M") (Kimi K3.1 Pro puts DSA in some of K3's MLA layers); a card without KDA runs every
                   layer as full attention
     short_conv    KDA's q, k and v through kda_short_conv (the card has it)
-    bounded_gate  KDA's log decay from kda_gate (lower bound -5) instead of logsigmoid(x W) / 16
+    gate          KDA's log decay from kda_gate in the card's form: "bounded" (lower bound -5) or "softplus"; ""
+                  (no kda_gate in the card): logsigmoid(x W) / 16
+    route_scale   the routed experts' weight scale: the card's route_scale (its config's routed_scaling_factor),
+                  1.0 when the card does not say
     experts       the routed experts' activation (moe_grouped_gemm's ``act`` in the card: swiglu or situ)
     shared        the shared expert's activation block: situ when the card has it, else swiglu
     latent        latent MoE (the card's expert_width differs from its hidden size): routed experts at half the
@@ -40,7 +43,8 @@ CALLABLE = tuple(sorted({*ALWAYS, *MOE_BLOCKS, *LOSS_BLOCKS, "kda", "kda_short_c
 class Architecture:
     layers: str
     short_conv: bool
-    bounded_gate: bool
+    gate: str
+    route_scale: float
     experts: str
     shared: str
     latent: bool
@@ -51,7 +55,7 @@ class Architecture:
         used = set(ALWAYS) | set(MOE_BLOCKS) | {self.shared}
         if "K" in self.layers:
             used |= {"kda"} | ({"kda_short_conv"} if self.short_conv else set()) | \
-                    ({"kda_gate"} if self.bounded_gate else set())
+                    ({"kda_gate"} if self.gate else set())
         for letter, blocks in FULL_ATTENTION:
             if letter in self.layers:
                 used |= set(blocks)
@@ -82,9 +86,13 @@ def architecture(model: str, schedule: str) -> Architecture:
             layers.append(full[next_full % len(full)])
             next_full += 1
     act = (card.blocks["moe_grouped_gemm"].get("shapes") or [{}])[0].get("act", 0)
-    return Architecture(layers="".join(layers), short_conv="kda_short_conv" in has, bounded_gate="kda_gate" in has,
-                        experts=ACTIVATIONS[act], shared="situ" if "situ" in has else "swiglu",
-                        latent=_is_latent(card))
+    gate = ""
+    if "kda_gate" in has:
+        gate = "softplus" if (card.blocks["kda_gate"].get("shapes") or [{}])[0].get("form") == 1 else "bounded"
+    scale = card.facts.get("route_scale", {}).get("value")
+    return Architecture(layers="".join(layers), short_conv="kda_short_conv" in has, gate=gate,
+                        route_scale=1.0 if scale is None else float(scale), experts=ACTIVATIONS[act],
+                        shared="situ" if "situ" in has else "swiglu", latent=_is_latent(card))
 
 
 def _is_latent(card) -> bool:

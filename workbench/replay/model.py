@@ -99,7 +99,8 @@ class KDAAttention(nn.Module):
         self.o_norm = _param(p.head_dim, fill=1.0)
         # fla's ShortConvolution: one depthwise filter per channel, Conv1d's default init (std of U(-1/2, 1/2))
         self.conv = nn.ParameterList(_param(hk, CONV_WIDTH, std=0.29) for _ in range(3)) if arch.short_conv else None
-        if arch.bounded_gate:  # fla's KDA gate parameters: A_log = log U(1, 16) per head, dt_bias per channel
+        self.lower_bound = LOWER_BOUND if arch.gate == "bounded" else None  # None: the softplus gate
+        if arch.gate:  # fla's KDA gate parameters: A_log = log U(1, 16) per head, dt_bias per channel
             self.a_log = nn.Parameter(torch.log(1 + 15 * torch.rand(p.heads)))
             self.dt_bias = _param(p.heads, p.head_dim, std=0.1)
         else:
@@ -117,7 +118,7 @@ class KDAAttention(nn.Module):
         q, k, v = (t.view(shape) for t in self._inputs(x, batch, ops))
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         f = (x @ self.w_gate.T).view(shape)
-        g = ops["kda_gate"](f, self.a_log, self.dt_bias, LOWER_BOUND) if self.a_log is not None else \
+        g = ops["kda_gate"](f, self.a_log, self.dt_bias, self.lower_bound) if self.a_log is not None else \
             F.logsigmoid(f) / GATE_NORMALIZER
         beta = torch.sigmoid(x @ self.w_beta.T).view(shape[:3])
         o, _state = ops["kda"](q, k, v, g, beta, self.head_dim ** -0.5, None)
@@ -195,7 +196,7 @@ class MoE(nn.Module):
         super().__init__()
         d, f, e = p.hidden, p.expert_ffn, p.experts
         dx = d // 2 if arch.latent else d  # the experts' width
-        self.experts, self.active, self.route_scale = e, p.active, p.route_scale
+        self.experts, self.active, self.route_scale = e, p.active, arch.route_scale
         self.expert_act, self.shared_act = arch.experts, arch.shared
         self.router = _param(e, d, std=1 / math.sqrt(d))
         self.register_buffer("bias", torch.zeros(e, dtype=torch.float32))

@@ -31,7 +31,6 @@ class Preset:
     experts: int               # routed experts
     active: int                # experts per token
     expert_ffn: int            # F of each routed expert (and of the shared expert)
-    route_scale: float
     seq_len: int               # tokens per sequence
     batch: int                 # sequences per step
     steps: int                 # default steps of a scratch replay
@@ -68,17 +67,17 @@ class Preset:
 
 PRESETS = {p.name: p for p in (
     Preset(name="tiny", vocab=512, hidden=32, layers="KF", heads=2, head_dim=16, mla_rank=16, index_heads=2,
-           index_dim=16, dsa_topk=4, experts=8, active=2, expert_ffn=32, route_scale=1.0, seq_len=16, batch=2, steps=20,
+           index_dim=16, dsa_topk=4, experts=8, active=2, expert_ffn=32, seq_len=16, batch=2, steps=20,
            lora_steps=12, base_steps=300, lr=1e-2, lora_lr=1e-2, weight_decay=0.01, lora_rank=4, lora_alpha=8.0,
            dtype="float32", band_rtol=2e-3, band_atol=1e-4, final_rtol=2e-3, param_rtol=1e-3, topk_atol=5e-3),
     Preset(name="small", vocab=32768, hidden=256, layers="KKKFKKKF", heads=4, head_dim=64, mla_rank=128, index_heads=4,
-           index_dim=64, dsa_topk=128, experts=32, active=4, expert_ffn=256, route_scale=2.827, seq_len=512, batch=4,
+           index_dim=64, dsa_topk=128, experts=32, active=4, expert_ffn=256, seq_len=512, batch=4,
            steps=300, lora_steps=200, base_steps=600, lr=3e-3, lora_lr=2e-3, weight_decay=0.01, lora_rank=16,
            lora_alpha=32.0, dtype="bfloat16", band_rtol=2e-2, band_atol=1e-3, final_rtol=2e-2, param_rtol=5e-2,
            topk_atol=0.1),
     Preset(name="medium", vocab=65536, hidden=1024, layers="KKKFKKKFKKKF", heads=8, head_dim=128, mla_rank=256,
            index_heads=8,
-           index_dim=128, dsa_topk=512, experts=64, active=8, expert_ffn=512, route_scale=2.827, seq_len=2048,
+           index_dim=128, dsa_topk=512, experts=64, active=8, expert_ffn=512, seq_len=2048,
            batch=4, steps=400, lora_steps=300, base_steps=800, lr=1.5e-3, lora_lr=1e-3, weight_decay=0.01,
            lora_rank=32, lora_alpha=64.0, dtype="bfloat16", band_rtol=2e-2, band_atol=1e-3, final_rtol=2e-2,
            param_rtol=5e-2, topk_atol=0.1),

@@ -1,5 +1,5 @@
-"""Module forwards shared by the families: transformers' RMSNorm, gated MLP, sigmoid top-k router, experts and
-MLA attention computed by the catalog's ops. Each ``*_forward(self, ...)`` replaces the forward of one module
+"""Module forwards shared by the families: transformers' RMSNorm, gated MLP, sigmoid top-k router, experts, MLA
+attention and KDA forget gate computed by the catalog's ops. Each ``*_forward(self, ...)`` replaces the forward of one module
 instance (``Patcher.set_forward``) and falls back to the shipped forward (``self.original_forward``) where the op has
 no form for the call (a cache, packed sequences, a padding mask): those calls run as shipped."""
 
@@ -10,7 +10,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.blocks.situ import BETA, LINEAR_BETA
-from workbench.kernels import lora_linear, mla, moe_combine, moe_grouped_gemm, moe_permute, moe_router, rmsnorm, swiglu
+from workbench.kernels import (
+    kda_gate,
+    lora_linear,
+    mla,
+    moe_combine,
+    moe_grouped_gemm,
+    moe_permute,
+    moe_router,
+    rmsnorm,
+    swiglu,
+)
 
 EXPERTS_IMPLEMENTATION = "workbench"
 """The name the experts forward is registered under in transformers' ALL_EXPERTS_FUNCTIONS."""
@@ -28,15 +38,26 @@ def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def sigmoid_router_forward(self: nn.Module, hidden_states: torch.Tensor):
-    """A sigmoid top-k router with a selection bias (DeepSeek-V3 / Kimi with one expert group) as
+    """A sigmoid top-k router with a selection bias, group-limited where n_group > 1 (DeepSeek-V3's recipe, Kimi) as
     workbench::moe_router: returns (router_logits, top_k_weights [N, k] float32, top_k_index [N, k]). The logits are
     computed (in torch) only when the model is asked for them (config.output_router_logits), else None."""
     x = hidden_states.reshape(-1, self.hidden_dim)
     weights, ids, _ = moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
-                                 bool(self.norm_topk_prob), float(self.routed_scaling_factor))
+                                 bool(self.norm_topk_prob), float(self.routed_scaling_factor), int(self.num_group),
+                                 int(self.topk_group))
     wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
     logits = F.linear(x.float(), self.weight.float()) if wanted else None
     return logits, weights, ids
+
+
+def forget_gate_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """KDA's forget gate from its low-rank projection, f = f_b_proj(f_a_proj(x)) [B, T, H, K], as workbench::kda_gate:
+    the softplus form (Kimi Linear) or, where the module has a lower bound (GLM-5-Next's safe_gate_lower_bound), the
+    bounded one; g [B, T, H, K] float32."""
+    heads, dim = self.num_heads, self.head_dim
+    f = self.f_b_proj(self.f_a_proj(hidden_states)).view(*hidden_states.shape[:2], heads, dim)
+    return kda_gate(f, self.A_log.reshape(heads), self.dt_bias.view(heads, dim),
+                    getattr(self, "safe_gate_lower_bound", None))
 
 
 def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

@@ -5,13 +5,12 @@ a sigmoid MoE with a shared expert, RMSNorm.
     module                            computed by
     KimiLinearRMSNorm                 rmsnorm
     KimiLinearMLP (silu)              swiglu (projections in torch)
-    KimiLinearTopkRouter (n_group 1)  moe_router                   group-limited routing: left alone
+    KimiLinearTopkRouter              moe_router (group-limited where n_group > 1)
     KimiLinearExperts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
     KimiLinearAttention (MLA)         mla (projections and the latent's RMSNorm around it)
-    KimiLinearDeltaAttention (KDA)    kda_short_conv, kda; its forget gate, l2norm of q and k, beta's sigmoid and
-                                      gated output norm stay in torch (see LEFT_IN_TORCH)
-    KimiLinearForgetGate              left alone: -exp(A_log) * softplus(f + dt_bias), unbounded; kda_gate is the
-                                      bounded variant
+    KimiLinearDeltaAttention (KDA)    kda_short_conv, kda; the l2norm of q and k and beta's sigmoid stay in torch
+                                      (see LEFT_IN_TORCH)
+    KimiLinearForgetGate              kda_gate, softplus form -exp(A_log) * softplus(f + dt_bias) (projections in torch)
     KimiLinearRMSNormGated            left alone: rmsnorm(o) * sigmoid(gate), no block
 """
 
@@ -26,6 +25,7 @@ from workbench.integrations.families._common import (
     EXPERTS_IMPLEMENTATION,
     experts_forward,
     experts_supported,
+    forget_gate_forward,
     gated_mlp_forward,
     mla_forward,
     rmsnorm_forward,
@@ -43,8 +43,6 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "kv_a_proj_with_mqa", "g
 """The projections a parity run's LoRA adapts (workbench parity --lora): attention, MLA's latent, the MLPs."""
 
 LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
-FORGET_GATE = ("softplus forget gate -exp(A_log) * softplus(f + dt_bias), unbounded: kda_gate computes the bounded "
-               "variant lower_bound * sigmoid(exp(A_log) * (f + dt_bias))")
 
 
 def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
@@ -91,10 +89,7 @@ def apply(patcher: Patcher) -> None:
             elif patcher.wants(path, module, "swiglu"):
                 patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
         elif isinstance(module, shipped.KimiLinearTopkRouter):
-            if module.num_group != 1 and module.topk_group != module.num_group:
-                report.leave(path, module, f"group-limited routing (n_group {module.num_group}, topk_group "
-                                           f"{module.topk_group}): moe_router has no group-limited variant")
-            elif patcher.wants(path, module, "moe_router"):
+            if patcher.wants(path, module, "moe_router"):
                 patcher.set_forward(path, module, sigmoid_router_forward, "moe_router")
         elif isinstance(module, shipped.KimiLinearExperts):
             why = experts_supported(module, config.hidden_act)
@@ -119,7 +114,8 @@ def apply(patcher: Patcher) -> None:
             elif patcher.wants(path, module, "kda_short_conv", "kda"):
                 patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
         elif isinstance(module, shipped.KimiLinearForgetGate):
-            report.leave(path, module, FORGET_GATE)
+            if patcher.wants(path, module, "kda_gate"):
+                patcher.set_forward(path, module, forget_gate_forward, "kda_gate")
         elif isinstance(module, nn.Embedding):
             report.leave(path, module, "embedding lookup: no block")
         elif path.rsplit(".", 1)[-1] == "lm_head":

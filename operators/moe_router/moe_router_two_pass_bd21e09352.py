@@ -49,6 +49,39 @@ LAUNCH_SETTINGS = {
 
 
 @triton.jit
+def _kept_groups(sel, e, emask, E, n_group, topk_group, ROUTE_T: tl.constexpr, E_PAD: tl.constexpr):
+    """sel [ROUTE_T, E_PAD] float32 selection scores (columns past E masked out by emask) -> [ROUTE_T, E_PAD] bool:
+    the experts of the topk_group groups (of n_group contiguous ones) whose two best sel sum highest (DeepSeek-V3's
+    noaux_tc; the lowest group wins a tie). Each expert column first holds its group's score, then topk_group rounds
+    of an int64 max over packed keys (float bits high, E_PAD - group low) keep one group each."""
+    group = e[None, :] // (E // n_group)
+    packed = tl.where(emask, (_order_key(sel) << 32) | (E_PAD - 1 - e[None, :]).to(tl.int64), -(2**62))
+    group_score = tl.full((ROUTE_T, E_PAD), 0, tl.float32)
+    for gi in range(0, n_group):
+        member = emask & (group == gi)
+        best = tl.max(tl.where(member, packed, -(2**62)), axis=1)
+        first = (E_PAD - 1) - (best & 0xFFFFFFFF)
+        top1 = tl.max(tl.where(member, sel, float("-inf")), axis=1)
+        top2 = tl.max(tl.where(member & (e[None, :] != first[:, None]), sel, float("-inf")), axis=1)
+        group_score = tl.where(group == gi, (top1 + top2)[:, None], group_score)
+    gpacked = tl.where(emask, (_order_key(group_score) << 32) | (E_PAD - group).to(tl.int64), -(2**62))
+    kept = tl.full((ROUTE_T, E_PAD), 0, tl.int1)
+    for _ in range(0, topk_group):
+        best = tl.max(gpacked, axis=1)
+        hit = group == (E_PAD - (best & 0xFFFFFFFF))[:, None]
+        kept = kept | hit
+        gpacked = tl.where(hit, -(2**62), gpacked)
+    return kept & emask
+
+
+@triton.jit
+def _order_key(v):
+    """float32 -> int64 whose signed order is the float's (its bits, the negative ones flipped)."""
+    bits = v.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
 def moe_router_logits_fwd_kernel(X, W, L, N, E, D, stride_x, stride_w,
                                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
                                  DOT: tl.constexpr):
@@ -94,15 +127,16 @@ def _route_scores(z, emask, E, norm_lambda, SOFTMAX: tl.constexpr, NORM: tl.cons
 
 
 @triton.jit
-def moe_router_route_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, norm_lambda, route_scale,
+def moe_router_route_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, norm_lambda, route_scale, n_group, topk_group,
                                 SOFTMAX: tl.constexpr, NORM: tl.constexpr, RENORM: tl.constexpr,
-                                ROUTE_T: tl.constexpr, E_PAD: tl.constexpr, K_PAD: tl.constexpr):
+                                GROUPED: tl.constexpr, ROUTE_T: tl.constexpr, E_PAD: tl.constexpr,
+                                K_PAD: tl.constexpr):
     """ROUTE_T tokens per program, the whole expert row in registers: scores from the float32 logits L [N, E],
     then k rounds of argmax over s + bias, each one int64 max over packed keys (order-preserving bits of the
     float32 score in the high word, E_PAD - 1 - e in the low word: the lowest index wins a tie) that then masks its
-    winner. The winner's score is recomputed from its logit in L. Writes WOUT [N, k] (renormalized, scaled),
-    IDS [N, k] int64 in selection order, and adds the winners to COUNTS [E] (integer atomics: the order of the
-    adds cannot change a count)."""
+    winner; GROUPED: only among the experts of the kept groups. The winner's score is recomputed from its logit in
+    L. Writes WOUT [N, k] (renormalized, scaled), IDS [N, k] int64 in selection order, and adds the winners to
+    COUNTS [E] (integer atomics: the order of the adds cannot change a count)."""
     t = tl.program_id(0).to(tl.int64) * ROUTE_T + tl.arange(0, ROUTE_T)
     e = tl.arange(0, E_PAD)
     tmask = t < N
@@ -110,9 +144,11 @@ def moe_router_route_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, norm_lambda
     z = tl.load(L + t[:, None] * E + e[None, :], mask=tmask[:, None] & emask, other=0.0)
     s, u, mean, std, shift, denom = _route_scores(z, emask, E, norm_lambda, SOFTMAX, NORM)
     b = tl.load(BIAS + e, mask=e < E, other=0.0).to(tl.float32)
-    bits = (s + b[None, :]).to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)  # signed order of key == order of the float
-    packed = tl.where(emask, (key << 32) | (E_PAD - 1 - e[None, :]).to(tl.int64), -(2**62))
+    sel = s + b[None, :]
+    allowed = emask
+    if GROUPED:
+        allowed = _kept_groups(sel, e, emask, E, n_group, topk_group, ROUTE_T, E_PAD)
+    packed = tl.where(allowed, (_order_key(sel) << 32) | (E_PAD - 1 - e[None, :]).to(tl.int64), -(2**62))
     kcol = tl.arange(0, K_PAD)[None, :]
     picked = tl.full((ROUTE_T, K_PAD), 0, tl.float32)
     ids = tl.full((ROUTE_T, K_PAD), 0, tl.int64)
@@ -216,11 +252,21 @@ def _mode(score_func, norm_lambda, renormalize):
     return {"SOFTMAX": score_func == "softmax", "NORM": norm_lambda is not None, "RENORM": bool(renormalize)}
 
 
+def _check_groups(experts, topk, n_group, topk_group):
+    if n_group != 1 and (n_group < 1 or experts % n_group or experts // n_group < 2
+                         or not 1 <= topk_group <= n_group or topk > topk_group * (experts // n_group)):
+        raise ValueError(f"group-limited routing needs E % n_group == 0, E / n_group >= 2, 1 <= topk_group <= "
+                         f"n_group and k <= topk_group * E / n_group; got E={experts}, k={topk}, n_group={n_group}, "
+                         f"topk_group={topk_group}")
+
+
 class MoERouterFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale):
+    def forward(ctx, x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale, n_group, topk_group):
         n, d = x.shape
         e = weight.shape[0]
+        _check_groups(e, topk, n_group, topk_group)
+        groups = {"n_group": n_group, "topk_group": topk_group, "GROUPED": n_group > 1}
         x_c = x if x.stride(-1) == 1 else x.contiguous()
         w_c = weight if weight.stride(-1) == 1 else weight.contiguous()
         b_c = bias.contiguous()
@@ -240,7 +286,7 @@ class MoERouterFunction(torch.autograd.Function):
                 num_warps=settings["num_warps"])
         # at least one program, so that counts are produced by a kernel even without tokens (they stay zero)
         moe_router_route_fwd_kernel[(max(1, triton.cdiv(n, ROUTE_T)),)](
-            logits, b_c, weights, ids, counts, n, e, topk, lam, float(route_scale), **mode,
+            logits, b_c, weights, ids, counts, n, e, topk, lam, float(route_scale), **groups, **mode,
             ROUTE_T=ROUTE_T, E_PAD=e_pad, K_PAD=triton.next_power_of_2(topk), num_warps=settings["num_warps"])
         ctx.save_for_backward(x_c, w_c, logits, ids)
         ctx.cfg = (topk, mode, lam, float(route_scale), x.shape, weight.shape)
@@ -271,10 +317,12 @@ class MoERouterFunction(torch.autograd.Function):
                 dl, x_c, dweight, n, e, d, x_c.stride(0), dweight.stride(0),
                 BLOCK_T=BLOCK_T, BLOCK_E=BLOCK_E, BLOCK_D=BLOCK_D, DOT=settings["DOT"],
                 num_warps=settings["num_warps"])
-        return dx.view(x_shape), dweight.view(w_shape), None, None, None, None, None, None
+        return dx.view(x_shape), dweight.view(w_shape), None, None, None, None, None, None, None, None
 
 
-def run(x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale):
-    """x [N, D] float32/float16/bfloat16, weight [E, D] same dtype, bias [E] float32; topk <= E ->
-    (weights [N, topk] float32, ids [N, topk] int64 in descending s + bias order, counts [E] int64)."""
-    return MoERouterFunction.apply(x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale)
+def run(x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale, n_group=1, topk_group=1):
+    """x [N, D] float32/float16/bfloat16, weight [E, D] same dtype, bias [E] float32; topk <= E; n_group groups of
+    experts, topk_group kept (1, 1: no groups) -> (weights [N, topk] float32, ids [N, topk] int64 in descending
+    s + bias order, counts [E] int64)."""
+    return MoERouterFunction.apply(x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale,
+                                   n_group, topk_group)
