@@ -42,6 +42,22 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert row.status == "pass" and row.metrics["kl"] == m["kl"] and row.id == report["id"]
 
 
+def test_deepseek_v3_with_group_limited_routing_and_rotary_mla_computes_the_shipped_model(settings):
+    """The class's default config (the published DeepSeek-V3: 8 routing groups, 4 kept, route scale 2.5, yarn rope
+    on interleaved pairs), shrunk: 3 dense layers and an MoE one, 16 experts in 8 groups of 2."""
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    result = runner.invoke(app, ["parity", "deepseek_v3", "--tokens", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    m = report["metrics"]
+    assert report["model_class"] == "DeepseekV3ForCausalLM" and report["config"]["n_group"] == 8
+    assert report["config"]["first_k_dense_replace"] == 3 and report["config"]["topk_group"] == 4
+    assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3
+    assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
+    assert report["patch"]["blocks"] == ["mla", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router",
+                                         "rmsnorm", "swiglu"]
+
+
 def test_a_broken_operator_fails_parity_and_is_named_as_the_first_divergence(settings):
     shutil.copytree(OPERATORS, settings.operators_dir)
     (path,) = (settings.operators_dir / "rmsnorm").glob("*.py")

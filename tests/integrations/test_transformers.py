@@ -138,3 +138,20 @@ def test_peft_lora_layers_are_swapped_for_lora_linear_unless_they_drop_out(promo
     dropping = peft.get_peft_model(tiny_kimi(), peft.LoraConfig(r=4, target_modules=targets, lora_dropout=0.1))
     rows = {r.path.split("base_model.model.", 1)[1]: r for r in apply_workbench_kernels(dropping).rows}
     assert "LoRA dropout 0.1" in rows["model.layers.0.self_attn.q_proj"].reason
+
+
+def test_deepseek_v3_swaps_mla_with_its_rotary_embedding_and_group_limited_routers(promoted):
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from workbench.integrations.families import deepseek_v3
+
+    full = DeepseekV3Config()
+    fields = deepseek_v3.tiny(full, ["full_attention"] * 3, ["dense", "dense", "sparse"], 16, 2)
+    assert (fields["n_group"], fields["topk_group"], fields["first_k_dense_replace"]) == (8, 4, 2)
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(**fields))
+    report = apply_workbench_kernels(model)
+    found = outcome(report)
+    assert found["DeepseekV3Attention"] == ("mla",) and found["DeepseekV3TopkRouter"] == ("moe_router",)
+    assert found["DeepseekV3Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
+    assert found["DeepseekV3MLP"] == ("swiglu",) and found["DeepseekV3RMSNorm"] == ("rmsnorm",)
+    assert any("apply_rotary_pos_emb_interleave" in note for note in report.notes)  # rope_interleave: True

@@ -87,6 +87,7 @@ class ParityResult:
     backend: str
     layers: list[str]
     tokens: int
+    config: dict[str, Any] = field(default_factory=dict)  # the tiny instance's config fields
     status: str = ParityStatus.ERROR
     metrics: dict[str, Any] = field(default_factory=dict)
     checks: list[dict[str, Any]] = field(default_factory=list)
@@ -208,6 +209,18 @@ def pick_layers(full: list[str], count: int) -> list[str]:
     return picked
 
 
+def schedules(full) -> tuple[list[str], list[str]]:
+    """The config's attention schedule (``layer_types``, else full attention everywhere) and its MLP schedule
+    (``mlp_layer_types``, else ``first_k_dense_replace`` dense layers, then sparse ones)."""
+    count = full.num_hidden_layers
+    attention = list(getattr(full, "layer_types", None) or ["full_attention"] * count)
+    mlp = getattr(full, "mlp_layer_types", None)
+    if not mlp:
+        dense = getattr(full, "first_k_dense_replace", None) or 0
+        mlp = ["dense"] * min(dense, count) + ["sparse"] * max(count - dense, 0)
+    return attention, list(mlp)
+
+
 def tiny_config(full, layers: int) -> tuple[dict[str, Any], list[str]]:
     """The tiny instance's config fields (the family's ``tiny``) and its attention schedule: ``layers`` layers,
     expert count min(E, 16) (a multiple of the routing groups), top-k scaled to keep k/E about as it is (at least 2
@@ -215,8 +228,8 @@ def tiny_config(full, layers: int) -> tuple[dict[str, Any], list[str]]:
     from workbench.integrations.transformers import family
 
     fam = family(full.model_type)
-    attention = pick_layers(list(full.layer_types), layers)
-    mlp_full = list(getattr(full, "mlp_layer_types", None) or ["sparse"] * len(full.layer_types))
+    attention_full, mlp_full = schedules(full)
+    attention = pick_layers(attention_full, layers)
     mlp = [mlp_full[0]] + pick_layers(mlp_full[1:] or mlp_full, layers - 1) if layers > 1 else mlp_full[:1]
     experts = min(full.num_local_experts, MAX_EXPERTS)
     top_k = max(min(2, experts), min(full.num_experts_per_tok, round(full.num_experts_per_tok * experts
@@ -247,7 +260,8 @@ def run_parity(source: str, layers: int = 4, tokens: int = 32, blocks: list[str]
                     seed=seed, dtype=dtype, blocks=blocks, lora=lora, steps=steps,
                     operators_dir=str(Path(operators_dir or Settings.load().operators_dir).resolve()))
     result = ParityResult(source=label, model_type=full.model_type, model_class=fam.MODEL_CLASS, dtype=dtype,
-                          backend=backend.name, layers=schedule, tokens=tokens, notes=[*notes, *more])
+                          backend=backend.name, layers=schedule, tokens=tokens, config=config,
+                          notes=[*notes, *more])
     started = time.monotonic()
     # the operators are candidates too: the child runs as the replay's training child does (the sandbox's
     # isolation and environment, its own scratch folder for temporary files, Triton's and transformers' caches)

@@ -124,6 +124,7 @@ class Patcher:
 
 
 FAMILIES: dict[str, str] = {
+    "deepseek_v3": "workbench.integrations.families.deepseek_v3",
     "kimi_linear": "workbench.integrations.families.kimi_linear",
 }
 """model_type -> the module of its family patch (a function ``apply(patcher)`` and the ``MODEL_CLASS`` name of its

@@ -26,6 +26,11 @@ EXPERTS_IMPLEMENTATION = "workbench"
 """The name the experts forward is registered under in transformers' ALL_EXPERTS_FUNCTIONS."""
 
 
+def qualified(module: nn.Module) -> str:
+    """``peft.Linear``: a module's class with its package."""
+    return f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"
+
+
 def rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """transformers' RMSNorm (weight, variance_epsilon) as workbench::rmsnorm. The shipped module casts the
     normalised x to its dtype before the weight (one rounding more than the block in bfloat16; equal in float32)."""
@@ -92,17 +97,20 @@ def causal_only(mask: torch.Tensor | None, length: int) -> bool:
     return bool((allowed == torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()).all())
 
 
-def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
-                past_key_values=None, **kwargs):
+def mla_runs_shipped(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                     past_key_values) -> bool:
+    """Whether an MLA call has no form in workbench::mla: a cache, a mask other than the causal one, attention
+    dropout in training, or an adapted kv_b_proj (a LoRA layer: its weight alone is not what it computes)."""
+    return past_key_values is not None or not causal_only(attention_mask, hidden_states.shape[1]) \
+        or bool(self.training and self.attention_dropout) or type(self.kv_b_proj) is not nn.Linear
+
+
+def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None) -> torch.Tensor:
     """MLA from its latents (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa,
-    kv_a_layernorm, kv_b_proj, o_proj) with the attention as workbench::mla, no rotary embedding (Kimi's
-    mla_use_nope): W_uk and W_uv are views of kv_b_proj's weight [H * (DN + DV), R]. A cache, a mask other than the
-    causal one, or an adapted kv_b_proj (a LoRA layer: its weight alone is not what it computes) runs the shipped
-    forward."""
+    kv_a_layernorm, kv_b_proj, o_proj) with the attention as workbench::mla: W_uk and W_uv are views of kv_b_proj's
+    weight [H * (DN + DV), R]. ``rotate(q_rope [B, H, T, DR], k_rope [B, 1, T, DR])`` -> both rotated: the family's
+    rotary embedding, in torch (None: no rotary embedding, Kimi's mla_use_nope). -> [B, T, D]."""
     b, t = hidden_states.shape[:2]
-    if past_key_values is not None or not causal_only(attention_mask, t) or (self.training and self.attention_dropout) \
-            or type(self.kv_b_proj) is not nn.Linear:
-        return self.original_forward(hidden_states, attention_mask, past_key_values=past_key_values, **kwargs)
     if self.q_lora_rank is None:
         q = self.q_proj(hidden_states)
     else:
@@ -110,10 +118,23 @@ def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: to
     q = q.view(b, t, self.num_heads, self.qk_head_dim)
     c_kv, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
     c_kv = self.kv_a_layernorm(c_kv)
+    if rotate is not None:
+        q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        q_rope, k_rope = rotate(q_rope.transpose(1, 2), k_rope.view(b, 1, t, self.qk_rope_head_dim))
+        q, k_rope = torch.cat([q_nope, q_rope.transpose(1, 2)], dim=-1), k_rope.view(b, t, self.qk_rope_head_dim)
     w_kv = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
     out = mla(q, c_kv.contiguous(), k_rope.contiguous(), w_kv[:, :self.qk_nope_head_dim],
               w_kv[:, self.qk_nope_head_dim:], None, self.scaling)
-    return self.o_proj(out.reshape(b, t, -1)), None
+    return self.o_proj(out.reshape(b, t, -1))
+
+
+def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                past_key_values=None, **kwargs):
+    """Kimi's MLA (no rotary embedding, mla_use_nope) as ``mla_attention``; what ``mla_runs_shipped`` names runs the
+    shipped forward."""
+    if mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
+        return self.original_forward(hidden_states, attention_mask, past_key_values=past_key_values, **kwargs)
+    return mla_attention(self, hidden_states), None
 
 
 def lora_supported(module: nn.Module) -> str:

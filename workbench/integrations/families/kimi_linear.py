@@ -28,6 +28,7 @@ from workbench.integrations.families._common import (
     forget_gate_forward,
     gated_mlp_forward,
     mla_forward,
+    qualified,
     rmsnorm_forward,
     sigmoid_router_forward,
 )
@@ -66,11 +67,6 @@ def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params
     o, _ = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
     gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(heads)
     return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
-
-
-def qualified(module: nn.Module) -> str:
-    """``peft.Linear``: a module's class with its package."""
-    return f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"
 
 
 def apply(patcher: Patcher) -> None:

@@ -1,0 +1,115 @@
+"""DeepSeek-V3 (transformers ``deepseek_v3``): MLA with a rotary embedding on its rope part (interleaved pairs where
+``rope_interleave``), a sigmoid MoE with group-limited routing (n_group, topk_group) and a shared expert after
+``first_k_dense_replace`` dense layers, RMSNorm.
+
+    module                            computed by
+    DeepseekV3RMSNorm                 rmsnorm
+    DeepseekV3MLP (silu)              swiglu (projections in torch)
+    DeepseekV3TopkRouter              moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
+    DeepseekV3Experts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
+    DeepseekV3Attention (MLA)         mla; the projections, the latents' RMSNorm (as rmsnorm) and the rotary embedding
+                                      of q's and k's rope parts (transformers' own functions) around it
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as shipped
+
+from workbench.integrations.families._common import (
+    EXPERTS_IMPLEMENTATION,
+    experts_forward,
+    experts_supported,
+    gated_mlp_forward,
+    mla_attention,
+    mla_runs_shipped,
+    qualified,
+    rmsnorm_forward,
+    sigmoid_router_forward,
+)
+from workbench.integrations.transformers import Patcher
+
+MODEL_CLASS = "DeepseekV3ForCausalLM"
+ROUTER = shipped.DeepseekV3TopkRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
+LORA_TARGETS = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The projections a parity run's LoRA adapts (workbench parity --lora): MLA's latents and output, the MLPs."""
+
+
+def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
+                      attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs):
+    """DeepseekV3Attention.forward with the attention as workbench::mla, q's and k's rope parts rotated by
+    transformers' apply_rotary_pos_emb(_interleave) on the module's position embeddings (cos, sin). What
+    ``mla_runs_shipped`` names runs the shipped forward."""
+    if position_embeddings is None or mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
+        return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
+                                     attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+    cos, sin = position_embeddings
+    apply = shipped.apply_rotary_pos_emb_interleave if self.config.rope_interleave else shipped.apply_rotary_pos_emb
+    return mla_attention(self, hidden_states, lambda q, k: apply(q, k, cos, sin)), None
+
+
+def apply(patcher: Patcher) -> None:
+    """Swap the catalog's ops into every DeepSeek-V3 module they compute; report each module."""
+    config, report = patcher.model.config, patcher.report
+    experts_used = False
+    for path, module in patcher.model.named_modules():
+        if isinstance(module, shipped.DeepseekV3RMSNorm):
+            if patcher.wants(path, module, "rmsnorm"):
+                patcher.set_forward(path, module, rmsnorm_forward, "rmsnorm")
+        elif isinstance(module, shipped.DeepseekV3MLP):
+            if config.hidden_act != "silu":
+                report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
+            elif patcher.wants(path, module, "swiglu"):
+                patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
+        elif isinstance(module, shipped.DeepseekV3TopkRouter):
+            if patcher.wants(path, module, "moe_router"):
+                patcher.set_forward(path, module, sigmoid_router_forward, "moe_router")
+        elif isinstance(module, shipped.DeepseekV3Experts):
+            why = experts_supported(module, config.hidden_act)
+            if why:
+                report.leave(path, module, why)
+            elif patcher.wants(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine"):
+                experts_used = True
+                report.replace(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine")
+        elif isinstance(module, shipped.DeepseekV3Attention):
+            if type(module.kv_b_proj) is not nn.Linear:
+                report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla takes "
+                                           "W_uk and W_uv as plain weights")
+            elif patcher.wants(path, module, "mla"):
+                patcher.set_forward(path, module, attention_forward, "mla")
+        elif isinstance(module, nn.Embedding):
+            report.leave(path, module, "embedding lookup: no block")
+        elif path.rsplit(".", 1)[-1] == "lm_head":
+            report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks "
+                                       "never build them, so they are not swapped in here")
+    if experts_used:
+        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
+        patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    if any(r.cls == "DeepseekV3Attention" and r.replaced for r in report.rows):
+        report.notes.append("inside each MLA layer the rotary embedding of the rope parts stays in torch "
+                            "(transformers' apply_rotary_pos_emb" + ("_interleave" if config.rope_interleave else "")
+                            + ")")
+    report.notes.append("plain projections (nn.Linear) run in torch")
+
+
+def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
+    """The fields of a tiny DeepseekV3Config of ``full``'s architecture: widths shrunk, the dense layers first (as
+    many as ``mlp_layer_types`` says), expert counts and routing as chosen by the parity
+    (workbench.integrations.parity.tiny_config), the rotary embedding and every switch kept."""
+    groups = full.n_group if experts % full.n_group == 0 and experts // full.n_group >= 2 else 1
+    return {
+        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_hidden_layers": len(layer_types), "first_k_dense_replace": mlp_layer_types.count("dense"),
+        "num_attention_heads": 4, "num_key_value_heads": 4,
+        "q_lora_rank": None if full.q_lora_rank is None else 24, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "n_routed_experts": experts, "num_experts_per_tok": top_k, "n_shared_experts": full.n_shared_experts,
+        "n_group": groups, "topk_group": min(full.topk_group, groups) if groups > 1 else 1,
+        "norm_topk_prob": full.norm_topk_prob, "routed_scaling_factor": full.routed_scaling_factor,
+        "rope_interleave": full.rope_interleave, "rope_parameters": full.rope_parameters,
+        "hidden_act": full.hidden_act, "rms_norm_eps": full.rms_norm_eps, "attention_bias": full.attention_bias,
+        "tie_word_embeddings": full.tie_word_embeddings, "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": None,
+    }
