@@ -16,6 +16,7 @@ K3_BLOCKS = {
     "kda", "kda_short_conv", "kda_gate", "mla", "attnres", "moe_router", "moe_permute", "moe_grouped_gemm",
     "moe_combine", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "rmsnorm",
     "quantized_weights", "vision_tower",
+    "KimiLinearRMSNormGated",  # a module of the transformers class (kimi_linear) no block computes
 }
 KIMI_BLOCKS = K3_BLOCKS | {"dsa_indexer", "dsa_sparse_attention"}
 CONFIG_FACTS = {  # the published Kimi K3 config, through the kimi-k3 card

@@ -74,7 +74,7 @@ def test_kimi_k3_from_its_published_config():
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
                                "kda_short_conv", "kda_gate", "mla"}
-    assert gaps(card) == {"quantized_weights", "vision_tower"}
+    assert gaps(card) == {"quantized_weights", "vision_tower", "KimiLinearRMSNormGated"}
     assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
     assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
     blocks = card["blocks"]
@@ -96,6 +96,16 @@ def test_kimi_k3_from_its_published_config():
     assert blocks["situ"]["layers"] == 93  # 92 MoE layers' shared experts and the one dense layer
     assert {"rows": 8192, "N": 3584} in blocks["rmsnorm"]["shapes"]  # the latent experts' norm
     assert "text_config.use_grouped_topk" in card["unread_fields"]  # shown for review, not silently dropped
+    view = card["transformers"]  # the text config's model_type is kimi_linear: its class, as it reads the config
+    assert card["onboarded_from"]["class"] == view["class"] == "KimiLinearForCausalLM"
+    not_read = {"text_config.activation_situ_beta", "text_config.attn_res_block_size",  # SiTU, AttnRes
+                "text_config.routed_expert_hidden_size", "text_config.latent_moe_use_norm",  # latent MoE
+                "text_config.linear_attn_config.gate_lower_bound", "text_config.mla_use_output_gate"}
+    assert not_read <= set(view["unread_fields"])
+    assert "text_config.linear_attn_config.short_conv_kernel_size" not in view["unread_fields"]  # read by the class
+    modules = {m["class"]: m["blocks"] or m["reason"] for m in view["modules"]}
+    assert modules["KimiLinearForgetGate"] == ["kda_gate"] and modules["KimiLinearAttention"] == ["mla"]
+    assert "no block" in modules["KimiLinearRMSNormGated"] and "KimiLinearRMSNormGated" in gaps(card)
 
 
 def test_kimi_linear_from_its_published_config():
@@ -104,7 +114,12 @@ def test_kimi_linear_from_its_published_config():
     blocks = card["blocks"]
     assert blocks["kda"]["layers"] == 20 and blocks["mla"]["layers"] == 7
     assert blocks["kda"]["shapes"][0]["H"] == 32 and blocks["kda"]["shapes"][0]["K"] == 72  # head_dim 72
-    assert gaps(card) == set()  # SwiGLU experts, no latent MoE, no short convolution in this config
+    assert gaps(card) == {"KimiLinearRMSNormGated"}  # the class's KDA output norm; SwiGLU experts, no latent MoE
+    assert card["onboarded_from"]["class"] == "KimiLinearForCausalLM"
+    # the json has no short_conv_kernel_size; the class fills in its default, as KimiLinearConfig does
+    assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4
+    assert blocks["kda_short_conv"]["fields"] == ["linear_conv_kernel_dim (KimiLinearConfig default)"]
+    assert card["transformers"]["unread_fields"] == ["mla_use_nope", "moe_layer_freq", "moe_router_activation_func"]
     assert blocks["kda_gate"]["shapes"] == [{"B": 1, "T": 8192, "H": 32, "K": 72, "form": 1}]  # softplus gate
     assert blocks["moe_router"]["shapes"][0]["mode"] == 0 and "G" not in blocks["moe_router"]["shapes"][0]
     assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 1024}, {"rows": 8192, "N": 9216}]
@@ -206,4 +221,4 @@ def test_name_and_out_options(tmp_path):
     result = runner.invoke(app, ["onboard", str(SHARED / "kimi-linear-48b-a3b.config.json"), "--name", "kl",
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "kl.yaml").is_file() and "12 blocks with a spec, 0 without" in result.output  # kda_gate: its softplus form
+    assert (tmp_path / "kl.yaml").is_file() and "13 blocks with a spec, 1 without" in result.output  # kda_gate, kda_short_conv; the gated norm

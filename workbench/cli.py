@@ -155,6 +155,15 @@ def onboard(
             else "spec" + (f"; differs: {escape(info['differs'])}" if info.get("differs") else "")
         table.add_row(block, str(info.get("layers", "")), sizes, where)
     console.print(table)
+    view = card.get("transformers") or {}
+    if view.get("error"):
+        console.print(f"transformers: {escape(view['error'])}")
+    elif view:
+        ported = sum(1 for m in view["modules"] if m["blocks"])
+        console.print(f"transformers class {view['class']} ({view['model_type']}): {ported} of {len(view['modules'])} "
+                      f"module classes computed by catalog blocks; `workbench parity {card['name']}` runs it"
+                      + (f"; the class does not read {', '.join(view['unread_fields'])}: parity does not cover them"
+                         if view["unread_fields"] else ""))
     assumed = [k for k, v in card["facts"].items() if v["source"] == "assumption"]
     console.print(f"wrote {path}: {len(card['blocks']) - len(gaps)} blocks with a spec, {len(gaps)} without; "
                   f"assumed: {', '.join(assumed) or 'nothing'}. `workbench plan {card['name']}` shows its status.")

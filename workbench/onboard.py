@@ -134,6 +134,7 @@ def onboard(path: str | Path, name: str | None = None) -> dict:
     data, file = read_config(path)
     cfg = Config(data)
     card = _Card()
+    view = _class_view(data)
     d, d_field = cfg.integer("hidden_size", "d_model")
     layers, layers_field = cfg.integer("num_hidden_layers", "n_layer")
     vocab, vocab_field = cfg.integer("vocab_size")
@@ -151,7 +152,7 @@ def onboard(path: str | Path, name: str | None = None) -> dict:
     card.fact("tokens_per_step", TOKENS, None, "the model suite's tokens per step (batch x sequence)")
     t = TOKENS
 
-    attention_layers = _attention(cfg, card, d, layers, heads, kv_heads, head_dim, t)
+    attention_layers = _attention(cfg, card, d, layers, heads, kv_heads, head_dim, t, view)
     ffn_layers = _experts(cfg, card, d, layers, t)
     _dense_ffn(cfg, card, layers, ffn_layers, t)
     _norms_and_residuals(cfg, card, d, layers, attention_layers, t)
@@ -166,9 +167,32 @@ def onboard(path: str | Path, name: str | None = None) -> dict:
 
     name = name or default_name(file, data)
     arch = ", ".join(data.get("architectures") or []) or str(data.get("model_type", "unknown family"))
-    return {"name": name, "title": f"{name} ({arch}, onboarded from {file.name})",
-            "onboarded_from": {"file": str(file), "model_type": data.get("model_type")},
-            "facts": card.facts, "blocks": card.blocks, "unread_fields": cfg.unread()}
+    result = {"name": name, "title": f"{name} ({arch}, onboarded from {file.name})",
+              "onboarded_from": {"file": str(file), "model_type": data.get("model_type")},
+              "facts": card.facts, "blocks": card.blocks, "unread_fields": cfg.unread()}
+    if isinstance(view, str):
+        result["transformers"] = {"error": view}
+    elif view is not None:
+        result["onboarded_from"]["class"] = view.model_class
+        result["transformers"] = view.as_dict()
+        for module in view.modules:
+            if not module["blocks"] and "no block" in module["reason"]:
+                card.block(module["class"], f"transformers module {module['class']} of {view.model_class}", None,
+                           [], [view.prefix + "model_type"], gap=module["reason"].replace(": no block", ""))
+    return result
+
+
+def _class_view(data: dict):
+    """The config as its transformers class reads it (workbench.integrations.class_view), None when no registered
+    family names it or transformers is not installed, or the class's one-line error when it cannot read it."""
+    try:
+        from workbench.integrations.class_view import class_view
+    except ImportError:
+        return None
+    try:
+        return class_view(data)
+    except WorkbenchError as exc:
+        return str(exc)
 
 
 def _layer_list(cfg: Config, group: str, key: str) -> tuple[list[int] | None, str | None]:
@@ -182,8 +206,9 @@ def _layer_list(cfg: Config, group: str, key: str) -> tuple[list[int] | None, st
 
 
 def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None, kv_heads: int | None,
-               head_dim: int | None, t: int) -> dict[str, int]:
-    """The attention blocks by layer kind; {kind: layer count}."""
+               head_dim: int | None, t: int, view=None) -> dict[str, int]:
+    """The attention blocks by layer kind; {kind: layer count}. ``view`` (a ClassView): values the config's class
+    fills in where the json is silent (Kimi Linear's short convolution, kernel 4 by default)."""
     heads_at = cfg.field("num_attention_heads", "n_head")[1]
     kda_layers, kda_field = _layer_list(cfg, "linear_attn_config", "kda_layers")
     full_layers, full_field = _layer_list(cfg, "linear_attn_config", "full_attn_layers")
@@ -200,10 +225,14 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
                   f"{linear_field}.head_dim" if linear.get("head_dim") else "head_dim"]
         card.block("kda", "Kimi Delta Attention (chunked linear attention)", counts["kda"],
                    [{"B": 1, "T": t, "H": kh, "HV": kh, "K": kd, "V": kd, "h0": 1}], fields)
-        if linear.get("short_conv_kernel_size"):
+        conv, conv_field = linear.get("short_conv_kernel_size"), f"{linear_field}.short_conv_kernel_size"
+        if not conv and view is not None and not isinstance(view, str) and any(
+                "kda_short_conv" in m["blocks"] for m in view.modules):
+            conv, conv_field = view.value("linear_conv_kernel_dim")
+        if conv:
             card.block("kda_short_conv", "KDA's causal depthwise short convolution (with SiLU) on q, k and v",
-                       counts["kda"], [{"B": 1, "T": t, "D": kh * kd, "W": linear["short_conv_kernel_size"]}],
-                       [f"{linear_field}.short_conv_kernel_size"], gap="KDA short convolution")
+                       counts["kda"], [{"B": 1, "T": t, "D": kh * kd, "W": conv}], [conv_field],
+                       gap="KDA short convolution")
         bound = linear.get("gate_lower_bound")
         gate_fields = [f for f, given in ((f"{linear_field}.gate_lower_bound", bound is not None),
                                           (f"{linear_field}.use_full_rank_gate", "use_full_rank_gate" in linear)) if given]

@@ -120,6 +120,7 @@ def test_k3s_card_reads_its_text_config_and_says_what_the_class_cannot_compute()
     full, more = load_config(fields)
     assert full.hidden_act == "silu" and full.num_local_experts == 896
     assert any("hidden_act 'situ'" in n and "does not cover" in n for n in more)
+    assert any("KimiLinearConfig does not read" in n and "attn_res_block_size" in n for n in more)
     fields, label, notes = config_fields("kimi-k3.1-pro")
     assert label.startswith("kimi-k3.1-pro (")
     assert "derived from kimi-k3" in notes[0] and "no published class" in notes[0]

@@ -190,6 +190,11 @@ def load_config(fields: dict[str, Any]) -> tuple[Any, list[str]]:
         notes.append(f"hidden_act '{act}' has no transformers implementation (ACT2FN): the class cannot compute it; "
                      f"the tiny model uses the class's default '{default}', and this parity does not cover '{act}'")
         fields["hidden_act"] = default
+    from workbench.integrations.class_view import read_names, unread_fields
+
+    unread = unread_fields({k: v for k, v in fields.items() if k != "model_type"}, read_names(cls))
+    if unread:
+        notes.append(f"{cls.__name__} does not read {', '.join(unread)}: this parity does not cover them")
     try:
         return cls(**{k: v for k, v in fields.items() if k != "model_type"}), notes
     except (TypeError, ValueError) as exc:

@@ -96,12 +96,17 @@ class PatchReport:
 class Patcher:
     """What a family's patch function works with: the model, the blocks it may use and the report it fills."""
 
-    def __init__(self, model: nn.Module, blocks: Iterable[str] | None, report: PatchReport):
+    def __init__(self, model: nn.Module, blocks: Iterable[str] | None, report: PatchReport,
+                 assume_promoted: bool = False):
+        """``assume_promoted``: take every catalog block as promoted (what the family would swap in, for
+        onboarding's module map) instead of reading the operators folder."""
+        from workbench.blocks import REGISTRY
+
         self.model = model
         self.allowed = None if blocks is None else set(blocks)
         self.report = report
         self.folder = operators_dir()
-        self.promoted = set(newest_promoted(self.folder))
+        self.promoted = set(REGISTRY) if assume_promoted else set(newest_promoted(self.folder))
 
     def wants(self, path: str, module: nn.Module, *blocks: str) -> bool:
         """Whether every block in ``blocks`` may be used (requested, and promoted in the operators folder); if not,

@@ -31,7 +31,8 @@ class ModelCard:
     targets: list[str] | None = None  # the GPU targets its kernels must compile for (None: the defaults)
     derived_from: str | None = None  # the card this one is laid over
     differs: str = ""  # what it changes from that card
-    onboarded_from: dict[str, Any] | None = None  # the config it came from: {file, model_type} (not inherited)
+    onboarded_from: dict[str, Any] | None = None  # the config it came from: {file, model_type, class} (not inherited)
+    transformers: dict[str, Any] | None = None  # its config as the transformers class reads it (onboarding)
 
     def block_shapes(self, block: str) -> list[Shape]:
         return [dict(s) for s in self.blocks.get(block, {}).get("shapes", [])]
@@ -67,7 +68,7 @@ def _card(data: dict, found: dict[str, dict], seen: tuple[str, ...] = ()) -> Mod
         return ModelCard(name=name, title=data.get("title", name), facts=facts, blocks=blocks,
                          targets=list(data["targets"]) if data.get("targets") is not None else None,
                          derived_from=base_name, differs=str(data.get("differs", "")),
-                         onboarded_from=data.get("onboarded_from"))
+                         onboarded_from=data.get("onboarded_from"), transformers=data.get("transformers"))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise WorkbenchError(f"model card {name} is malformed: {one_line(exc)}") from None
 
