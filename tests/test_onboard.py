@@ -221,4 +221,5 @@ def test_name_and_out_options(tmp_path):
     result = runner.invoke(app, ["onboard", str(SHARED / "kimi-linear-48b-a3b.config.json"), "--name", "kl",
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "kl.yaml").is_file() and "13 blocks with a spec, 1 without" in result.output  # kda_gate, kda_short_conv; the gated norm
+    # kda_gate and kda_short_conv (the class's default kernel) with a spec, the class's gated output norm without
+    assert (tmp_path / "kl.yaml").is_file() and "13 blocks with a spec, 1 without" in result.output

@@ -234,8 +234,8 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
                        counts["kda"], [{"B": 1, "T": t, "D": kh * kd, "W": conv}], [conv_field],
                        gap="KDA short convolution")
         bound = linear.get("gate_lower_bound")
-        gate_fields = [f for f, given in ((f"{linear_field}.gate_lower_bound", bound is not None),
-                                          (f"{linear_field}.use_full_rank_gate", "use_full_rank_gate" in linear)) if given]
+        given = {"gate_lower_bound": bound is not None, "use_full_rank_gate": "use_full_rank_gate" in linear}
+        gate_fields = [f"{linear_field}.{key}" for key, present in given.items() if present]
         if bound is None:  # every KDA layer has a forget gate: without a bound, Kimi Linear's softplus form
             card.block("kda_gate", "KDA's decay gate, -exp(A_log) softplus(f + dt_bias) (no lower bound)",
                        counts["kda"], [{"B": 1, "T": t, "H": kh, "K": kd, "form": 1}], gate_fields or [kda_field],

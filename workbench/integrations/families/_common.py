@@ -1,7 +1,7 @@
 """Module forwards shared by the families: transformers' RMSNorm, gated MLP, sigmoid top-k router, experts, MLA
-attention and KDA forget gate computed by the catalog's ops. Each ``*_forward(self, ...)`` replaces the forward of one module
-instance (``Patcher.set_forward``) and falls back to the shipped forward (``self.original_forward``) where the op has
-no form for the call (a cache, packed sequences, a padding mask): those calls run as shipped."""
+attention and KDA forget gate computed by the catalog's ops. Each ``*_forward(self, ...)`` replaces the forward of
+one module instance (``Patcher.set_forward``) and falls back to the shipped forward (``self.original_forward``)
+where the op has no form for the call (a cache, packed sequences, a padding mask): those calls run as shipped."""
 
 from __future__ import annotations
 
