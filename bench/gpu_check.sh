@@ -2,7 +2,8 @@
 # GPU check, for a machine with one CUDA GPU: verify every promoted operator on the cuda backend in bfloat16 at the
 # model card's sizes (the `model` suite), with its kernels compiled for the default targets, and print one table;
 # then time each verified operator against the eager reference, torch.compile of it and installed peers
-# (BENCH_SECONDS, default 300); with two GPUs or more, a 2-step replay on 2 ranks (NCCL, FSDP2 + expert parallel).
+# (BENCH_SECONDS, default 300); parity of each registered transformers family in bfloat16 and float32; with two GPUs
+# or more, a 2-step replay on 2 ranks (NCCL, FSDP2 + expert parallel).
 # Under 10 minutes on one H200.
 #
 # It uses the machine's own python3 with its CUDA torch and triton (never installs torch). The verification path
@@ -94,6 +95,19 @@ for block in sorted(b for b in newest if b in verified and (not wanted or b in w
 print("\nmeasured on this GPU: median of 10 calls (L2 flushed, fresh inputs, outputs checked), bfloat16, model suite")
 print(text_table(rows))
 EOF
+# Parity in the published code: each registered transformers family's tiny model as shipped and with the promoted
+# operators, in bfloat16 (and float32) on the GPU: KL, top-1/top-5, router choices, gradients (THRESHOLDS per dtype).
+# Needs transformers and the workbench's own dependencies; said and skipped otherwise.
+if "$PY" -c "import transformers, workbench.cli" 2>/dev/null; then
+  for source in workbench/models/configs/kimi-linear-48b-a3b.config.json deepseek_v3; do
+    for dtype in bfloat16 float32; do
+      "$PY" -c "from workbench.cli import main; main()" parity "$source" --dtype "$dtype" --backend cuda \
+        --db "sqlite:///$OUT_DIR/parity.db" || verified=1
+    done
+  done
+else
+  echo "parity: skipped, transformers or the workbench's CLI dependencies are not installed here"
+fi
 # The parallel layout on the device: 2 ranks (NCCL), dense parameters sharded with FSDP2, experts split across the
 # ranks, every promoted operator, 2 steps of the small preset. Needs two GPUs and the workbench's own dependencies
 # (the store, the CLI); said and skipped otherwise.

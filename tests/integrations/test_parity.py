@@ -58,6 +58,20 @@ def test_deepseek_v3_with_group_limited_routing_and_rotary_mla_computes_the_ship
                                          "rmsnorm", "swiglu"]
 
 
+def test_qwen3_next_gated_delta_net_through_kda_computes_the_shipped_model(settings):
+    """The class's default config shrunk: 3 Gated DeltaNet layers (two value heads per q/k head) and a gated
+    softmax-attention one, softmax routing over 16 experts, zero-centred RMSNorm."""
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    result = runner.invoke(app, ["parity", "qwen3_next", "--tokens", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    m = report["metrics"]
+    assert report["model_class"] == "Qwen3NextForCausalLM"
+    assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3
+    assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
+    assert {"kda", "kda_gate", "kda_short_conv", "moe_router", "rmsnorm"} <= set(report["patch"]["blocks"])
+
+
 def test_a_broken_operator_fails_parity_and_is_named_as_the_first_divergence(settings):
     shutil.copytree(OPERATORS, settings.operators_dir)
     (path,) = (settings.operators_dir / "rmsnorm").glob("*.py")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.integrations.references import COMPARISONS, Float64Casts
+from workbench.blocks import get_block
+from workbench.integrations.references import COMPARISONS, Float64Casts, _compare, _gate_inputs
 
 
 @pytest.mark.parametrize("comparison", COMPARISONS, ids=lambda c: c.__name__)
@@ -27,3 +28,15 @@ def test_float32_casts_become_float64_inside_the_mode():
         assert torch.zeros(2, dtype=torch.float32).dtype == torch.float64
         assert torch.softmax(x, -1, dtype=torch.float32).dtype == torch.float64
     assert x.float().dtype == torch.float32
+
+
+def test_a_look_alike_is_told_apart():
+    """The comparison can fail: the bounded gate (lower bound -5) held to Kimi Linear's softplus gate is far off."""
+    from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearForgetGate
+
+    gate, x = _gate_inputs(KimiLinearConfig, KimiLinearForgetGate, 5)
+    row = _compare("kda_gate", "KimiLinearForgetGate", lambda: get_block("kda_gate").reference(
+        gate.f_b_proj(gate.f_a_proj(x)).view(2, 5, 2, 4), gate.A_log.view(2), gate.dt_bias.view(2, 4), -5.0),
+        lambda: gate(x), [x, gate.A_log, gate.dt_bias])
+    assert row.output_rel > 1e-2

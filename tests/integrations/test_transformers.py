@@ -156,3 +156,21 @@ def test_deepseek_v3_swaps_mla_with_its_rotary_embedding_and_group_limited_route
     assert found["DeepseekV3Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert found["DeepseekV3MLP"] == ("swiglu",) and found["DeepseekV3RMSNorm"] == ("rmsnorm",)
     assert any("apply_rotary_pos_emb_interleave" in note for note in report.notes)  # rope_interleave: True
+
+
+def test_qwen3_next_swaps_the_gated_delta_net_and_leaves_softmax_attention_alone(promoted):
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    from workbench.integrations.families import qwen3_next
+    from workbench.integrations.parity import schedules
+
+    full = Qwen3NextConfig()
+    attention, mlp = schedules(full)
+    assert attention[:4] == ["linear_attention"] * 3 + ["full_attention"] and set(mlp) == {"sparse"}
+    fields = qwen3_next.tiny(full, attention[:4], mlp[:4], 16, 2)
+    assert fields["linear_num_value_heads"] == 2 * fields["linear_num_key_heads"]  # Qwen3-Next's 32 / 16 kept
+    report = apply_workbench_kernels(Qwen3NextForCausalLM(Qwen3NextConfig(**fields)))
+    found = outcome(report)
+    assert found["Qwen3NextGatedDeltaNet"] == ("kda_short_conv", "kda_gate", "kda")
+    assert found["Qwen3NextRMSNorm"] == ("rmsnorm",) and found["Qwen3NextTopKRouter"] == ("moe_router",)
+    assert "no block" in found["Qwen3NextAttention"] and "no block" in found["Qwen3NextRMSNormGated"]

@@ -216,10 +216,14 @@ def pick_layers(full: list[str], count: int) -> list[str]:
 
 def schedules(full) -> tuple[list[str], list[str]]:
     """The config's attention schedule (``layer_types``, else full attention everywhere) and its MLP schedule
-    (``mlp_layer_types``, else ``first_k_dense_replace`` dense layers, then sparse ones)."""
+    (``mlp_layer_types``; else Qwen's ``mlp_only_layers`` and ``decoder_sparse_step``; else
+    ``first_k_dense_replace`` dense layers, then sparse ones)."""
     count = full.num_hidden_layers
     attention = list(getattr(full, "layer_types", None) or ["full_attention"] * count)
     mlp = getattr(full, "mlp_layer_types", None)
+    if not mlp and getattr(full, "mlp_only_layers", None) is not None:  # Qwen's: dense where listed or off-step
+        step = getattr(full, "decoder_sparse_step", 1) or 1
+        mlp = ["dense" if i in full.mlp_only_layers or (i + 1) % step else "sparse" for i in range(count)]
     if not mlp:
         dense = getattr(full, "first_k_dense_replace", None) or 0
         mlp = ["dense"] * min(dense, count) + ["sparse"] * max(count - dense, 0)
@@ -236,9 +240,9 @@ def tiny_config(full, layers: int) -> tuple[dict[str, Any], list[str]]:
     attention_full, mlp_full = schedules(full)
     attention = pick_layers(attention_full, layers)
     mlp = [mlp_full[0]] + pick_layers(mlp_full[1:] or mlp_full, layers - 1) if layers > 1 else mlp_full[:1]
-    experts = min(full.num_local_experts, MAX_EXPERTS)
-    top_k = max(min(2, experts), min(full.num_experts_per_tok, round(full.num_experts_per_tok * experts
-                                                                        / full.num_local_experts) or 1))
+    total = getattr(full, "num_local_experts", None) or full.num_experts  # (Qwen names it num_experts)
+    experts = min(total, MAX_EXPERTS)
+    top_k = max(min(2, experts), min(full.num_experts_per_tok, round(full.num_experts_per_tok * experts / total) or 1))
     return fam.tiny(full, attention, mlp, experts, top_k), attention
 
 

@@ -93,6 +93,18 @@ def rmsnorm() -> Comparison:
                     lambda: norm(x), [x, w])
 
 
+def zero_centred_rmsnorm() -> Comparison:
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
+
+    g = torch.Generator().manual_seed(11)
+    x = _leaf(2, 5, 24, g=g)
+    norm = Qwen3NextRMSNorm(24, eps=1e-6).to(F64)
+    w = norm.weight
+    w.data = 0.1 * torch.randn(24, generator=g, dtype=F64)
+    return _compare("rmsnorm", "Qwen3NextRMSNorm (zero-centred: weight 1 + w)",
+                    lambda: get_block("rmsnorm").reference(x, 1.0 + w, 1e-6), lambda: norm(x), [x, w])
+
+
 def swiglu() -> Comparison:
     from transformers.activations import ACT2FN
 
@@ -139,6 +151,40 @@ def kda() -> list[Comparison]:
             lambda q=q, k=k, v=v, gate=gate, beta=beta, h0=h0, fn=fn: fn(
                 q, k, v, g=gate, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=False),
             [q, k, v, gate, beta, h0]))
+    return rows
+
+
+def gated_delta_rule() -> list[Comparison]:
+    """Qwen3-Next's gated delta rule (one decay per value head, two value heads per q/k head) as kda with the decay
+    on every key channel, and its decay -exp(A_log) softplus(a + dt_bias) as kda_gate (softplus form, K = 1)."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as qn
+
+    rows = []
+    b, t, h, hv, d = 2, 19, 2, 4, 8
+    for name, fn in (("torch_chunk_gated_delta_rule", qn.torch_chunk_gated_delta_rule.__wrapped__),
+                     ("torch_recurrent_gated_delta_rule", qn.torch_recurrent_gated_delta_rule.__wrapped__)):
+        g = torch.Generator().manual_seed(12)
+        q, k = (torch.nn.functional.normalize(torch.randn(b, t, h, d, generator=g, dtype=F64), dim=-1)
+                .requires_grad_(True) for _ in range(2))
+        v, h0 = _leaf(b, t, hv, d, g=g), _leaf(b, hv, d, d, g=g)
+        decay = torch.nn.functional.logsigmoid(torch.randn(b, t, hv, generator=g, dtype=F64)).requires_grad_(True)
+        beta = torch.sigmoid(torch.randn(b, t, hv, generator=g, dtype=F64)).requires_grad_(True)
+
+        def ours(q=q, k=k, v=v, decay=decay, beta=beta, h0=h0):
+            every_channel = decay[..., None].expand(b, t, hv, d)
+            return get_block("kda").reference(q, k, v, every_channel, beta, d ** -0.5, h0)
+
+        def theirs(q=q, k=k, v=v, decay=decay, beta=beta, h0=h0, fn=fn):
+            return fn(q, k, v, g=decay, beta=beta, initial_state=h0, output_final_state=True,
+                      use_qk_l2norm_in_kernel=False)
+
+        rows.append(_compare("kda", f"{name} (Qwen3-Next, torch path)", ours, theirs, [q, k, v, decay, beta, h0]))
+    g = torch.Generator().manual_seed(13)
+    a, a_log, dt_bias = _leaf(2, 7, 4, g=g, scale=3.0), _leaf(4, g=g), _leaf(4, g=g)
+    rows.append(_compare("kda_gate", "Qwen3NextGatedDeltaNet decay (softplus, one channel per head)",
+                         lambda: get_block("kda_gate").reference(a[..., None], a_log, dt_bias[:, None], None)[..., 0],
+                         lambda: -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias),
+                         [a, a_log, dt_bias]))
     return rows
 
 
@@ -199,6 +245,39 @@ def mla() -> Comparison:
                     [x, attn.kv_b_proj.weight, attn.q_proj.weight])
 
 
+def mla_rope() -> Comparison:
+    """DeepSeek-V3's MLA: the rope parts rotated (transformers' interleaved rotary embedding) before the block."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    g = torch.Generator().manual_seed(15)
+    cfg = ds.DeepseekV3Config(hidden_size=32, num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=16,
+                              q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+    cfg._attn_implementation = "eager"
+    attn = ds.DeepseekV3Attention(cfg, 0).to(F64)
+    for p in attn.parameters():
+        p.data = torch.randn(p.shape, generator=g, dtype=F64) * p.shape[-1] ** -0.5
+    t = 7
+    x = _leaf(2, t, 32, g=g)
+    with Float64Casts():
+        cos, sin = ds.DeepseekV3RotaryEmbedding(cfg)(x, torch.arange(t)[None].expand(2, t))
+    mask = torch.full((t, t), float("-inf"), dtype=F64).triu(1)[None, None]
+
+    def ours():
+        q = attn.q_proj(x).view(2, t, 3, 12)
+        c_kv, k_rope = attn.kv_a_proj_with_mqa(x).split([16, 4], dim=-1)
+        q_rope, k_rope = ds.apply_rotary_pos_emb_interleave(q[..., 8:].transpose(1, 2), k_rope.view(2, 1, t, 4),
+                                                            cos, sin)
+        q = torch.cat([q[..., :8], q_rope.transpose(1, 2)], dim=-1)
+        w = attn.kv_b_proj.weight.view(3, 14, 16)
+        norm = attn.kv_a_layernorm
+        c_kv = get_block("rmsnorm").reference(c_kv, norm.weight, norm.variance_epsilon)
+        out = get_block("mla").reference(q, c_kv, k_rope.view(2, t, 4), w[:, :8], w[:, 8:], None, attn.scaling)
+        return attn.o_proj(out.reshape(2, t, -1))
+
+    return _compare("mla", "DeepseekV3Attention (rope on interleaved pairs)", ours,
+                    lambda: attn(x, (cos, sin), mask)[0], [x, attn.kv_b_proj.weight, attn.q_proj.weight])
+
+
 def _router(config_cls, router_cls, seed: int, **config):
     g = torch.Generator().manual_seed(seed)
     cfg = config_cls(hidden_size=16, num_local_experts=16, num_experts_per_tok=4, **config)
@@ -240,6 +319,21 @@ def moe_router() -> list[Comparison]:
             return weights.gather(-1, order), ids.gather(-1, order).to(F64)
 
         rows.append(_compare("moe_router", name, ours, _routed(router, x), [x, router.weight]))
+    from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextTopKRouter
+
+    g = torch.Generator().manual_seed(14)
+    router = Qwen3NextTopKRouter(Qwen3NextConfig(hidden_size=16, num_experts=16, num_experts_per_tok=4)).to(F64)
+    router.weight.data = torch.randn(16, 16, generator=g, dtype=F64)
+    x = _leaf(48, 16, g=g)
+
+    def softmax_ours():
+        weights, ids, _ = block.reference(x, router.weight, torch.zeros(16, dtype=F64), 4, "softmax", None, True, 1.0)
+        order = ids.argsort(-1)
+        return weights.gather(-1, order), ids.gather(-1, order).to(F64)
+
+    rows.append(_compare("moe_router", "Qwen3NextTopKRouter (softmax, renormalized)", softmax_ours,
+                         _routed(router, x), [x, router.weight]))
     return rows
 
 
@@ -283,7 +377,8 @@ def lora_linear() -> Comparison:
 
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
-    rmsnorm, swiglu, kda_short_conv, kda, kda_gate, mla, moe_router, moe_experts, lora_linear)
+    rmsnorm, zero_centred_rmsnorm, swiglu, kda_short_conv, kda, gated_delta_rule, kda_gate, mla, mla_rope, moe_router,
+    moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

@@ -131,6 +131,7 @@ class Patcher:
 FAMILIES: dict[str, str] = {
     "deepseek_v3": "workbench.integrations.families.deepseek_v3",
     "kimi_linear": "workbench.integrations.families.kimi_linear",
+    "qwen3_next": "workbench.integrations.families.qwen3_next",
 }
 """model_type -> the module of its family patch (a function ``apply(patcher)`` and the ``MODEL_CLASS`` name of its
 causal LM); a family is listed only where the catalog computes some of its modules."""

@@ -1,0 +1,156 @@
+"""Qwen3-Next (transformers ``qwen3_next``): Gated DeltaNet layers (a short convolution on q, k and v, the gated
+delta rule with one decay per value head, a SiLU-gated output norm) and gated softmax-attention layers, 3 to 1; a
+softmax-routed MoE with a sigmoid-gated shared expert; zero-centred RMSNorm.
+
+    module                            computed by
+    Qwen3NextRMSNorm                  rmsnorm with weight 1 + w (the zero-centred norm: x / rms(x) * (1 + w))
+    Qwen3NextMLP (silu)               swiglu (projections in torch; also the shared expert)
+    Qwen3NextTopKRouter               moe_router (softmax, renormalized where norm_topk_prob, no bias, scale 1)
+    Qwen3NextExperts (silu)           moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
+    Qwen3NextGatedDeltaNet            kda_short_conv; kda_gate (softplus form, one channel per value head); kda (the
+                                      gated delta rule is KDA with one decay for every key channel of a head); the
+                                      l2norm of q and k and beta's sigmoid stay in torch
+    Qwen3NextRMSNormGated             left alone: rmsnorm(o) * silu(gate), no block
+    Qwen3NextAttention                left alone: gated softmax attention (GQA, q/k norm, partial rope), no block
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from transformers.models.qwen3_next import modeling_qwen3_next as shipped
+
+from workbench.integrations.families._common import (
+    EXPERTS_IMPLEMENTATION,
+    experts_forward,
+    experts_supported,
+    gated_mlp_forward,
+    qualified,
+)
+from workbench.integrations.transformers import Patcher
+from workbench.kernels import kda, kda_gate, kda_short_conv, moe_router, rmsnorm
+
+MODEL_CLASS = "Qwen3NextForCausalLM"
+ROUTER = shipped.Qwen3NextTopKRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
+HUB_BOUND = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+             "causal_conv1d_update")
+"""The module's functions transformers binds to an installed package's kernels (fla, causal-conv1d) at import."""
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "out_proj", "gate_proj", "up_proj",
+                "down_proj")
+"""The projections a parity run's LoRA adapts (workbench parity --lora): attention, the DeltaNet's, the MLPs."""
+LEFT_IN_TORCH = "inside each Gated DeltaNet layer the l2norm of q and k (eps 1e-6) and beta's sigmoid stay in torch"
+
+
+def zero_centred_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Qwen3NextRMSNorm, x / rms(x) * (1 + w) in float32, as workbench::rmsnorm with weight 1 + w."""
+    return rmsnorm(hidden_states, 1.0 + self.weight.float(), self.eps)
+
+
+def softmax_router_forward(self: nn.Module, hidden_states: torch.Tensor):
+    """Qwen3NextTopKRouter as workbench::moe_router: softmax scores of the float32 logits, top k, renormalized where
+    norm_topk_prob, no selection bias, scale 1; returns (router_logits, top_k_weights [N, k] in the logits' dtype,
+    top_k_index [N, k])."""
+    x = hidden_states.reshape(-1, self.hidden_dim)
+    bias = torch.zeros(self.num_experts, dtype=torch.float32, device=x.device)
+    weights, ids, _ = moe_router(x, self.weight, bias, self.top_k, "softmax", None, bool(self.norm_topk_prob), 1.0)
+    logits = torch.nn.functional.linear(x, self.weight)
+    return logits, weights.to(logits.dtype), ids
+
+
+def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
+                            attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """Qwen3NextGatedDeltaNet.forward with the short convolution as workbench::kda_short_conv, the decay
+    -exp(A_log) softplus(a + dt_bias) as workbench::kda_gate (K = 1 per value head) and the gated delta rule as
+    workbench::kda with that decay on every key channel. A cache (decode), packed sequences or an adapted conv1d run
+    the shipped forward."""
+    if cache_params is not None or kwargs.get("cu_seq_lens_q") is not None or type(self.conv1d) is not nn.Conv1d:
+        return self.original_forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                                     **kwargs)
+    hidden_states = shipped.apply_mask_to_padding_states(hidden_states, attention_mask)
+    b, t = hidden_states.shape[:2]
+    query, key, value, z, beta_logit, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states),
+                                                                            self.in_proj_ba(hidden_states))
+    mixed = torch.cat([x.reshape(b, t, -1) for x in (query, key, value)], dim=-1)
+    mixed = kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
+    q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    q, k = (x.reshape(b, t, -1, self.head_k_dim) for x in (q, k))
+    v = v.reshape(b, t, -1, self.head_v_dim)
+    heads = self.num_v_heads
+    g = kda_gate(a.reshape(b, t, heads, 1), self.A_log, self.dt_bias.view(heads, 1), None)
+    g = g.expand(b, t, heads, self.head_k_dim).contiguous()
+    beta = beta_logit.sigmoid()
+    q = shipped.l2norm(q.float(), dim=-1, eps=1e-6).to(v.dtype)
+    k = shipped.l2norm(k.float(), dim=-1, eps=1e-6).to(v.dtype)
+    o, _ = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_k_dim ** -0.5, None)
+    o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(o.reshape(b, t, -1))
+
+
+def apply(patcher: Patcher) -> None:
+    """Swap the catalog's ops into every Qwen3-Next module they compute; report each module."""
+    config, report = patcher.model.config, patcher.report
+    experts_used = False
+    for path, module in patcher.model.named_modules():
+        if isinstance(module, shipped.Qwen3NextRMSNorm):
+            if patcher.wants(path, module, "rmsnorm"):
+                patcher.set_forward(path, module, zero_centred_rmsnorm_forward, "rmsnorm")
+        elif isinstance(module, shipped.Qwen3NextRMSNormGated):
+            report.leave(path, module, "SiLU-gated RMSNorm rmsnorm(o) * silu(gate): no block")
+        elif isinstance(module, shipped.Qwen3NextMLP):
+            if config.hidden_act != "silu":
+                report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
+            elif patcher.wants(path, module, "swiglu"):
+                patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
+        elif isinstance(module, shipped.Qwen3NextTopKRouter):
+            if patcher.wants(path, module, "moe_router"):
+                patcher.set_forward(path, module, softmax_router_forward, "moe_router")
+        elif isinstance(module, shipped.Qwen3NextExperts):
+            why = experts_supported(module, config.hidden_act)
+            if why:
+                report.leave(path, module, why)
+            elif patcher.wants(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine"):
+                experts_used = True
+                report.replace(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine")
+        elif isinstance(module, shipped.Qwen3NextGatedDeltaNet):
+            if type(module.conv1d) is not nn.Conv1d:
+                report.leave(path, module, f"conv1d is a {qualified(module.conv1d)} (an adapter): "
+                                           "kda_short_conv takes the taps as a plain weight")
+            elif module.activation != "silu" or module.conv1d.bias is not None:
+                report.leave(path, module, f"short convolution with activation '{module.activation}' or a bias: "
+                                           "kda_short_conv computes silu(conv(x)) without bias")
+            elif patcher.wants(path, module, "kda_short_conv", "kda_gate", "kda"):
+                patcher.set_forward(path, module, gated_delta_net_forward, "kda_short_conv", "kda_gate", "kda")
+        elif isinstance(module, shipped.Qwen3NextAttention):
+            report.leave(path, module, "gated softmax attention (GQA, q/k RMSNorm, partial rotary): no block")
+        elif isinstance(module, nn.Embedding):
+            report.leave(path, module, "embedding lookup: no block")
+        elif path.rsplit(".", 1)[-1] == "lm_head":
+            report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks "
+                                       "never build them, so they are not swapped in here")
+    if experts_used:
+        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
+        patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    if any(r.cls == "Qwen3NextGatedDeltaNet" and r.replaced for r in report.rows):
+        report.notes.append(LEFT_IN_TORCH)
+    report.notes.append("plain projections (nn.Linear, the shared expert's sigmoid gate) run in torch")
+
+
+def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
+    """The fields of a tiny Qwen3NextConfig of ``full``'s architecture: widths shrunk (value heads per key head
+    kept), the layer schedule, dense layers where ``mlp_layer_types`` says, expert counts and routing as chosen by
+    the parity (workbench.integrations.parity.tiny_config), every switch kept."""
+    group = max(1, full.linear_num_value_heads // full.linear_num_key_heads)
+    return {
+        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "num_hidden_layers": len(layer_types), "layer_types": layer_types,
+        "mlp_only_layers": [i for i, kind in enumerate(mlp_layer_types) if kind == "dense"], "decoder_sparse_step": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "rope_parameters": full.rope_parameters,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 2 * group, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16, "linear_conv_kernel_dim": full.linear_conv_kernel_dim,
+        "num_experts": experts, "num_experts_per_tok": top_k, "norm_topk_prob": full.norm_topk_prob,
+        "hidden_act": full.hidden_act, "rms_norm_eps": full.rms_norm_eps, "attention_bias": full.attention_bias,
+        "tie_word_embeddings": full.tie_word_embeddings, "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": None,
+    }
