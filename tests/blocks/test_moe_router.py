@@ -290,10 +290,28 @@ def test_verifier_refuses_a_router_that_ignores_the_selection_bias(tmp_path):
 
     template = load_template("moe_router", "two_pass")
     source = template.render(next(template.points()))
-    assert "(s + b[None, :])" in source
+    assert "sel = s + b[None, :]" in source
     path = tmp_path / "moe_router_no_bias.py"
-    path.write_text(source.replace("(s + b[None, :])", "(s + 0.0 * b[None, :])"))
+    path.write_text(source.replace("sel = s + b[None, :]", "sel = s + 0.0 * b[None, :]"))
     result = verify_candidate(path, suites=["smoke"], dtypes=["float32"], seeds=1, base_seed=3)
     assert result.verdict == "fail"
     failing = {c.direction for c in result.failing()}
     assert "forward:ids" in failing and "forward:counts" in failing
+
+
+@pytest.mark.interpreter
+def test_verifier_refuses_a_router_that_ignores_the_groups(tmp_path):
+    """Group-limited routing through the harness: a router that takes the global top k (the groups ignored) gives
+    some tokens experts outside their kept groups (the smoke suite's DeepSeek-V3 shape), and fails on forward:ids."""
+    from workbench.templating import load_template
+    from workbench.verify.harness import verify_candidate
+
+    template = load_template("moe_router", "fused")
+    source = template.render(next(template.points()))
+    assert source.count("    if GROUPED:\n") == 1
+    path = tmp_path / "moe_router_no_groups.py"
+    path.write_text(source.replace("    if GROUPED:\n", "    if False:\n"))
+    result = verify_candidate(path, suites=["smoke"], dtypes=["float32"], seeds=1, base_seed=3)
+    assert result.verdict == "fail"
+    failing = {c.direction for c in result.failing()}
+    assert "forward:ids" in failing
