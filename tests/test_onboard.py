@@ -143,7 +143,8 @@ def test_deepseek_v32_adds_the_sparse_attention_blocks(tmp_path):
     card = onboard(write(tmp_path, DEEPSEEK_V32))
     blocks = card["blocks"]
     assert blocks["dsa_indexer"]["shapes"] == [{"B": 1, "T": 8192, "HI": 64, "DI": 128, "topk": 2048, "tie_free": 0}]
-    assert blocks["dsa_sparse_attention"]["shapes"][0]["D"] == 576  # MQA over the 512 + 64 latent
+    attention = blocks["dsa_sparse_attention"]["shapes"][0]
+    assert (attention["D"], attention["DV"]) == (576, 512)  # MQA: keys [c_kv | k_rope], values c_kv
     assert card["facts"]["dsa_topk"] == {"value": 2048, "source": "config", "field": "index_topk"}
 
 

@@ -278,8 +278,10 @@ def _attention(cfg: Config, card: _Card, d: int, layers: int, heads: int | None,
                    [{"B": 1, "T": t, "HI": index_heads, "DI": index_dim, "topk": topk, "tie_free": 0}],
                    [topk_field, ih_field, id_field])
         latent = (kv_rank or 0) + (cfg.integer("qk_rope_head_dim")[0] or 0)  # MQA over the MLA latent
-        card.block("dsa_sparse_attention", "sparse attention over the selected keys", counts["full"],
-                   [{"B": 1, "T": t, "H": heads, "HKV": 1, "D": latent or head_dim, "topk": topk, "gated": 0}],
+        shape = {"B": 1, "T": t, "H": heads, "HKV": 1, "D": latent or head_dim, "topk": topk, "gated": 0}
+        if kv_rank:
+            shape["DV"] = kv_rank  # keys [c_kv | k_rope], values c_kv (MLA's absorbed MQA form)
+        card.block("dsa_sparse_attention", "sparse attention over the selected keys", counts["full"], [shape],
                    [topk_field, kv_rank_field, heads_at])
     if not kv_rank and not topk and not heads:
         card.block("attention", "the full-attention layers", counts["full"], [], [],

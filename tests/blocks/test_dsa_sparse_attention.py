@@ -131,9 +131,11 @@ def test_empty_rows_give_zero_output_and_finite_zero_gradients():
 @pytest.mark.parametrize("shape", ALL_SHAPES)
 def test_make_inputs_shapes_dtypes_selection_and_determinism(shape):
     B, T, H, HKV, D, topk = (shape[n] for n in ("B", "T", "H", "HKV", "D", "topk"))
+    DV = shape.get("DV", D)
     for dtype in (torch.float32, torch.float16):
         a, b = make_inputs(shape, dtype, 8), make_inputs(shape, dtype, 8)
-        assert a["q"].shape == (B, T, H, D) and a["k"].shape == a["v"].shape == (B, T, HKV, D)
+        assert a["q"].shape == (B, T, H, D) and a["k"].shape == (B, T, HKV, D) and a["v"].shape == (B, T, HKV, DV)
+        assert a["gate"] is None or a["gate"].shape == (B, T, H, DV)
         assert a["scale"] == pytest.approx(D ** -0.5) and a["indices"].dtype == torch.int64
         assert (a["gate"] is None) == (not shape["gated"])
         for name in ("q", "k", "v", "gate"):

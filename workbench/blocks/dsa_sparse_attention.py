@@ -10,13 +10,16 @@ The selection is shared by all query heads (MQA/GQA: H % HKV == 0; DSA in MLA mo
 distinct key positions (as the indexer's top-k gives), in any order, with -1 padding anywhere (the indexer pads at the
 end); a row with no valid entry outputs 0. The attention does not re-apply causality: it trusts the selection.
 
-Shapes: q [B,T,H,D], k, v [B,T,HKV,D], indices [B,T,topk] int64, gate [B,T,H,D] or None, scale a float; out [B,T,H,D].
+Shapes: q [B,T,H,D], k [B,T,HKV,D], v [B,T,HKV,DV], indices [B,T,topk] int64, gate [B,T,H,DV] or None, scale a
+float; out [B,T,H,DV]. The values may be narrower (or wider) than the keys: MLA's decompressed heads score with
+nope + rope = 192 dims and carry 128 values (K3's), its absorbed MQA form scores with [c_kv | k_rope] = 576 and
+carries c_kv = 512 (DeepSeek-V3.2's serving form).
 Gradients: q, k, v and gate (when given); none for indices. Computed in float32 (float64 for float64 inputs), cast to
 q.dtype once at the end.
 Inputs (make_inputs): q, k, v ~ N(0, 1), scale = D^-0.5, gate pre-activations ~ N(0, 1.5^2) (both sigmoid tails);
 indices from the causal top-k of random scores with a recency bias (the usual DSA pattern: recent keys are chosen
 more often), so early rows are padded; and B*T // 16 rows emptied entirely (all -1) to exercise the zero-output rule.
-Shapes with ``gated: 1`` pass a gate, ``gated: 0`` pass None.
+Shapes with ``gated: 1`` pass a gate, ``gated: 0`` pass None; shape dim ``DV`` (default D) is the value width.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.
     nonempty = valid.any(dim=-1)[:, :, None, None, None]
     logits = torch.where(nonempty, logits, torch.zeros_like(logits))  # keep softmax finite on empty rows
     probs = torch.softmax(logits, dim=-1) * nonempty  # empty rows attend to nothing: output 0
-    out = torch.einsum("btgji,btigd->btgjd", probs, v_sel).reshape(B, T, H, D)
+    out = torch.einsum("btgji,btigd->btgjd", probs, v_sel).reshape(B, T, H, v.shape[-1])
     if gate is not None:
         out = out * torch.sigmoid(gate.to(ct))
     return out.to(q.dtype)
@@ -68,14 +71,15 @@ def make_indices(B: int, T: int, topk: int, g: torch.Generator) -> torch.Tensor:
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
-    """q [B,T,H,D], k, v [B,T,HKV,D], gate [B,T,H,D] (or None when ``gated`` is 0) in ``dtype``; indices
-    [B,T,topk] int64; scale = D^-0.5."""
+    """q [B,T,H,D], k [B,T,HKV,D], v [B,T,HKV,DV], gate [B,T,H,DV] (or None when ``gated`` is 0) in ``dtype``;
+    indices [B,T,topk] int64; scale = D^-0.5."""
     g = torch.Generator().manual_seed(seed)
     B, T, H, HKV, D, topk = (shape[n] for n in ("B", "T", "H", "HKV", "D", "topk"))
+    DV = shape.get("DV", D)
     q = torch.randn(B, T, H, D, generator=g)
     k = torch.randn(B, T, HKV, D, generator=g)
-    v = torch.randn(B, T, HKV, D, generator=g)
-    gate = 1.5 * torch.randn(B, T, H, D, generator=g)
+    v = torch.randn(B, T, HKV, DV, generator=g)
+    gate = 1.5 * torch.randn(B, T, H, DV, generator=g)
     indices = make_indices(B, T, topk, g)
     return {"q": q.to(device, dtype), "k": k.to(device, dtype), "v": v.to(device, dtype),
             "indices": indices.to(device), "gate": gate.to(device, dtype) if shape.get("gated", 1) else None,
@@ -88,6 +92,7 @@ SHAPES = {
     "smoke": [
         {"B": 1, "T": 32, "H": 2, "HKV": 1, "D": 16, "topk": 8, "gated": 1},
         {"B": 2, "T": 48, "H": 4, "HKV": 2, "D": 32, "topk": 16, "gated": 0},
+        {"B": 1, "T": 24, "H": 4, "HKV": 1, "D": 24, "DV": 16, "topk": 8, "gated": 1},  # MLA: values narrower
     ],
     # one token (topk > T); MQA with a tail T; MHA (G = 1) with odd H and a non-power-of-two D; topk past every
     # row's causal keys with GQA; topk just past a power of two
@@ -97,17 +102,21 @@ SHAPES = {
         {"B": 1, "T": 80, "H": 3, "HKV": 3, "D": 24, "topk": 33, "gated": 0},
         {"B": 1, "T": 45, "H": 4, "HKV": 2, "D": 16, "topk": 64, "gated": 1},
         {"B": 2, "T": 19, "H": 3, "HKV": 1, "D": 20, "topk": 17, "gated": 0},
+        {"B": 1, "T": 33, "H": 2, "HKV": 1, "D": 18, "DV": 16, "topk": 12, "gated": 0},  # absorbed MLA: D = DV + 2
+        {"B": 1, "T": 21, "H": 2, "HKV": 2, "D": 16, "DV": 40, "topk": 9, "gated": 1},  # values wider than keys
     ],
 }
 
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
-    """A gated and an ungated shape within the suites' ranges, H a multiple of HKV, topk from 1 to past T."""
+    """A gated and an ungated shape within the suites' ranges, H a multiple of HKV, topk from 1 to past T, the
+    values as wide as the keys or not."""
     shapes = []
     for gated in (1, 0):
         T, HKV = rng.randint(1, 80), rng.randint(1, 2)
         shapes.append({"B": rng.randint(1, 2), "T": T, "H": HKV * rng.randint(1, 4 // HKV), "HKV": HKV,
-                       "D": rng.randint(16, 32), "topk": rng.randint(1, T + 16), "gated": gated})
+                       "D": rng.randint(16, 32), "DV": rng.randint(16, 32), "topk": rng.randint(1, T + 16),
+                       "gated": gated})
     return shapes
 
 

@@ -157,11 +157,12 @@ def _dsa_indexer(s):  # q_idx [B, T, HI, DI], k_idx [B, T, DI], w [B, T, HI] -> 
     return fwd, Work(F32 * b * t * t + inputs * 2, 4 * b * t * t * hi * di)
 
 
-def _dsa_sparse_attention(s):  # each query attends to its topk selected keys
+def _dsa_sparse_attention(s):  # each query attends to its topk selected keys (keys D wide, values DV)
     b, t, h, hkv, d, k = s["B"], s["T"], s["H"], s["HKV"], s["D"], s["topk"]
-    inputs = BF16 * (b * t * h * d * (1 + s.get("gated", 0)) + 2 * b * t * hkv * d) + I64 * b * t * k
-    outputs = BF16 * b * t * h * d
-    flops = 4 * b * t * k * h * d
+    dv = s.get("DV", d)
+    inputs = BF16 * (b * t * h * (d + dv * s.get("gated", 0)) + b * t * hkv * (d + dv)) + I64 * b * t * k
+    outputs = BF16 * b * t * h * dv
+    flops = 2 * b * t * k * h * (d + dv)
     return Work(inputs + outputs, flops), Work(2 * inputs + outputs, int(2.5 * flops))
 
 

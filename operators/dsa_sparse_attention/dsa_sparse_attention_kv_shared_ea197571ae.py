@@ -54,14 +54,15 @@ LAUNCH_SETTINGS = {
 
 
 @triton.jit
-def sparse_attn_fwd_kernel(Q, K, V, IDX, GATE, OUT, O_PRE, LSE, n_rows, T, H, HKV, D, G, TOPK, scale,
+def sparse_attn_fwd_kernel(Q, K, V, IDX, GATE, OUT, O_PRE, LSE, n_rows, T, H, HKV, D, DV, G, TOPK, scale,
                            BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                           D_PAD: tl.constexpr, HAS_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           D_PAD: tl.constexpr, DV_PAD: tl.constexpr, SAME_WIDTH: tl.constexpr,
+                           HAS_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """BLOCK_M query rows (flat b*T + t), kv head g, the BLOCK_H query heads hb*BLOCK_H.. of g's group: gather
     BLOCK_K selected keys and values per row at a time, once for all those heads ([BLOCK_M, BLOCK_H, BLOCK_K] batched
     tl.dot, heads on the M side), online softmax over the valid ones (index >= 0).
-    Writes OUT [B,T,H,D] (gated when HAS_GATE), the float32 pre-gate O_PRE and LSE [B,T,H] for the backward pass;
-    a row without valid keys gets O_PRE = 0."""
+    Keys are D wide, values DV. Writes OUT [B,T,H,DV] (gated when HAS_GATE), the float32 pre-gate O_PRE and LSE
+    [B,T,H] for the backward pass; a row without valid keys gets O_PRE = 0."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # b * T + t
     g = tl.program_id(1)
     rh = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)  # head within the group
@@ -72,18 +73,30 @@ def sparse_attn_fwd_kernel(Q, K, V, IDX, GATE, OUT, O_PRE, LSE, n_rows, T, H, HK
     hmask = row_ok[:, None] & (rh[None, :] < G)
     qmask = hmask[:, :, None] & (rd[None, None, :] < D)
     q_off = (rows[:, None, None] * H + heads[None, :, None]) * D + rd[None, None, :]
+    if SAME_WIDTH:  # values as wide as keys: one set of offsets (no extra registers)
+        omask, o_off = qmask, q_off
+    else:
+        rv = tl.arange(0, DV_PAD)
+        omask = hmask[:, :, None] & (rv[None, None, :] < DV)
+        o_off = (rows[:, None, None] * H + heads[None, :, None]) * DV + rv[None, None, :]
     q = tl.load(Q + q_off, mask=qmask, other=0.0)
     m = tl.full([BLOCK_M, BLOCK_H], float("-inf"), dtype=tl.float32)
     denom = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_H, D_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_H, DV_PAD], dtype=tl.float32)
     for i0 in range(0, TOPK, BLOCK_K):
         ri = i0 + tl.arange(0, BLOCK_K)
         idx = tl.load(IDX + rows[:, None] * TOPK + ri[None, :], mask=row_ok[:, None] & (ri[None, :] < TOPK), other=-1)
         valid = idx >= 0
         kv_off = ((b[:, None, None] * T + idx[:, :, None]) * HKV + g) * D + rd[None, None, :]
         kv_mask = valid[:, :, None] & (rd[None, None, :] < D)
+        if SAME_WIDTH:
+            v_off, v_mask = kv_off, kv_mask
+        else:
+            rv = tl.arange(0, DV_PAD)
+            v_off = ((b[:, None, None] * T + idx[:, :, None]) * HKV + g) * DV + rv[None, None, :]
+            v_mask = valid[:, :, None] & (rv[None, None, :] < DV)
         k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(V + v_off, mask=v_mask, other=0.0)
         s = tl.dot(q, tl.trans(k, 0, 2, 1), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_H, BLOCK_K]
         s = tl.where(valid[:, None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=2))
@@ -96,24 +109,24 @@ def sparse_attn_fwd_kernel(Q, K, V, IDX, GATE, OUT, O_PRE, LSE, n_rows, T, H, HK
     has_key = denom > 0.0
     o = acc / tl.where(has_key, denom, 1.0)[:, :, None]
     lse = tl.where(has_key, m + tl.log(tl.where(has_key, denom, 1.0)), 0.0)
-    tl.store(O_PRE + q_off, o, mask=qmask)
+    tl.store(O_PRE + o_off, o, mask=omask)
     tl.store(LSE + rows[:, None] * H + heads[None, :], lse, mask=hmask)
     if HAS_GATE:
-        gate = tl.load(GATE + q_off, mask=qmask, other=0.0).to(tl.float32)
+        gate = tl.load(GATE + o_off, mask=omask, other=0.0).to(tl.float32)
         o = o * tl.sigmoid(gate)
-    tl.store(OUT + q_off, o.to(OUT.dtype.element_ty), mask=qmask)
+    tl.store(OUT + o_off, o.to(OUT.dtype.element_ty), mask=omask)
 
 
 @triton.jit
 def sparse_attn_bwd_kernel(Q, K, V, IDX, GATE, O_PRE, LSE, DOUT, DQ, DGATE, DK_ACC, DV_ACC, n_rows, rows_per_program,
-                           T, H, HKV, D, G, TOPK, scale, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
-                           BLOCK_K: tl.constexpr, D_PAD: tl.constexpr, HAS_GATE: tl.constexpr,
-                           DOT_PRECISION: tl.constexpr):
+                           T, H, HKV, D, DV, G, TOPK, scale, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK_K: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                           SAME_WIDTH: tl.constexpr, HAS_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """The query rows [pid0 * rows_per_program, ...) in blocks of BLOCK_M, for kv head g and one block of its heads,
     FlashAttention style: P = exp(scale q k^T - LSE) recomputed from the saved LSE, dO_pre = dOUT * sigmoid(gate),
     dgate = dOUT * O * sigmoid'(gate), dS = P (dO_pre v^T - rowsum(dO_pre * O)); dq = scale dS k is the rows' own;
-    dk += scale dS^T q and dv += P^T dO_pre go to the float32 DK_ACC/DV_ACC [B*T*HKV*D] with atomics (fast; the
-    order of the additions is not fixed on a GPU, so not bitwise deterministic)."""
+    dk += scale dS^T q and dv += P^T dO_pre go to the float32 DK_ACC [B*T*HKV*D] / DV_ACC [B*T*HKV*DV] with atomics
+    (fast; the order of the additions is not fixed on a GPU, so not bitwise deterministic)."""
     g = tl.program_id(1)
     rh = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     heads = g * G + rh
@@ -127,12 +140,18 @@ def sparse_attn_bwd_kernel(Q, K, V, IDX, GATE, O_PRE, LSE, DOUT, DQ, DGATE, DK_A
         hmask = row_ok[:, None] & (rh[None, :] < G)
         qmask = hmask[:, :, None] & (rd[None, None, :] < D)
         q_off = (rows[:, None, None] * H + heads[None, :, None]) * D + rd[None, None, :]
+        if SAME_WIDTH:  # values as wide as keys: one set of offsets (no extra registers)
+            omask, o_off = qmask, q_off
+        else:
+            rv = tl.arange(0, DV_PAD)
+            omask = hmask[:, :, None] & (rv[None, None, :] < DV)
+            o_off = (rows[:, None, None] * H + heads[None, :, None]) * DV + rv[None, None, :]
         q = tl.load(Q + q_off, mask=qmask, other=0.0)
-        o = tl.load(O_PRE + q_off, mask=qmask, other=0.0)
-        do = tl.load(DOUT + q_off, mask=qmask, other=0.0).to(tl.float32)
+        o = tl.load(O_PRE + o_off, mask=omask, other=0.0)
+        do = tl.load(DOUT + o_off, mask=omask, other=0.0).to(tl.float32)
         if HAS_GATE:
-            sg = tl.sigmoid(tl.load(GATE + q_off, mask=qmask, other=0.0).to(tl.float32))
-            tl.store(DGATE + q_off, (do * o * sg * (1.0 - sg)).to(DGATE.dtype.element_ty), mask=qmask)
+            sg = tl.sigmoid(tl.load(GATE + o_off, mask=omask, other=0.0).to(tl.float32))
+            tl.store(DGATE + o_off, (do * o * sg * (1.0 - sg)).to(DGATE.dtype.element_ty), mask=omask)
             do = do * sg
         do_in = do.to(q.dtype)  # the dots take dO_pre in the input dtype: delta must see the same rounded values,
         delta = tl.sum(do_in.to(tl.float32) * o, axis=2)  # or dP - delta stops cancelling where P is one-hot
@@ -145,8 +164,14 @@ def sparse_attn_bwd_kernel(Q, K, V, IDX, GATE, O_PRE, LSE, DOUT, DQ, DGATE, DK_A
             valid = idx >= 0
             kv_off = ((b[:, None, None] * T + idx[:, :, None]) * HKV + g) * D + rd[None, None, :]
             kv_mask = valid[:, :, None] & (rd[None, None, :] < D)
+            if SAME_WIDTH:
+                v_off, v_mask = kv_off, kv_mask
+            else:
+                rv = tl.arange(0, DV_PAD)
+                v_off = ((b[:, None, None] * T + idx[:, :, None]) * HKV + g) * DV + rv[None, None, :]
+                v_mask = valid[:, :, None] & (rv[None, None, :] < DV)
             k = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-            v = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(V + v_off, mask=v_mask, other=0.0)
             s = tl.dot(q, tl.trans(k, 0, 2, 1), input_precision=DOT_PRECISION) * scale
             p = tl.where(valid[:, None, :], tl.exp(s - lse[:, :, None]), 0.0)
             dp = tl.dot(do_in, tl.trans(v, 0, 2, 1), input_precision=DOT_PRECISION)
@@ -155,7 +180,7 @@ def sparse_attn_bwd_kernel(Q, K, V, IDX, GATE, O_PRE, LSE, DOUT, DQ, DGATE, DK_A
             dk = tl.dot(tl.trans(ds.to(q.dtype), 0, 2, 1), q, input_precision=DOT_PRECISION) * scale
             dv = tl.dot(tl.trans(p.to(q.dtype), 0, 2, 1), do_in, input_precision=DOT_PRECISION)
             tl.atomic_add(DK_ACC + kv_off, dk, mask=kv_mask)  # rows of a block may share keys: atomics add both
-            tl.atomic_add(DV_ACC + kv_off, dv, mask=kv_mask)
+            tl.atomic_add(DV_ACC + v_off, dv, mask=v_mask)
         tl.store(DQ + q_off, (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
 
 
@@ -169,21 +194,22 @@ def sparse_attn_reduce_kernel(ACC, DST, n, n_parts, BLOCK_N: tl.constexpr):
     tl.store(DST + offs, total.to(DST.dtype.element_ty), mask=offs < n)
 
 
-def _dims(q, k, heads):
+def _dims(q, k, v, heads):
     B, T, H, D = q.shape
-    HKV = k.shape[2]
+    HKV, DV = k.shape[2], v.shape[-1]
     G = H // HKV
     settings = target_settings(q.device)
     max_tile = settings["max_tile"]
     block_h = max(16, min(triton.next_power_of_2(G), settings[heads]))  # heads of a kv group per program
-    d_pad = max(16, triton.next_power_of_2(D))
-    # rows per program: at most BLOCK_M, fewer where the [rows, heads, D] or [rows, BLOCK_K, D] tiles would
-    # outgrow max_tile elements (MLA's 96-128 heads x 128 dims leave one row per program)
-    block_m = max(1, min(BLOCK_M, max_tile // (block_h * d_pad), max_tile // (BLOCK_K * d_pad)))
+    d_pad, dv_pad = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(DV))
+    widest = max(d_pad, dv_pad)
+    # rows per program: at most BLOCK_M, fewer where the [rows, heads, D or DV] or [rows, BLOCK_K, D or DV] tiles
+    # would outgrow max_tile elements (MLA's 96-128 heads x 128 dims leave one row per program)
+    block_m = max(1, min(BLOCK_M, max_tile // (block_h * widest), max_tile // (BLOCK_K * widest)))
     # IEEE everywhere: no TF32 rounding of float32 inputs; half inputs are exact products on the tensor cores with
     # either setting, and gfx950's compiler accepts no "tf32"
     precision = "ieee"
-    return B, T, H, HKV, D, G, block_m, block_h, triton.cdiv(G, block_h), d_pad, precision, settings
+    return B, T, H, HKV, D, DV, G, block_m, block_h, triton.cdiv(G, block_h), d_pad, dv_pad, precision, settings
 
 
 def _launch_options(settings, warps):
@@ -199,16 +225,18 @@ class SparseAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, indices, gate, scale):
         q, k, v, indices = q.contiguous(), k.contiguous(), v.contiguous(), indices.contiguous()
         gate = gate.contiguous() if gate is not None else None
-        B, T, H, HKV, D, G, block_m, block_h, n_hb, d_pad, precision, settings = _dims(q, k, "fwd_heads")
+        B, T, H, HKV, D, DV, G, block_m, block_h, n_hb, d_pad, dv_pad, precision, settings = _dims(q, k, v,
+                                                                                                   "fwd_heads")
         topk = indices.shape[-1]
-        out = torch.empty_like(q)
-        o = torch.empty(B, T, H, D, dtype=torch.float32, device=q.device)
+        out = torch.empty(B, T, H, DV, dtype=q.dtype, device=q.device)
+        o = torch.empty(B, T, H, DV, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
         if out.numel():
             sparse_attn_fwd_kernel[(triton.cdiv(B * T, block_m), HKV, n_hb)](
-                q, k, v, indices, gate if gate is not None else q, out, o, lse, B * T, T, H, HKV, D, G, topk, scale,
-                BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_K=BLOCK_K, D_PAD=d_pad, HAS_GATE=gate is not None,
-                DOT_PRECISION=precision, **_launch_options(settings, "fwd_warps"))
+                q, k, v, indices, gate if gate is not None else q, out, o, lse, B * T, T, H, HKV, D, DV, G, topk,
+                scale, BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_K=BLOCK_K, D_PAD=d_pad, DV_PAD=dv_pad,
+                SAME_WIDTH=D == DV, HAS_GATE=gate is not None, DOT_PRECISION=precision,
+                **_launch_options(settings, "fwd_warps"))
         ctx.save_for_backward(q, k, v, indices, gate, o, lse)
         ctx.scale = scale
         return out
@@ -216,28 +244,30 @@ class SparseAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, indices, gate, o, lse = ctx.saved_tensors
-        B, T, H, HKV, D, G, block_m, block_h, n_hb, d_pad, precision, settings = _dims(q, k, "bwd_heads")
+        B, T, H, HKV, D, DV, G, block_m, block_h, n_hb, d_pad, dv_pad, precision, settings = _dims(q, k, v,
+                                                                                                   "bwd_heads")
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dgate = torch.empty_like(gate) if gate is not None else None
         rows = B * T
         programs, rows_per_program, n_parts, bwd_rows = triton.cdiv(rows, block_m), block_m, 1, block_m
         dk_acc = torch.zeros(n_parts, rows * HKV * D, dtype=torch.float32, device=q.device)
-        dv_acc = torch.zeros(n_parts, rows * HKV * D, dtype=torch.float32, device=q.device)
+        dv_acc = torch.zeros(n_parts, rows * HKV * DV, dtype=torch.float32, device=q.device)
         if q.numel():
             sparse_attn_bwd_kernel[(programs, HKV, n_hb)](
                 q, k, v, indices, gate if gate is not None else q, o, lse, dout, dq,
-                dgate if dgate is not None else dq, dk_acc, dv_acc, rows, rows_per_program, T, H, HKV, D, G,
+                dgate if dgate is not None else dq, dk_acc, dv_acc, rows, rows_per_program, T, H, HKV, D, DV, G,
                 indices.shape[-1], ctx.scale, BLOCK_M=bwd_rows, BLOCK_H=block_h, BLOCK_K=BLOCK_K, D_PAD=d_pad,
-                HAS_GATE=gate is not None, DOT_PRECISION=precision, **_launch_options(settings, "bwd_warps"))
-        n = dk.numel()
-        if n:
-            for acc, dst in ((dk_acc, dk), (dv_acc, dv)):
-                sparse_attn_reduce_kernel[(triton.cdiv(n, 1024),)](acc, dst, n, n_parts, BLOCK_N=1024)
+                DV_PAD=dv_pad, SAME_WIDTH=D == DV, HAS_GATE=gate is not None, DOT_PRECISION=precision,
+                **_launch_options(settings, "bwd_warps"))
+        for acc, dst in ((dk_acc, dk), (dv_acc, dv)):
+            if dst.numel():
+                sparse_attn_reduce_kernel[(triton.cdiv(dst.numel(), 1024),)](acc, dst, dst.numel(), n_parts,
+                                                                              BLOCK_N=1024)
         return dq, dk, dv, None, dgate, None
 
 
 def run(q, k, v, indices, gate, scale):
-    """q [B,T,H,D], k, v [B,T,HKV,D] (float32/float16/bfloat16), indices [B,T,topk] int64 (-1 = none),
-    gate [B,T,H,D] or None, scale float -> out [B,T,H,D] in q.dtype."""
+    """q [B,T,H,D], k [B,T,HKV,D], v [B,T,HKV,DV] (float32/float16/bfloat16), indices [B,T,topk] int64 (-1 = none),
+    gate [B,T,H,DV] or None, scale float -> out [B,T,H,DV] in q.dtype."""
     return SparseAttentionFunction.apply(q, k, v, indices, gate, scale)
