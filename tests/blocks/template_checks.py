@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 
 from workbench.blocks import get_block
@@ -26,7 +27,9 @@ def assert_templates_render_each_choice(block: str) -> None:
         for point in one_change_points(t):
             source = t.render(point)
             compile(source, f"{t.name}.py", "exec")
-            assert f'BLOCK = "{block}"' in source and "def run(" + ", ".join(spec.arg_names) + "):" in source
+            assert f'BLOCK = "{block}"' in source
+            run = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "run")
+            assert tuple(a.arg for a in run.args.args) == spec.arg_names, t.ref  # the reference's (defaults alike)
             kernels = re.findall(r"@triton\.jit\ndef (\w+)\(", source)
             assert kernels and all(re.fullmatch(rf"{block}_\w+_kernel", k) for k in kernels), kernels
             assert "{{" not in source and "{%" not in source

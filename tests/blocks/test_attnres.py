@@ -22,8 +22,9 @@ def f64(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def loop_reference(sources, query, key_weight, out_weight, eps, scale):
-    """An independent formulation in float64: one source at a time, one token at a time, the softmax by hand."""
+def loop_reference(sources, query, key_weight, out_weight, eps, scale, normalized_values=False):
+    """An independent formulation in float64: one source at a time, one token at a time, the softmax by hand;
+    normalized_values mixes each source divided by its RMS."""
     n_src, n, d = sources.shape
     v, q, g = sources.double(), query.double(), key_weight.double()
     h = torch.zeros(n, d, dtype=torch.float64)
@@ -38,7 +39,8 @@ def loop_reference(sources, query, key_weight, out_weight, eps, scale):
         total = sum(weights)
         for i in range(n_src):
             p[i, t] = weights[i] / total
-            h[t] += p[i, t] * v[i, t]
+            rms = math.sqrt(sum(float(x) ** 2 for x in v[i, t]) / d + eps) if normalized_values else 1.0
+            h[t] += p[i, t] * v[i, t] / rms
         if out_weight is not None:
             h[t] = h[t] / math.sqrt(float((h[t] ** 2).mean()) + eps) * out_weight.double()
     return h, p
@@ -59,19 +61,21 @@ def random_case(seed: int, n_src=3, n=4, d=6, norm=True):
 
 def test_registered_with_signature_outputs_and_gradients():
     assert SPEC.name == "attnres"
-    assert SPEC.arg_names == ("sources", "query", "key_weight", "out_weight", "eps", "scale")
+    assert SPEC.arg_names == ("sources", "query", "key_weight", "out_weight", "eps", "scale", "normalized_values")
     assert SPEC.outputs == ("h", "p")
     assert SPEC.grad_inputs == ("sources", "query", "key_weight", "out_weight")
     assert SPEC.tolerance(torch.float16) == default_tolerance(torch.float16)
     assert SPEC.host_ops == (), "the weight-gradient partials are reduced by a kernel, not on the host"
 
 
+@pytest.mark.parametrize("values", ["raw", "normalized"])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_reference_equals_explicit_loop_over_depth(norm, seed):
+def test_reference_equals_explicit_loop_over_depth(norm, seed, values):
     sources, query, key_weight, out_weight = random_case(seed, n_src=4, n=3, d=5, norm=norm)
-    h, p = ref(sources, query, key_weight, out_weight, 1e-6, 0.7)
-    h_loop, p_loop = loop_reference(sources, query, key_weight, out_weight, 1e-6, 0.7)
+    normalized = values == "normalized"
+    h, p = ref(sources, query, key_weight, out_weight, 1e-6, 0.7, normalized)
+    h_loop, p_loop = loop_reference(sources, query, key_weight, out_weight, 1e-6, 0.7, normalized)
     torch.testing.assert_close(h, h_loop, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(p, p_loop, rtol=1e-12, atol=1e-13)
 
@@ -239,7 +243,7 @@ def test_suites():
     assert set(SPEC.shapes) == {"smoke", "edge"} and set(SPEC.shapes) <= set(SUITES)
     edge = SPEC.shapes["edge"]
     for shape in all_shapes():
-        assert set(shape) == {"L", "N", "D", "norm"} and shape["norm"] in (0, 1)
+        assert {"L", "N", "D", "norm"} <= set(shape) <= {"L", "N", "D", "norm", "vnorm"} and shape["norm"] in (0, 1)
         assert all(isinstance(v, int) and v >= 0 for v in shape.values())
     assert any(s["L"] == 1 for s in edge), "a single source"
     assert any(s["N"] == 1 for s in edge), "a single token"

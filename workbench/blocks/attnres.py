@@ -7,12 +7,16 @@ pseudo-query w [D] (zero init = the uniform average):
     k_i = RMSNorm(v_i) * g = v_i / sqrt(mean(v_i^2) + eps) * g      keys, g: key-norm weight [D]
     p   = softmax_i(scale * k_i . w)                                 softmax over depth, per token
     h   = sum_i p_i v_i                                              values are the raw sources
+    h   = sum_i p_i v_i / sqrt(mean(v_i^2) + eps)                    or, normalized_values, the RMS-normalised
+                                                                     sources (unweighted: Inkling2's
+                                                                     BlockAttentionResidual, with g = 1)
     h   = RMSNorm(h) * g_out                                         optional, fused (out_weight None: skipped)
 
 All math in float32 (float64 for float64 inputs), one downcast of h and of p at the end. The same eps serves both
 norms.
 
-Shapes: sources [L, N, D] (N tokens), query [D], key_weight [D], out_weight [D] or None -> h [N, D], p [L, N].
+Shapes: sources [L, N, D] (N tokens), query [D], key_weight [D], out_weight [D] or None -> h [N, D], p [L, N];
+shape dim ``vnorm`` 1 sets normalized_values.
 Gradients: sources, query, key_weight, out_weight (both outputs are differentiable: dp flows into the softmax).
 Inputs: sources of different magnitudes across depth (the residual stream grows with depth) sharing a few massive
 activation channels, so a kernel that accumulates sum(v^2) in float16 overflows as it would on a real model; a trained
@@ -30,18 +34,19 @@ from workbench.blocks.base import BlockSpec, Shape
 from workbench.numerics import compute_dtype
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | float, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
 def reference(sources: torch.Tensor, query: torch.Tensor, key_weight: torch.Tensor, out_weight: torch.Tensor | None,
-              eps: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+              eps: float, scale: float, normalized_values: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     ct = compute_dtype(sources)
     v = sources.to(ct)                                             # [L, N, D]
     k = _rms_norm(v, key_weight.to(ct), eps)                       # [L, N, D]
     logits = (k * query.to(ct)).sum(dim=-1) * scale                # [L, N]
     p = torch.softmax(logits, dim=0)                               # over depth
-    h = (p.unsqueeze(-1) * v).sum(dim=0)                           # [N, D]
+    values = _rms_norm(v, 1.0, eps) if normalized_values else v
+    h = (p.unsqueeze(-1) * values).sum(dim=0)                      # [N, D]
     if out_weight is not None:
         h = _rms_norm(h, out_weight.to(ct), eps)
     return h.to(sources.dtype), p.to(sources.dtype)
@@ -67,12 +72,14 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
         "out_weight": out_weight.to(device, dtype) if shape.get("norm", 1) else None,
         "eps": 1e-6,
         "scale": 1.0 / math.sqrt(d),
+        "normalized_values": bool(shape.get("vnorm", 0)),
     }
 
 
 SHAPES = {
     # norm: 1 fuses the output RMSNorm (out_weight given), 0 returns the plain mixture (out_weight None)
-    "smoke": [{"L": 4, "N": 4, "D": 64, "norm": 0}, {"L": 3, "N": 8, "D": 128, "norm": 1}],
+    "smoke": [{"L": 4, "N": 4, "D": 64, "norm": 0}, {"L": 3, "N": 8, "D": 128, "norm": 1},
+              {"L": 5, "N": 4, "D": 48, "norm": 0, "vnorm": 1}],  # Inkling2: normalised values
     # one source (p = 1), one token, a width of three, non-power-of-two depths and widths, the model's depth (12)
     "edge": [
         {"L": 1, "N": 3, "D": 33, "norm": 1},
@@ -80,6 +87,8 @@ SHAPES = {
         {"L": 12, "N": 2, "D": 200, "norm": 1},
         {"L": 7, "N": 3, "D": 1000, "norm": 0},
         {"L": 2, "N": 5, "D": 123, "norm": 1},
+        {"L": 1, "N": 2, "D": 20, "norm": 1, "vnorm": 1},
+        {"L": 9, "N": 3, "D": 200, "norm": 1, "vnorm": 1},
     ],
 }
 
@@ -87,7 +96,8 @@ SHAPES = {
 SPEC = BlockSpec(
     name="attnres",
     family="residual",
-    summary="softmax-over-depth mixing of residual sources with RMSNorm keys, optional fused output RMSNorm",
+    summary="softmax-over-depth mixing of residual sources (raw or RMS-normalised values) with RMSNorm keys, "
+            "optional fused output RMSNorm",
     reference=reference,
     make_inputs=make_inputs,
     grad_inputs=("sources", "query", "key_weight", "out_weight"),

@@ -278,6 +278,27 @@ def mla_rope() -> Comparison:
                     lambda: attn(x, (cos, sin), mask)[0], [x, attn.kv_b_proj.weight, attn.q_proj.weight])
 
 
+def attnres() -> Comparison:
+    """Inkling2's block attention residual: keys and values the unweighted RMS-normalised sources, one zero-init
+    query (here a trained one), scale 1 / sqrt(D); attnres with normalized_values, key weight 1, no output norm."""
+    from transformers.models.inkling2 import modeling_inkling2 as ink
+
+    g = torch.Generator().manual_seed(16)
+    cfg = ink.Inkling2TextConfig(hidden_size=24)
+    mix = ink.Inkling2BlockAttentionResidual(cfg).to(F64)
+    mix.query.data = torch.randn(24, generator=g, dtype=F64)
+    blocks, partial = _leaf(2, 5, 3, 24, g=g, scale=2.0), _leaf(2, 5, 24, g=g)
+    ones = torch.ones(24, dtype=F64)
+
+    def ours():
+        sources = torch.cat([blocks, partial.unsqueeze(-2)], dim=-2).permute(2, 0, 1, 3).reshape(4, 10, 24)
+        h, _ = get_block("attnres").reference(sources, mix.query, ones, None, mix.norm.eps, 24 ** -0.5, True)
+        return h.view(2, 5, 24)
+
+    return _compare("attnres", "Inkling2BlockAttentionResidual (normalised values, unweighted norm)", ours,
+                    lambda: mix(blocks, partial)[0], [blocks, partial, mix.query])
+
+
 def _router(config_cls, router_cls, seed: int, **config):
     g = torch.Generator().manual_seed(seed)
     cfg = config_cls(hidden_size=16, num_local_experts=16, num_experts_per_tok=4, **config)
@@ -377,8 +398,8 @@ def lora_linear() -> Comparison:
 
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
-    rmsnorm, zero_centred_rmsnorm, swiglu, kda_short_conv, kda, gated_delta_rule, kda_gate, mla, mla_rope, moe_router,
-    moe_experts, lora_linear)
+    rmsnorm, zero_centred_rmsnorm, swiglu, kda_short_conv, kda, gated_delta_rule, kda_gate, mla, mla_rope, attnres,
+    moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 
