@@ -4,13 +4,16 @@ naming exactly the broken operator; JUnit XML lists every operator x check."""
 from __future__ import annotations
 
 import json
+import shutil
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
 from workbench.cli import app
+from workbench.config import Settings
 from workbench.operators import promote_file
 from workbench.store import CIJob, get_engine
 from workbench.templating import load_template
@@ -32,13 +35,28 @@ def _promote(settings, tmp_path, block: str, template: str, edit: tuple[str, str
                                                        "source_hash": source_hash(source), "promoted_at": "1"})
 
 
-@pytest.fixture
-def baseline(settings, tmp_path):
-    _promote(settings, tmp_path, "rmsnorm", "row_block")
-    _promote(settings, tmp_path, "swiglu", "flat")
-    result = runner.invoke(app, ["ci", "--update-baseline", "--json", "--no-replays", "--no-parity"])
+@pytest.fixture(scope="module")
+def baseline_operators(tmp_path_factory) -> Path:
+    """rmsnorm and swiglu promoted and their baseline written by `workbench ci --update-baseline`, once for the
+    module (in a store and folders of its own): the operators folder."""
+    root = tmp_path_factory.mktemp("ci-baseline")
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in (("DB", f"sqlite:///{root / 'workbench.db'}"), ("OPERATORS", str(root / "operators")),
+                            ("HOME", str(root / "home")), ("REPLAYS", str(root / "replays")), ("REPLAY_STEPS", "0")):
+            env.setenv(f"WORKBENCH_{name}", value)
+        settings = Settings.load()
+        _promote(settings, root, "rmsnorm", "row_block")
+        _promote(settings, root, "swiglu", "flat")
+        result = runner.invoke(app, ["ci", "--update-baseline", "--json", "--no-replays", "--no-parity"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["status"] == "passed"
+    return root / "operators"
+
+
+@pytest.fixture
+def baseline(settings, baseline_operators):
+    """The module's baseline operators copied into this test's operators folder: the baseline's entries."""
+    shutil.copytree(baseline_operators, settings.operators_dir)
     return json.loads((settings.operators_dir / "ci_baseline.json").read_text())
 
 
@@ -90,6 +108,9 @@ def test_a_changed_only_baseline_update_keeps_the_operators_it_left_alone(settin
 
 
 def test_ci_replays_the_loss_curves_with_every_promoted_operator(settings, tmp_path, baseline):
+    """As CI runs on a fresh clone: the reference curves and LoRA base checkpoints come from the repository's
+    replays/ (their keys match the code: tests/replay/test_replay_runner.py), only the operators train."""
+    shutil.copytree(Path(__file__).parents[1] / "replays", settings.replays_dir)
     junit = tmp_path / "junit.xml"
     result = runner.invoke(app, ["ci", "--changed-only", "--junit", str(junit), "--json", "--no-parity"])
     assert result.exit_code == 0, result.output

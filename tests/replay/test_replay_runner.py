@@ -103,28 +103,23 @@ def test_a_hanging_operator_is_killed_at_the_timeout(settings, tmp_path):
 
 @pytest.mark.interpreter
 @pytest.mark.slow
-@pytest.mark.parametrize("model", CARDS)
-def test_promoted_operators_on_the_interpreter_stay_in_the_band(settings, model):
+def test_promoted_operators_on_the_interpreter_stay_in_the_band(settings):
     """Every promoted operator of the repository at once, through the Triton interpreter (a few steps): kimi-k3's
     tiny model runs KDA (with its short convolution and bounded gate) and MLA, kimi-k3.1-pro's KDA and gated DSA,
-    both latent MoE with SiTU experts and a SiTU shared expert."""
+    both latent MoE with SiTU experts and a SiTU shared expert. Then --ops library, in the replay's sandboxed
+    child: the same operators called through workbench.kernels' custom ops give the operator files' curve exactly,
+    and the record names each op "library:<file>"."""
     shutil.copytree(REPO / "operators", settings.operators_dir)
-    outcome = run_replay(model, "scratch", settings, steps=2)
-    assert outcome.status == "pass", outcome.reason
-    used = {k: v for k, v in _rows(settings)[-1].ops.items() if k != "band"}
-    assert all(v != "reference" for v in used.values())
-
-
-@pytest.mark.interpreter
-@pytest.mark.slow
-def test_a_replay_through_the_kernels_library_trains_as_the_operator_files(settings):
-    """--ops library, in the replay's sandboxed child: the promoted operators called through workbench.kernels'
-    custom ops give the operator files' curve exactly, and the record names each op "library:<file>"."""
-    shutil.copytree(REPO / "operators", settings.operators_dir)
-    files = run_replay(MODEL, "scratch", settings, steps=2)
+    curves = {}
+    for model in CARDS:
+        outcome = run_replay(model, "scratch", settings, steps=2)
+        assert outcome.status == "pass", (model, outcome.reason)
+        used = {k: v for k, v in _rows(settings)[-1].ops.items() if k != "band"}
+        assert all(v != "reference" for v in used.values()), (model, used)
+        curves[model] = outcome.curve
     library = run_replay(MODEL, "scratch", settings, ops=["library"], steps=2)
     assert library.status == "pass", library.reason
-    assert library.curve == files.curve and len(files.curve) == 2
+    assert library.curve == curves[MODEL] and len(library.curve) == 2
     used = {k: v for k, v in _rows(settings)[-1].ops.items() if k != "band"}
     assert all(v.startswith("library:") for v in used.values()), used
 

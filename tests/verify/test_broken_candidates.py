@@ -47,7 +47,7 @@ TRIALS = len(TRIAL_ROWS)
 TOTAL = TRIALS * len(DIRECTIONS)  # the numeric checks of a candidate whose every trial ran
 # The timeout also covers the worker's start (importing torch and triton takes 10-20 s on a loaded machine): the
 # candidate must get to run before it is killed.
-HANG_TIMEOUT_S = 45
+HANG_TIMEOUT_S = 30
 
 
 @functools.cache
