@@ -5,6 +5,9 @@ where the op has no form for the call (a cache, packed sequences, a padding mask
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,6 +27,7 @@ from workbench.kernels import (
 
 EXPERTS_IMPLEMENTATION = "workbench"
 """The name the experts forward is registered under in transformers' ALL_EXPERTS_FUNCTIONS."""
+EXPERT_BLOCKS = ("moe_permute", "moe_grouped_gemm", "moe_combine")
 
 
 def qualified(module: nn.Module) -> str:
@@ -75,6 +79,17 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     y = moe_grouped_gemm(x_perm, offsets, self.gate_up_proj[:, :f], self.gate_up_proj[:, f:], self.down_proj,
                          "swiglu", BETA, LINEAR_BETA)
     return moe_combine(y, top_k_weights.float(), row_of_slot)
+
+
+def short_conv_supported(module: nn.Module) -> str:
+    """Why kda_short_conv cannot compute a layer's short convolution (``conv1d``, ``activation``) ("" when it
+    can)."""
+    if type(module.conv1d) is not nn.Conv1d:
+        return f"conv1d is a {qualified(module.conv1d)} (an adapter): kda_short_conv takes the taps as a plain weight"
+    if module.activation != "silu" or module.conv1d.bias is not None:
+        return (f"short convolution with activation '{module.activation}' or a bias: kda_short_conv computes "
+                "silu(conv(x)) without bias")
+    return ""
 
 
 def experts_supported(module: nn.Module, hidden_act: str) -> str:
@@ -166,3 +181,58 @@ def lora_forward(self: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Ten
     y = lora_linear(x.reshape(-1, x.shape[-1]), base.weight, self.lora_A[name].weight, self.lora_B[name].weight,
                     float(self.scaling[name]))
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+@dataclass(frozen=True)
+class SharedModules:
+    """A family's classes of the modules every family patches alike, with the forwards that compute its norm and
+    its router (the variant that family uses)."""
+
+    rmsnorm: type
+    rmsnorm_forward: Callable
+    mlp: type
+    router: type
+    router_forward: Callable
+    experts: type
+
+
+def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -> bool:
+    """Patch (or report left alone) ``module`` if it is one of the modules every family shares: the RMSNorm, the
+    gated MLP (silu), the router, the experts (through the experts implementation: ``finish_shared``), the
+    embedding and the logits head. False for any other module."""
+    config, report = patcher.model.config, patcher.report
+    if isinstance(module, shared.rmsnorm):
+        if patcher.wants(path, module, "rmsnorm"):
+            patcher.set_forward(path, module, shared.rmsnorm_forward, "rmsnorm")
+    elif isinstance(module, shared.mlp):
+        if config.hidden_act != "silu":
+            report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
+        elif patcher.wants(path, module, "swiglu"):
+            patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
+    elif isinstance(module, shared.router):
+        if patcher.wants(path, module, "moe_router"):
+            patcher.set_forward(path, module, shared.router_forward, "moe_router")
+    elif isinstance(module, shared.experts):
+        why = experts_supported(module, config.hidden_act)
+        if why:
+            report.leave(path, module, why)
+        elif patcher.wants(path, module, *EXPERT_BLOCKS):
+            report.replace(path, module, *EXPERT_BLOCKS)
+    elif isinstance(module, nn.Embedding):
+        report.leave(path, module, "embedding lookup: no block")
+    elif path.rsplit(".", 1)[-1] == "lm_head":
+        report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks never "
+                                   "build them, so they are not swapped in here")
+    else:
+        return False
+    return True
+
+
+def finish_shared(patcher) -> None:
+    """After the walk: where experts were replaced, register ``experts_forward`` in transformers' experts registry
+    and make it the model's experts implementation."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if any(row.blocks == EXPERT_BLOCKS for row in patcher.report.rows):
+        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
+        patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)

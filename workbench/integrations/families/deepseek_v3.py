@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as shipped
 
 from workbench.integrations.families._common import (
-    EXPERTS_IMPLEMENTATION,
-    experts_forward,
-    experts_supported,
-    gated_mlp_forward,
+    SharedModules,
+    finish_shared,
     mla_attention,
     mla_runs_shipped,
+    patch_shared,
     qualified,
     rmsnorm_forward,
     sigmoid_router_forward,
@@ -50,43 +48,24 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
     return mla_attention(self, hidden_states, lambda q, k: apply(q, k, cos, sin)), None
 
 
+SHARED = SharedModules(rmsnorm=shipped.DeepseekV3RMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.DeepseekV3MLP,
+                       router=shipped.DeepseekV3TopkRouter, router_forward=sigmoid_router_forward,
+                       experts=shipped.DeepseekV3Experts)
+
+
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every DeepSeek-V3 module they compute; report each module."""
     config, report = patcher.model.config, patcher.report
-    experts_used = False
     for path, module in patcher.model.named_modules():
-        if isinstance(module, shipped.DeepseekV3RMSNorm):
-            if patcher.wants(path, module, "rmsnorm"):
-                patcher.set_forward(path, module, rmsnorm_forward, "rmsnorm")
-        elif isinstance(module, shipped.DeepseekV3MLP):
-            if config.hidden_act != "silu":
-                report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
-            elif patcher.wants(path, module, "swiglu"):
-                patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
-        elif isinstance(module, shipped.DeepseekV3TopkRouter):
-            if patcher.wants(path, module, "moe_router"):
-                patcher.set_forward(path, module, sigmoid_router_forward, "moe_router")
-        elif isinstance(module, shipped.DeepseekV3Experts):
-            why = experts_supported(module, config.hidden_act)
-            if why:
-                report.leave(path, module, why)
-            elif patcher.wants(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine"):
-                experts_used = True
-                report.replace(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine")
-        elif isinstance(module, shipped.DeepseekV3Attention):
+        if patch_shared(patcher, path, module, SHARED):
+            continue
+        if isinstance(module, shipped.DeepseekV3Attention):
             if type(module.kv_b_proj) is not nn.Linear:
                 report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla takes "
                                            "W_uk and W_uv as plain weights")
             elif patcher.wants(path, module, "mla"):
                 patcher.set_forward(path, module, attention_forward, "mla")
-        elif isinstance(module, nn.Embedding):
-            report.leave(path, module, "embedding lookup: no block")
-        elif path.rsplit(".", 1)[-1] == "lm_head":
-            report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks "
-                                       "never build them, so they are not swapped in here")
-    if experts_used:
-        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
-        patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    finish_shared(patcher)
     if any(r.cls == "DeepseekV3Attention" and r.replaced for r in report.rows):
         report.notes.append("inside each MLA layer the rotary embedding of the rope parts stays in torch "
                             "(transformers' apply_rotary_pos_emb" + ("_interleave" if config.rope_interleave else "")

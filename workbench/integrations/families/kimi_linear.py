@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from transformers.models.kimi_linear import modeling_kimi_linear as shipped
 
 from workbench.integrations.families._common import (
-    EXPERTS_IMPLEMENTATION,
-    experts_forward,
-    experts_supported,
+    SharedModules,
+    finish_shared,
     forget_gate_forward,
-    gated_mlp_forward,
     mla_forward,
+    patch_shared,
     qualified,
     rmsnorm_forward,
+    short_conv_supported,
     sigmoid_router_forward,
 )
 from workbench.integrations.transformers import Patcher
@@ -69,31 +68,19 @@ def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params
     return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
 
 
+SHARED = SharedModules(rmsnorm=shipped.KimiLinearRMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.KimiLinearMLP,
+                       router=shipped.KimiLinearTopkRouter, router_forward=sigmoid_router_forward,
+                       experts=shipped.KimiLinearExperts)
+
+
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every Kimi Linear module they compute; report each module."""
-    config, report = patcher.model.config, patcher.report
-    experts_used = False
+    report = patcher.report
     for path, module in patcher.model.named_modules():
-        if isinstance(module, shipped.KimiLinearRMSNorm):
-            if patcher.wants(path, module, "rmsnorm"):
-                patcher.set_forward(path, module, rmsnorm_forward, "rmsnorm")
-        elif isinstance(module, shipped.KimiLinearRMSNormGated):
+        if patch_shared(patcher, path, module, SHARED):
+            continue
+        if isinstance(module, shipped.KimiLinearRMSNormGated):
             report.leave(path, module, "sigmoid-gated RMSNorm rmsnorm(o) * sigmoid(gate): no block")
-        elif isinstance(module, shipped.KimiLinearMLP):
-            if config.hidden_act != "silu":
-                report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
-            elif patcher.wants(path, module, "swiglu"):
-                patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
-        elif isinstance(module, shipped.KimiLinearTopkRouter):
-            if patcher.wants(path, module, "moe_router"):
-                patcher.set_forward(path, module, sigmoid_router_forward, "moe_router")
-        elif isinstance(module, shipped.KimiLinearExperts):
-            why = experts_supported(module, config.hidden_act)
-            if why:
-                report.leave(path, module, why)
-            elif patcher.wants(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine"):
-                experts_used = True
-                report.replace(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine")
         elif isinstance(module, shipped.KimiLinearAttention):
             if type(module.kv_b_proj) is not nn.Linear:
                 report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla takes "
@@ -101,25 +88,15 @@ def apply(patcher: Patcher) -> None:
             elif patcher.wants(path, module, "mla"):
                 patcher.set_forward(path, module, mla_forward, "mla")
         elif isinstance(module, shipped.KimiLinearDeltaAttention):
-            if type(module.conv1d) is not nn.Conv1d:
-                report.leave(path, module, f"conv1d is a {qualified(module.conv1d)} (an adapter): "
-                                           "kda_short_conv takes the taps as a plain weight")
-            elif module.activation != "silu" or module.conv1d.bias is not None:
-                report.leave(path, module, f"short convolution with activation '{module.activation}' or a bias: "
-                                           "kda_short_conv computes silu(conv(x)) without bias")
+            why = short_conv_supported(module)
+            if why:
+                report.leave(path, module, why)
             elif patcher.wants(path, module, "kda_short_conv", "kda"):
                 patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
         elif isinstance(module, shipped.KimiLinearForgetGate):
             if patcher.wants(path, module, "kda_gate"):
                 patcher.set_forward(path, module, forget_gate_forward, "kda_gate")
-        elif isinstance(module, nn.Embedding):
-            report.leave(path, module, "embedding lookup: no block")
-        elif path.rsplit(".", 1)[-1] == "lm_head":
-            report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks "
-                                       "never build them, so they are not swapped in here")
-    if experts_used:
-        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
-        patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    finish_shared(patcher)
     if any(r.cls == "KimiLinearDeltaAttention" and r.replaced for r in report.rows):
         report.notes.append(LEFT_IN_TORCH)
     report.notes.append("plain projections (nn.Linear) run in torch")

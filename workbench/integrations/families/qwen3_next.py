@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from transformers.models.qwen3_next import modeling_qwen3_next as shipped
 
 from workbench.integrations.families._common import (
-    EXPERTS_IMPLEMENTATION,
-    experts_forward,
-    experts_supported,
-    gated_mlp_forward,
-    qualified,
+    SharedModules,
+    finish_shared,
+    patch_shared,
+    short_conv_supported,
 )
 from workbench.integrations.transformers import Patcher
 from workbench.kernels import kda, kda_gate, kda_short_conv, moe_router, rmsnorm
@@ -87,50 +85,28 @@ def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_
     return self.out_proj(o.reshape(b, t, -1))
 
 
+SHARED = SharedModules(rmsnorm=shipped.Qwen3NextRMSNorm, rmsnorm_forward=zero_centred_rmsnorm_forward,
+                       mlp=shipped.Qwen3NextMLP, router=shipped.Qwen3NextTopKRouter,
+                       router_forward=softmax_router_forward, experts=shipped.Qwen3NextExperts)
+
+
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every Qwen3-Next module they compute; report each module."""
-    config, report = patcher.model.config, patcher.report
-    experts_used = False
+    report = patcher.report
     for path, module in patcher.model.named_modules():
-        if isinstance(module, shipped.Qwen3NextRMSNorm):
-            if patcher.wants(path, module, "rmsnorm"):
-                patcher.set_forward(path, module, zero_centred_rmsnorm_forward, "rmsnorm")
-        elif isinstance(module, shipped.Qwen3NextRMSNormGated):
+        if patch_shared(patcher, path, module, SHARED):
+            continue
+        if isinstance(module, shipped.Qwen3NextRMSNormGated):
             report.leave(path, module, "SiLU-gated RMSNorm rmsnorm(o) * silu(gate): no block")
-        elif isinstance(module, shipped.Qwen3NextMLP):
-            if config.hidden_act != "silu":
-                report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
-            elif patcher.wants(path, module, "swiglu"):
-                patcher.set_forward(path, module, gated_mlp_forward, "swiglu")
-        elif isinstance(module, shipped.Qwen3NextTopKRouter):
-            if patcher.wants(path, module, "moe_router"):
-                patcher.set_forward(path, module, softmax_router_forward, "moe_router")
-        elif isinstance(module, shipped.Qwen3NextExperts):
-            why = experts_supported(module, config.hidden_act)
+        elif isinstance(module, shipped.Qwen3NextGatedDeltaNet):
+            why = short_conv_supported(module)
             if why:
                 report.leave(path, module, why)
-            elif patcher.wants(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine"):
-                experts_used = True
-                report.replace(path, module, "moe_permute", "moe_grouped_gemm", "moe_combine")
-        elif isinstance(module, shipped.Qwen3NextGatedDeltaNet):
-            if type(module.conv1d) is not nn.Conv1d:
-                report.leave(path, module, f"conv1d is a {qualified(module.conv1d)} (an adapter): "
-                                           "kda_short_conv takes the taps as a plain weight")
-            elif module.activation != "silu" or module.conv1d.bias is not None:
-                report.leave(path, module, f"short convolution with activation '{module.activation}' or a bias: "
-                                           "kda_short_conv computes silu(conv(x)) without bias")
             elif patcher.wants(path, module, "kda_short_conv", "kda_gate", "kda"):
                 patcher.set_forward(path, module, gated_delta_net_forward, "kda_short_conv", "kda_gate", "kda")
         elif isinstance(module, shipped.Qwen3NextAttention):
             report.leave(path, module, "gated softmax attention (GQA, q/k RMSNorm, partial rotary): no block")
-        elif isinstance(module, nn.Embedding):
-            report.leave(path, module, "embedding lookup: no block")
-        elif path.rsplit(".", 1)[-1] == "lm_head":
-            report.leave(path, module, "the logits are the model's output: the fused linear cross-entropy blocks "
-                                       "never build them, so they are not swapped in here")
-    if experts_used:
-        ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
-        patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    finish_shared(patcher)
     if any(r.cls == "Qwen3NextGatedDeltaNet" and r.replaced for r in report.rows):
         report.notes.append(LEFT_IN_TORCH)
     report.notes.append("plain projections (nn.Linear, the shared expert's sigmoid gate) run in torch")
