@@ -18,6 +18,7 @@ every block taken as promoted: what the family would swap in, and what it leaves
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import sys
 import textwrap
@@ -84,19 +85,20 @@ def source_names(source: str) -> set[str]:
     return names
 
 
-def read_names(config_cls) -> set[str]:
+@functools.cache
+def read_names(config_cls) -> frozenset[str]:
     """The names the config class declares or reads: annotations up its bases, attribute_map keys, and the names
-    its source and its modeling module's source use."""
+    its source and its modeling module's source use (parsed once per class: onboarding and parity both ask)."""
     names = {n for klass in config_cls.__mro__ for n in getattr(klass, "__annotations__", {})}
     names |= set(getattr(config_cls, "attribute_map", {}))
     names |= source_names(inspect.getsource(config_cls))
     modeling = sys.modules.get(config_cls.__module__.replace("configuration_", "modeling_"))
     if modeling is not None:
         names |= source_names(inspect.getsource(modeling))
-    return names
+    return frozenset(names)
 
 
-def unread_fields(fields: dict[str, Any], names: set[str], prefix: str = "") -> list[str]:
+def unread_fields(fields: dict[str, Any], names: frozenset[str], prefix: str = "") -> list[str]:
     """The json fields (nested dict fields one by one) whose names the class never reads."""
     out = []
     for key, value in fields.items():
