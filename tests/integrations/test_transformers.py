@@ -174,3 +174,76 @@ def test_qwen3_next_swaps_the_gated_delta_net_and_leaves_softmax_attention_alone
     assert found["Qwen3NextGatedDeltaNet"] == ("kda_short_conv", "kda_gate", "kda")
     assert found["Qwen3NextRMSNorm"] == ("rmsnorm",) and found["Qwen3NextTopKRouter"] == ("moe_router",)
     assert "no block" in found["Qwen3NextAttention"] and "no block" in found["Qwen3NextRMSNormGated"]
+
+
+def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_attention_everywhere(promoted):
+    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+
+    from workbench.integrations.families import glm_moe_dsa
+
+    full = GlmMoeDsaConfig(num_hidden_layers=8, index_topk_pattern="FSSFSSFS")
+    fields = glm_moe_dsa.tiny(full, ["indexed_attention"] * 4, ["dense"] * 3 + ["sparse"], 16, 2)
+    assert fields["indexer_types"] == ["full", "shared", "shared", "full"] and fields["index_topk"] == 8
+    report = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)))
+    rows = {r.path: r.blocks for r in report.rows if r.cls == "GlmMoeDsaAttention"}
+    assert rows["model.layers.0.self_attn"] == ("dsa_indexer", "dsa_sparse_attention")
+    assert rows["model.layers.1.self_attn"] == ("dsa_sparse_attention",)  # a shared layer: the selection handed down
+    assert outcome(report)["GlmMoeDsaTopkRouter"] == ("moe_router",)
+    assert any("apply_rotary_pos_emb_interleave for the indexer" in note for note in report.notes)
+    only = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)), blocks=["dsa_sparse_attention"])
+    kept = {r.path: r for r in only.rows if r.cls == "GlmMoeDsaAttention"}
+    assert "dsa_indexer not in --blocks" in kept["model.layers.0.self_attn"].reason
+    assert kept["model.layers.1.self_attn"].blocks == ("dsa_sparse_attention",)
+
+
+def test_a_dsa_selection_converts_to_transformers_top_k_form_and_back():
+    """The -1 padded selection of dsa_indexer and transformers' int32 top-k (rows t < k - 1 run on into future
+    positions, which the causal mask hides) carry the same causal keys, both ways."""
+    from workbench.blocks._dsa import causal_topk
+    from workbench.integrations.families._dsa import from_shipped, to_shipped
+
+    torch.manual_seed(0)
+    scores = torch.randn(2, 12, 12).masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), float("-inf"))
+    ours = causal_topk(scores, 5)
+    theirs = scores.masked_fill(scores.isinf(), torch.finfo(torch.float32).min).topk(5, dim=-1).indices.int()
+    shipped = to_shipped(ours)
+    assert shipped.dtype == torch.int32 and (shipped.sort(-1).values[:, 4:] == theirs.sort(-1).values[:, 4:]).all()
+    rows = torch.arange(12)[None, :, None]
+    assert (shipped >= 0).all() and all(len(set(r.tolist())) == 5 for r in shipped.reshape(-1, 5))
+    causal = lambda ix: [sorted(i for i in r if 0 <= i <= t) for t, r in enumerate(ix[0].tolist())]  # noqa: E731
+    assert causal(shipped) == causal(theirs) == causal(ours)
+    back = from_shipped(theirs)
+    assert back.dtype == torch.int64 and ((back == -1) == (theirs.long() > rows)).all()
+    assert causal(back) == causal(ours)
+
+
+def test_a_block_swapped_in_that_never_ran_fails_the_parity():
+    """A module whose patched forward fell back to the shipped one (a cache, a mask, an adapter) computes as shipped:
+    its numbers agree, and only the op run count shows the block never ran. judge fails the run and names it."""
+    from workbench.integrations.parity import ParityResult, judge
+
+    metrics = {"kl": 1e-15, "cosine": 1.0, "top1": 1.0, "top5": 1.0, "loss_rel": 0.0, "grad_rel_worst": 1e-7,
+               "idle_blocks": ["kda", "mla"]}
+    result = ParityResult(source="x", model_type="kimi_linear", model_class="K", dtype="float32", backend="cpu",
+                          layers=[], tokens=16, metrics=metrics)
+    judge(result)
+    assert result.status == "fail" and [c["metric"] for c in result.checks if not c["ok"]] == ["idle_blocks"]
+    assert result.message == "swapped in but never ran (their modules ran the shipped forward): kda, mla"
+    result.metrics["idle_blocks"] = []
+    judge(result)
+    assert result.status == "pass" and result.message == "every check within the float32 bounds"
+
+
+def test_an_empty_cache_is_a_prefill_and_a_filled_one_is_not():
+    from transformers import DynamicCache
+
+    from workbench.integrations.families._common import empty_cache
+
+    config = tiny_kimi().config
+    cache = DynamicCache(config=config)
+    attention = config.layer_types.index("full_attention")
+    linear = config.layer_types.index("linear_attention")
+    assert empty_cache(None, 0) and empty_cache(cache, attention) and empty_cache(cache, linear)
+    cache.update(torch.zeros(1, 1, 3, 8), torch.zeros(1, 1, 3, 4), attention)
+    cache.update_conv_state(torch.zeros(1, 6, 3), linear, conv_kernel_size=4)
+    assert not empty_cache(cache, attention) and not empty_cache(cache, linear)

@@ -53,8 +53,10 @@ module's output counts as the first divergence."""
 
 CHECKS = (("kl", "kl_max", "<="), ("cosine", "cosine_min", ">="), ("top1", "top1_min", ">="),
           ("top5", "top5_min", ">="), ("router_match", "router_min", ">="), ("loss_rel", "loss_rel_max", "<="),
-          ("grad_rel_worst", "grad_rel_max", "<="), ("curve_rel", "curve_rel_max", "<="))
-"""(metric, threshold, comparison): every check a parity run passes or fails on."""
+          ("grad_rel_worst", "grad_rel_max", "<="), ("curve_rel", "curve_rel_max", "<="),
+          ("decode_kl", "kl_max", "<="), ("decode_top1", "top1_min", ">="))
+"""(metric, threshold, comparison): every check a parity run passes or fails on. The decode steps after the patched
+prefill (generation through the cache it wrote) are held to the full forward's logits bounds."""
 
 MAX_EXPERTS = 16
 
@@ -305,7 +307,8 @@ MARK = "@@parity "
 
 def judge(result: ParityResult) -> None:
     """Fill ``checks`` and ``status`` from the metrics and the dtype's THRESHOLDS (a missing metric, such as the
-    router match of a model without routed experts, is not a check)."""
+    router match of a model without routed experts, is not a check), and from ``idle_blocks``: a block swapped in
+    that never ran (its module fell back to the shipped forward) fails the run."""
     bounds = THRESHOLDS[result.dtype]
     result.checks = []
     for metric, bound, op in CHECKS:
@@ -314,10 +317,15 @@ def judge(result: ParityResult) -> None:
             continue
         ok = value <= bounds[bound] if op == "<=" else value >= bounds[bound]
         result.checks.append({"metric": metric, "value": value, "bound": bounds[bound], "op": op, "ok": ok})
+    idle = result.metrics.get("idle_blocks") or []
+    result.checks.append({"metric": "idle_blocks", "value": len(idle), "bound": 0, "op": "<=", "ok": not idle})
     failed = [c["metric"] for c in result.checks if not c["ok"]]
     result.status = ParityStatus.FAIL if failed else ParityStatus.PASS
     first = result.metrics.get("first_divergence")
-    result.message = (f"outside the {result.dtype} bounds: {', '.join(failed)}" if failed else
-                      f"every check within the {result.dtype} bounds") + \
-        (f"; first module past {bounds['module_rel_max']:.0e}: {first['module']} ({first['rel']:.2e})"
-         if first else "")
+    numbers = [m for m in failed if m != "idle_blocks"]
+    result.message = "; ".join(
+        ([f"swapped in but never ran (their modules ran the shipped forward): {', '.join(idle)}"] if idle else [])
+        + ([f"outside the {result.dtype} bounds: {', '.join(numbers)}"] if numbers else [])) or \
+        f"every check within the {result.dtype} bounds"
+    if first:
+        result.message += f"; first module past {bounds['module_rel_max']:.0e}: {first['module']} ({first['rel']:.2e})"

@@ -13,6 +13,7 @@ fla's kernels need a driver.
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import sys
@@ -122,6 +123,36 @@ def router_match(shipped: dict, patched: dict) -> dict[str, float]:
     return found
 
 
+DECODE_STEPS = 4
+
+
+def decode_logits(model, ids, tokens=None):
+    """The logits [B, S, V] of S = DECODE_STEPS decode steps after a prefill of ``ids`` [B, P] into a fresh cache,
+    and the tokens fed: ``tokens`` (a list of [B]) or, when None, the greedy ones (each step's argmax)."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        fed, steps = [], []
+        for i in range(DECODE_STEPS):
+            token = tokens[i] if tokens is not None else out.logits[:, -1].argmax(-1)
+            out = model(input_ids=token[:, None], past_key_values=out.past_key_values, use_cache=True)
+            fed.append(token)
+            steps.append(out.logits[:, -1])
+    return torch.stack(steps, dim=1), fed
+
+
+def decode_metrics(shipped, patched, ids) -> dict[str, Any]:
+    """Generation through the cache the patched prefill wrote (decode runs each layer's shipped forward over it):
+    the shipped model's greedy tokens fed to both models, so the inputs are the same; KL, top-1 agreement and the
+    largest relative difference of the decode logits, as ``logit_metrics``."""
+    a, tokens = decode_logits(shipped, ids)
+    b, _ = decode_logits(patched, ids, tokens)
+    found = logit_metrics(a, b)
+    return {"decode_kl": found["kl"], "decode_top1": found["top1"], "decode_rel": found["logits_rel"],
+            "decode_steps": DECODE_STEPS}
+
+
 def grad_metrics(shipped, patched) -> dict[str, Any]:
     """Every parameter's gradient: relative error |g - g'| / |g| (norms), the worst with its name, the median."""
     import statistics
@@ -180,6 +211,7 @@ def run(job: dict) -> dict:
     import workbench.kernels as wk
     from workbench.integrations.parity import THRESHOLDS
     from workbench.integrations.transformers import apply_workbench_kernels, family
+    from workbench.kernels._ops import RUNS
     from workbench.operators import newest_promoted
     from workbench.verify.worker import install_write_guard
 
@@ -208,11 +240,14 @@ def run(job: dict) -> dict:
     outputs = {}
     for name, model in (("shipped", shipped), ("patched", patched)):
         recorder = Recorder(model, router)
+        before = collections.Counter(RUNS)
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
-        outputs[name] = (out, recorder)
-    (out_s, rec_s), (out_p, rec_p) = outputs["shipped"], outputs["patched"]
+        outputs[name] = (out, recorder, RUNS - before)
+    (out_s, rec_s, _), (out_p, rec_p, runs) = outputs["shipped"], outputs["patched"]
     metrics: dict[str, Any] = logit_metrics(out_s.logits.detach(), out_p.logits.detach())
+    metrics["op_runs"] = dict(sorted(runs.items()))
+    metrics["idle_blocks"] = sorted(set(report.blocks) - set(runs))
     metrics["loss_shipped"], metrics["loss_patched"] = out_s.loss.item(), out_p.loss.item()
     metrics["loss_rel"] = abs(metrics["loss_patched"] - metrics["loss_shipped"]) / abs(metrics["loss_shipped"])
     routers = router_match(rec_s.choices, rec_p.choices)
@@ -220,6 +255,7 @@ def run(job: dict) -> dict:
         metrics["router_match_per_layer"] = routers
         metrics["router_match"] = min(routers.values())
     metrics.update(grad_metrics(shipped, patched))
+    metrics.update(decode_metrics(shipped, patched, ids))
     bound = THRESHOLDS[job["dtype"]]["module_rel_max"]
     modules = {path: rel(rec_s.outputs[path], rec_p.outputs[path]) for path in rec_s.order
                if path in rec_p.outputs and rec_s.outputs[path].shape == rec_p.outputs[path].shape}

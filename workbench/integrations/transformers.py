@@ -130,6 +130,8 @@ class Patcher:
 
 FAMILIES: dict[str, str] = {
     "deepseek_v3": "workbench.integrations.families.deepseek_v3",
+    "deepseek_v32": "workbench.integrations.families.deepseek_v32",
+    "glm_moe_dsa": "workbench.integrations.families.glm_moe_dsa",
     "kimi_linear": "workbench.integrations.families.kimi_linear",
     "qwen3_next": "workbench.integrations.families.qwen3_next",
 }

@@ -47,6 +47,7 @@ the training operator under the block's name, a forward-only (decode) port under
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import inspect
@@ -79,6 +80,10 @@ _resolved: dict[str, str] = {}          # key -> operator file, for the current 
 _modules: dict[str, ModuleType] = {}    # operator file -> its imported module
 
 _local = threading.local()
+RUNS: collections.Counter[str] = collections.Counter()
+"""How many times each op's operator has run its forward in this process (``workbench::<block>`` and its
+forward-only op by their keys): the evidence that a swapped-in op computed, not the shipped module it replaced
+(``workbench parity`` fails a block that was swapped in and never ran)."""
 """Per thread: ``want`` (an op and the dispatch-key state its Autograd kernel was called with, for its forward to run
 with grad; taken by that forward), ``kept`` (the forward's graph, taken by the op's setup_context; both cleared when
 the Autograd kernel returns), ``guard`` (an op is running on the interpreter: bfloat16 operands refused)."""
@@ -327,6 +332,7 @@ class BlockOp:
             _local.want, _local.kept = previous
 
     def _forward(self, *args: Any) -> Any:
+        RUNS[self.key] += 1
         want, _local.want = getattr(_local, "want", None), None
         with self._interpreter_guard(self.name, args):
             if want is not None and want[0] is self:

@@ -112,19 +112,36 @@ def causal_only(mask: torch.Tensor | None, length: int) -> bool:
     return bool((allowed == torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()).all())
 
 
+def empty_cache(cache, layer_idx: int) -> bool:
+    """Whether ``cache`` (a transformers Cache, or None) holds nothing yet for layer ``layer_idx``: the call is a
+    prefill from the first token (generate's first step, and every forward of a model that builds a cache while it
+    trains: transformers makes a DynamicCache whenever use_cache is on), which the ops compute while writing the
+    cache as the shipped forward would. A layer that holds state (decode, a continued prefill) is not empty."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    if cache is None or layer_idx >= len(cache.layers):
+        return True
+    layer = cache.layers[layer_idx]
+    if isinstance(layer, LinearAttentionCacheLayerMixin) and any(layer.has_previous_state.values()):
+        return False
+    return not hasattr(layer, "get_seq_length") or layer.get_seq_length() == 0
+
+
 def mla_runs_shipped(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
-                     past_key_values) -> bool:
-    """Whether an MLA call has no form in workbench::mla: a cache, a mask other than the causal one, attention
-    dropout in training, or an adapted kv_b_proj (a LoRA layer: its weight alone is not what it computes)."""
-    return past_key_values is not None or not causal_only(attention_mask, hidden_states.shape[1]) \
-        or bool(self.training and self.attention_dropout) or type(self.kv_b_proj) is not nn.Linear
+                     past_key_values, plain_kv_b: bool = True) -> bool:
+    """Whether an MLA call has no form in workbench::mla (or DSA's ops): a cache that already holds this layer's
+    past (decode), a mask other than the causal one, attention dropout in training, or (``plain_kv_b``: where the op
+    takes W_uk and W_uv as weights) an adapted kv_b_proj (a LoRA layer: its weight alone is not what it computes)."""
+    return not empty_cache(past_key_values, self.layer_idx) or not causal_only(attention_mask, hidden_states.shape[1]) \
+        or bool(self.training and self.attention_dropout) or (plain_kv_b and type(self.kv_b_proj) is not nn.Linear)
 
 
-def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None) -> torch.Tensor:
+def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None, cache=None) -> torch.Tensor:
     """MLA from its latents (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa,
     kv_a_layernorm, kv_b_proj, o_proj) with the attention as workbench::mla: W_uk and W_uv are views of kv_b_proj's
     weight [H * (DN + DV), R]. ``rotate(q_rope [B, H, T, DR], k_rope [B, 1, T, DR])`` -> both rotated: the family's
-    rotary embedding, in torch (None: no rotary embedding, Kimi's mla_use_nope). -> [B, T, D]."""
+    rotary embedding, in torch (None: no rotary embedding, Kimi's mla_use_nope). ``cache`` (empty for this layer):
+    the latents c_kv [B, 1, T, R] and k_rope [B, 1, T, DR] written to it, as the shipped forward does. -> [B, T, D]."""
     b, t = hidden_states.shape[:2]
     if self.q_lora_rank is None:
         q = self.q_proj(hidden_states)
@@ -137,6 +154,8 @@ def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None) -> 
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         q_rope, k_rope = rotate(q_rope.transpose(1, 2), k_rope.view(b, 1, t, self.qk_rope_head_dim))
         q, k_rope = torch.cat([q_nope, q_rope.transpose(1, 2)], dim=-1), k_rope.view(b, t, self.qk_rope_head_dim)
+    if cache is not None:
+        cache.update(c_kv.view(b, 1, t, self.kv_lora_rank), k_rope.view(b, 1, t, self.qk_rope_head_dim), self.layer_idx)
     w_kv = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
     out = mla(q, c_kv.contiguous(), k_rope.contiguous(), w_kv[:, :self.qk_nope_head_dim],
               w_kv[:, self.qk_nope_head_dim:], None, self.scaling)
@@ -149,7 +168,7 @@ def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: to
     shipped forward."""
     if mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
         return self.original_forward(hidden_states, attention_mask, past_key_values=past_key_values, **kwargs)
-    return mla_attention(self, hidden_states), None
+    return mla_attention(self, hidden_states, None, past_key_values), None
 
 
 def lora_supported(module: nn.Module) -> str:
@@ -226,6 +245,23 @@ def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -
     else:
         return False
     return True
+
+
+def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Callable, blocks: Callable,
+                    plain_kv_b: bool = True) -> None:
+    """The walk of an MLA family (DeepSeek's naming): the shared modules, then every ``attention`` module's forward
+    replaced by ``forward`` with the blocks ``blocks(module)`` names; with ``plain_kv_b`` a module whose kv_b_proj
+    is adapted is left alone (its weight alone is not what it computes)."""
+    for path, module in patcher.model.named_modules():
+        if patch_shared(patcher, path, module, shared) or not isinstance(module, attention):
+            continue
+        if plain_kv_b and type(module.kv_b_proj) is not nn.Linear:
+            patcher.report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla "
+                                               "takes W_uk and W_uv as plain weights")
+        elif patcher.wants(path, module, *blocks(module)):
+            patcher.set_forward(path, module, forward, *blocks(module))
+    finish_shared(patcher)
+    patcher.report.notes.append("plain projections (nn.Linear) run in torch")
 
 
 def finish_shared(patcher) -> None:

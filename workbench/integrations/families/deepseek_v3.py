@@ -19,11 +19,9 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as shipped
 
 from workbench.integrations.families._common import (
     SharedModules,
-    finish_shared,
     mla_attention,
     mla_runs_shipped,
-    patch_shared,
-    qualified,
+    patch_mla_model,
     rmsnorm_forward,
     sigmoid_router_forward,
 )
@@ -45,7 +43,7 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
                                      attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
     cos, sin = position_embeddings
     apply = shipped.apply_rotary_pos_emb_interleave if self.config.rope_interleave else shipped.apply_rotary_pos_emb
-    return mla_attention(self, hidden_states, lambda q, k: apply(q, k, cos, sin)), None
+    return mla_attention(self, hidden_states, lambda q, k: apply(q, k, cos, sin), past_key_values), None
 
 
 SHARED = SharedModules(rmsnorm=shipped.DeepseekV3RMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.DeepseekV3MLP,
@@ -55,22 +53,11 @@ SHARED = SharedModules(rmsnorm=shipped.DeepseekV3RMSNorm, rmsnorm_forward=rmsnor
 
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every DeepSeek-V3 module they compute; report each module."""
-    config, report = patcher.model.config, patcher.report
-    for path, module in patcher.model.named_modules():
-        if patch_shared(patcher, path, module, SHARED):
-            continue
-        if isinstance(module, shipped.DeepseekV3Attention):
-            if type(module.kv_b_proj) is not nn.Linear:
-                report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla takes "
-                                           "W_uk and W_uv as plain weights")
-            elif patcher.wants(path, module, "mla"):
-                patcher.set_forward(path, module, attention_forward, "mla")
-    finish_shared(patcher)
-    if any(r.cls == "DeepseekV3Attention" and r.replaced for r in report.rows):
-        report.notes.append("inside each MLA layer the rotary embedding of the rope parts stays in torch "
-                            "(transformers' apply_rotary_pos_emb" + ("_interleave" if config.rope_interleave else "")
-                            + ")")
-    report.notes.append("plain projections (nn.Linear) run in torch")
+    patch_mla_model(patcher, SHARED, shipped.DeepseekV3Attention, attention_forward, lambda module: ("mla",))
+    if any(r.cls == "DeepseekV3Attention" and r.replaced for r in patcher.report.rows):
+        patcher.report.notes.append("inside each MLA layer the rotary embedding of the rope parts stays in torch "
+                                    "(transformers' apply_rotary_pos_emb"
+                                    + ("_interleave" if patcher.model.config.rope_interleave else "") + ")")
 
 
 def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
@@ -87,7 +74,8 @@ def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int,
         "n_routed_experts": experts, "num_experts_per_tok": top_k, "n_shared_experts": full.n_shared_experts,
         "n_group": groups, "topk_group": min(full.topk_group, groups) if groups > 1 else 1,
         "norm_topk_prob": full.norm_topk_prob, "routed_scaling_factor": full.routed_scaling_factor,
-        "rope_interleave": full.rope_interleave, "rope_parameters": full.rope_parameters,
+        **({"rope_interleave": full.rope_interleave} if hasattr(full, "rope_interleave") else {}),
+        "rope_parameters": full.rope_parameters,
         "hidden_act": full.hidden_act, "rms_norm_eps": full.rms_norm_eps, "attention_bias": full.attention_bias,
         "tie_word_embeddings": full.tie_word_embeddings, "pad_token_id": None, "bos_token_id": None,
         "eos_token_id": None,

@@ -22,6 +22,7 @@ from transformers.models.kimi_linear import modeling_kimi_linear as shipped
 
 from workbench.integrations.families._common import (
     SharedModules,
+    empty_cache,
     finish_shared,
     forget_gate_forward,
     mla_forward,
@@ -48,22 +49,29 @@ LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the 
 def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
                       attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
     """KimiLinearDeltaAttention.forward with the short convolution as workbench::kda_short_conv and the delta rule
-    as workbench::kda (no initial state). A cache (decode), packed sequences (cu_seqlens) or an adapted conv1d (its
-    weight alone is not what it computes) run the shipped forward."""
-    if cache_params is not None or kwargs.get("cu_seqlens") is not None or type(self.conv1d) is not nn.Conv1d:
+    as workbench::kda (no initial state); into an empty cache (a prefill from the first token) it writes the conv
+    input's tail and the final state as the shipped forward does. A cache holding this layer's past (decode),
+    packed sequences (cu_seqlens) or an adapted conv1d (its weight alone is not what it computes) run the shipped
+    forward."""
+    if not empty_cache(cache_params, self.layer_idx) or kwargs.get("cu_seqlens") is not None \
+            or type(self.conv1d) is not nn.Conv1d:
         return self.original_forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask,
                                      **kwargs)
     hidden_states = shipped.apply_mask_to_padding_states(hidden_states, attention_mask)
     b, t = hidden_states.shape[:2]
     heads = (b, t, -1, self.head_dim)
     mixed = torch.cat([self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)], dim=-1)
+    if cache_params is not None:
+        cache_params.update_conv_state(mixed.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
     mixed = kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
     q, k, v = (part.reshape(heads) for part in mixed.split(self.qkv_dim, dim=-1))
     g = self.forget_gate(hidden_states)
     beta = torch.sigmoid(self.b_proj(hidden_states))
     q = shipped.l2norm(q.float(), dim=-1, eps=1e-6).to(v.dtype)
     k = shipped.l2norm(k.float(), dim=-1, eps=1e-6).to(v.dtype)
-    o, _ = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
+    o, final_state = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
+    if cache_params is not None:
+        cache_params.update_recurrent_state(final_state.to(torch.float32), self.layer_idx)
     gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(heads)
     return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
 

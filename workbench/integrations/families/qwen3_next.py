@@ -22,6 +22,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as shipped
 
 from workbench.integrations.families._common import (
     SharedModules,
+    empty_cache,
     finish_shared,
     patch_shared,
     short_conv_supported,
@@ -60,9 +61,11 @@ def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_
                             attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
     """Qwen3NextGatedDeltaNet.forward with the short convolution as workbench::kda_short_conv, the decay
     -exp(A_log) softplus(a + dt_bias) as workbench::kda_gate (K = 1 per value head) and the gated delta rule as
-    workbench::kda with that decay on every key channel. A cache (decode), packed sequences or an adapted conv1d run
-    the shipped forward."""
-    if cache_params is not None or kwargs.get("cu_seq_lens_q") is not None or type(self.conv1d) is not nn.Conv1d:
+    workbench::kda with that decay on every key channel; into an empty cache (a prefill from the first token) it
+    writes the conv input's tail and the final state as the shipped forward does. A cache holding this layer's past
+    (decode), packed sequences or an adapted conv1d run the shipped forward."""
+    if not empty_cache(cache_params, self.layer_idx) or kwargs.get("cu_seq_lens_q") is not None \
+            or type(self.conv1d) is not nn.Conv1d:
         return self.original_forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask,
                                      **kwargs)
     hidden_states = shipped.apply_mask_to_padding_states(hidden_states, attention_mask)
@@ -70,6 +73,8 @@ def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_
     query, key, value, z, beta_logit, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states),
                                                                             self.in_proj_ba(hidden_states))
     mixed = torch.cat([x.reshape(b, t, -1) for x in (query, key, value)], dim=-1)
+    if cache_params is not None:
+        cache_params.update_conv_state(mixed.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
     mixed = kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
     q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
     q, k = (x.reshape(b, t, -1, self.head_k_dim) for x in (q, k))
@@ -80,7 +85,9 @@ def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_
     beta = beta_logit.sigmoid()
     q = shipped.l2norm(q.float(), dim=-1, eps=1e-6).to(v.dtype)
     k = shipped.l2norm(k.float(), dim=-1, eps=1e-6).to(v.dtype)
-    o, _ = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_k_dim ** -0.5, None)
+    o, final_state = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_k_dim ** -0.5, None)
+    if cache_params is not None:
+        cache_params.update_recurrent_state(final_state, self.layer_idx)
     o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(o.reshape(b, t, -1))
 

@@ -1,0 +1,74 @@
+"""DeepSeek-V3.2 (transformers ``deepseek_v32``): DeepSeek-V3 with DeepSeek Sparse Attention in every layer (MLA whose
+queries attend to the top-k keys of a lightning indexer), the same MoE, MLPs and norms.
+
+    module                            computed by
+    DeepseekV32RMSNorm                rmsnorm
+    DeepseekV32MLP (silu)             swiglu (projections in torch)
+    DeepseekV32TopkRouter             moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
+    DeepseekV32Experts (silu)         moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
+    DeepseekV32Attention (DSA)        dsa_indexer (its projections, LayerNorm and half-split rotary embedding in
+                                      torch) and dsa_sparse_attention over the decompressed heads (the projections,
+                                      the latents' RMSNorm and the interleaved rotary embedding in torch)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.deepseek_v32 import modeling_deepseek_v32 as shipped
+
+from workbench.integrations.families import deepseek_v3
+from workbench.integrations.families._common import (
+    SharedModules,
+    mla_runs_shipped,
+    patch_mla_model,
+    rmsnorm_forward,
+    sigmoid_router_forward,
+)
+from workbench.integrations.families._dsa import dsa_attention
+from workbench.integrations.transformers import Patcher
+
+MODEL_CLASS = "DeepseekV32ForCausalLM"
+ROUTER = shipped.DeepseekV32TopkRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
+LORA_TARGETS = deepseek_v3.LORA_TARGETS
+DSA_BLOCKS = ("dsa_indexer", "dsa_sparse_attention")
+IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm, kv_b_proj's decompression, the rotary "
+            "embeddings (transformers' apply_rotary_pos_emb_interleave for the attention, apply_rotary_pos_emb for "
+            "the indexer) and the indexer's LayerNorm stay in torch")
+
+
+def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
+                      attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs):
+    """DeepseekV32Attention.forward as workbench::dsa_indexer + workbench::dsa_sparse_attention (an empty cache
+    written as shipped); a cache holding this layer's past (decode), a mask other than the causal one or attention
+    dropout run the shipped forward."""
+    if position_embeddings is None or mla_runs_shipped(self, hidden_states, attention_mask, past_key_values, False):
+        return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
+                                     attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+    cos, sin = position_embeddings
+    out, _ = dsa_attention(self, hidden_states,
+                           lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin),
+                           lambda q, k: shipped.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2), None,
+                           past_key_values)
+    return out, None
+
+
+SHARED = SharedModules(rmsnorm=shipped.DeepseekV32RMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.DeepseekV32MLP,
+                       router=shipped.DeepseekV32TopkRouter, router_forward=sigmoid_router_forward,
+                       experts=shipped.DeepseekV32Experts)
+
+
+def apply(patcher: Patcher) -> None:
+    """Swap the catalog's ops into every DeepSeek-V3.2 module they compute; report each module."""
+    patch_mla_model(patcher, SHARED, shipped.DeepseekV32Attention, attention_forward, lambda module: DSA_BLOCKS,
+                    plain_kv_b=False)
+    if any(r.cls == "DeepseekV32Attention" and r.replaced for r in patcher.report.rows):
+        patcher.report.notes.append(IN_TORCH)
+
+
+def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
+    """DeepSeek-V3's tiny fields (deepseek_v3.tiny) with a tiny indexer: 16 index heads (a zero score, every head's
+    relu clipped, then has odds 2^-16: no exact ties for the top-k to settle), 16 wide, top 8 (a 32-token parity
+    batch selects from row 8 on)."""
+    return {**deepseek_v3.tiny(full, layer_types, mlp_layer_types, experts, top_k), "q_lora_rank": 24,
+            "index_topk": 8, "index_n_heads": 16, "index_head_dim": 16}
