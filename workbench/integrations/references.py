@@ -299,6 +299,86 @@ def attnres() -> Comparison:
                     lambda: mix(blocks, partial)[0], [blocks, partial, mix.query])
 
 
+def _dsa_layer(seed: int):
+    """A float64 DeepseekV32Attention (eager: the index mask folded into the attention mask) with random weights,
+    its input [2, 12, 32] and its rotary embedding: 2 heads, the top 5 of 12 keys; 16 index heads, so that a score
+    is exactly 0 (every head's dot clipped by the relu) with odds 2^-16: no exact ties at the k-th place, which the
+    block settles by the smaller position and torch.topk by its own order."""
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as ds
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = ds.DeepseekV32Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=12,
+                               kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                               index_n_heads=16, index_head_dim=8, index_topk=5)
+    cfg._attn_implementation = "eager"
+    attn = ds.DeepseekV32Attention(cfg, 0).to(F64)
+    for p in attn.parameters():
+        p.data = torch.randn(p.shape, generator=g, dtype=F64) * p.shape[-1] ** -0.5
+    t = 12
+    x = _leaf(2, t, 32, g=g)
+    with Float64Casts():
+        cos, sin = ds.DeepseekV32RotaryEmbedding(cfg)(x, torch.arange(t)[None].expand(2, t))
+    mask = torch.full((t, t), float("-inf"), dtype=F64).triu(1)[None, None].expand(2, 1, t, t)
+    return ds, attn, x, (cos, sin), mask
+
+
+def _dsa_selection(ds, attn, x, q_resid, position_embeddings) -> torch.Tensor:
+    """The indexer's selection by the dsa_indexer reference (the integration's inputs: its head weights carry the
+    softmax scale and n_heads^-0.5), -1 padded."""
+    from workbench.integrations.families._dsa import index_inputs
+
+    cos, sin = position_embeddings
+    with torch.no_grad(), Float64Casts():
+        q, k, w = index_inputs(attn.indexer, x, q_resid,
+                               lambda a, b: ds.apply_rotary_pos_emb(a, b, cos, sin, unsqueeze_dim=2))
+        return get_block("dsa_indexer").reference(q, k, w, attn.indexer.index_topk)[1]
+
+
+def dsa_indexer() -> Comparison:
+    """DeepSeek-V3.2's lightning indexer: the selection, as causal key sets per query (output_rel: the fraction of
+    rows that differ); no gradients (the shipped indexer runs under no_grad)."""
+    ds, attn, x, position_embeddings, mask = _dsa_layer(17)
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(x)).detach()
+    ours = _dsa_selection(ds, attn, x, q_resid, position_embeddings)
+    with torch.no_grad(), Float64Casts():
+        theirs = attn.indexer(x, q_resid, position_embeddings, mask[:, 0], None)
+    t = x.shape[1]
+    causal = [[sorted(i for i in row if 0 <= i <= r % t) for r, row in enumerate(ix.reshape(-1, ix.shape[-1]).tolist())]
+              for ix in (ours, theirs)]
+    differ = sum(a != b for a, b in zip(*causal, strict=True)) / len(causal[0])
+    return Comparison("dsa_indexer", "DeepseekV32Indexer (the selection; no grad)", True, differ, 0.0,
+                      "selection sets compared; the shipped indexer has no backward")
+
+
+def dsa_sparse_attention() -> Comparison:
+    """DeepSeek-V3.2's DSA layer (eager): MLA decompressed (192/128-style: keys nope + rope, narrower values) over
+    the indexer's top-k, as dsa_sparse_attention with one kv head per query head and no gate."""
+    ds, attn, x, position_embeddings, mask = _dsa_layer(18)
+    cos, sin = position_embeddings
+    b, t, h = 2, x.shape[1], attn.num_heads
+
+    def norm(module, value):  # the latents' RMSNorms as the rmsnorm block (the module casts to float32 by name)
+        return get_block("rmsnorm").reference(value, module.weight, module.variance_epsilon)
+
+    def ours():
+        q_resid = norm(attn.q_a_layernorm, attn.q_a_proj(x))
+        q = attn.q_b_proj(q_resid).view(b, t, h, attn.qk_head_dim).transpose(1, 2)
+        q_nope, q_rope = q.split([attn.qk_nope_head_dim, attn.qk_rope_head_dim], dim=-1)
+        c_kv, k_rope = attn.kv_a_proj_with_mqa(x).split([attn.kv_lora_rank, attn.qk_rope_head_dim], dim=-1)
+        q_rope, k_rope = ds.apply_rotary_pos_emb_interleave(q_rope, k_rope.view(b, 1, t, -1), cos, sin)
+        k_nope, v = attn.kv_b_proj(norm(attn.kv_a_layernorm, c_kv)).view(b, t, h, -1).split(
+            [attn.qk_nope_head_dim, attn.v_head_dim], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
+        k = torch.cat([k_nope, k_rope.transpose(1, 2).expand(b, t, h, -1)], dim=-1)
+        indices = _dsa_selection(ds, attn, x, q_resid.detach(), position_embeddings)
+        out = get_block("dsa_sparse_attention").reference(q, k, v, indices, None, attn.scaling)
+        return attn.o_proj(out.reshape(b, t, -1))
+
+    return _compare("dsa_sparse_attention", "DeepseekV32Attention (eager, keys 12 / values 6 wide, top 5 of 12)",
+                    ours, lambda: attn(x, position_embeddings, mask)[0],
+                    [x, attn.kv_b_proj.weight, attn.q_b_proj.weight])
+
+
 def _router(config_cls, router_cls, seed: int, **config):
     g = torch.Generator().manual_seed(seed)
     cfg = config_cls(hidden_size=16, num_local_experts=16, num_experts_per_tok=4, **config)
@@ -399,7 +479,7 @@ def lora_linear() -> Comparison:
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, zero_centred_rmsnorm, swiglu, kda_short_conv, kda, gated_delta_rule, kda_gate, mla, mla_rope, attnres,
-    moe_router, moe_experts, lora_linear)
+    dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 
