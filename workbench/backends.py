@@ -7,8 +7,10 @@ Ascend), so that N devices run N verifications and each sees only its own (workb
 
 A target is a GPU architecture that every candidate is compiled for ahead of time, from any machine (Triton's
 ``GPUTarget``: no GPU and no driver needed), with the per-SM limits that turn what the compiler reports (registers,
-shared memory, warps) into an occupancy. New accelerators (triton-ascend, MUSA) are new entries here; blocks,
-templates and the agent never look at the hardware.
+shared memory, warps) into an occupancy, the instruction names that show a ``tl.dot`` reached the tensor cores, and
+the public peaks the cost model's roofline divides by. A target is one entry of ``TARGETS``: the compile worker,
+the cost model and the benchmarks read it from there. New accelerators (triton-ascend, MUSA) are new entries here;
+blocks, templates and the agent never look at the hardware.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ BACKENDS = {b.name: b for b in (INTERPRETER, CUDA)}
 
 
 @dataclass(frozen=True)
+class Peaks:
+    """One SKU's public peak figures (one GPU, dense, no sparsity): HBM bytes/s, bf16 tensor FLOP/s, fp32 vector
+    FLOP/s, SMs (CUs on AMD), and where each number comes from. ``device``: the SKU the figures are of (a target
+    architecture spans several: sm_90a is H100 and H200)."""
+
+    device: str
+    hbm_bytes_s: float
+    bf16_flops: float
+    fp32_flops: float
+    sms: int
+    source: str
+
+
+@dataclass(frozen=True)
 class Target:
     """A GPU architecture Triton compiles for. backend/arch/warp_size: Triton's ``GPUTarget``. Per SM (per CU on
     AMD): registers (32-bit, the whole register file), shared memory (bytes, LDS on AMD), the most resident CTAs
@@ -68,6 +84,7 @@ class Target:
     max_warps_per_sm: int
     tensor_core_ops: tuple[str, ...]
     source: str
+    peaks: Peaks
 
     def occupancy(self, registers: int | None, shared_bytes: int, num_warps: int) -> int:
         """Resident CTAs per SM for a kernel using ``registers`` per thread, ``shared_bytes`` of shared memory and
@@ -88,19 +105,34 @@ class Target:
         return max(0, min(limits))
 
 
-_NV_MMA = ("mma.sync", "wgmma", "tcgen05.mma")
+_NV_MMA = ("mma.sync", "wgmma.mma_async", "tcgen05.mma")
 _AMD_MMA = ("v_mfma", "v_wmma")
 TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("sm_80", "A100", "cuda", 80, 32, 65536, 167936, 32, 64, _NV_MMA,
-           "NVIDIA A100 Tensor Core GPU Architecture whitepaper; CUDA C++ Programming Guide, compute capability 8.0"),
+           "NVIDIA A100 Tensor Core GPU Architecture whitepaper; CUDA C++ Programming Guide, compute capability 8.0",
+           Peaks("A100 SXM 80GB", 2.039e12, 312e12, 19.5e12, 108,
+                 "NVIDIA A100 Tensor Core GPU data sheet (2.039 TB/s HBM2e, BF16 312 TFLOPS, FP32 19.5); "
+                 "A100 architecture whitepaper (108 SMs)")),
     Target("sm_90a", "H100/H200", "cuda", 90, 32, 65536, 233472, 32, 64, _NV_MMA,
-           "NVIDIA H100 Tensor Core GPU Architecture whitepaper; Hopper Tuning Guide (228 KB shared per SM)"),
+           "NVIDIA H100 Tensor Core GPU Architecture whitepaper; Hopper Tuning Guide (228 KB shared per SM)",
+           Peaks("H200 SXM", 4.8e12, 989e12, 67e12, 132,
+                 "NVIDIA H200 Tensor Core GPU data sheet (4.8 TB/s HBM3e, BF16 989 TFLOPS dense, TF32 494, "
+                 "FP32 67); H100 whitepaper (132 SMs)")),
     Target("sm_100a", "B200", "cuda", 100, 32, 65536, 233472, 32, 64, _NV_MMA,
-           "CUDA C++ Programming Guide, compute capability 10.0; Blackwell Tuning Guide"),
+           "CUDA C++ Programming Guide, compute capability 10.0; Blackwell Tuning Guide",
+           Peaks("B200", 8.0e12, 2250e12, 80e12, 148,
+                 "NVIDIA DGX B200 / HGX B200 data sheet, per GPU (8 TB/s HBM3e, BF16 2.25 PFLOPS dense, "
+                 "FP32 80 TFLOPS); Blackwell architecture brief (148 SMs)")),
     Target("gfx942", "MI300X", "hip", "gfx942", 64, 4 * 512 * 64, 65536, 32, 32, _AMD_MMA,
-           "AMD CDNA 3 ISA reference; AMD Instinct MI300X data sheet (64 KB LDS per CU)"),
+           "AMD CDNA 3 ISA reference; AMD Instinct MI300X data sheet (64 KB LDS per CU)",
+           Peaks("MI300X", 5.3e12, 1307.4e12, 163.4e12, 304,
+                 "AMD Instinct MI300X data sheet (5.3 TB/s HBM3, BF16 1307.4 TFLOPS dense, TF32 653.7, "
+                 "FP32 vector 163.4, 304 CUs)")),
     Target("gfx950", "MI355X", "hip", "gfx950", 64, 4 * 512 * 64, 163840, 32, 32, _AMD_MMA,
-           "AMD CDNA 4 ISA reference; AMD Instinct MI355X data sheet (160 KB LDS per CU)"),
+           "AMD CDNA 4 ISA reference; AMD Instinct MI355X data sheet (160 KB LDS per CU)",
+           Peaks("MI355X", 8.0e12, 2516.6e12, 157.3e12, 256,
+                 "AMD Instinct MI355X data sheet (8 TB/s HBM3E, BF16 2.5 PFLOPS dense, FP32 vector 157.3 "
+                 "TFLOPS, 256 CUs)")),
 )}
 DEFAULT_TARGETS = ("sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950")
 
@@ -113,6 +145,13 @@ def get_targets(names: list[str] | tuple[str, ...] | None = None) -> list[Target
     if unknown:
         raise WorkbenchError(f"unknown target '{unknown[0]}' (known: {', '.join(TARGETS)})")
     return [TARGETS[n] for n in dict.fromkeys(names)]
+
+
+def cuda_target_name(major: int, minor: int) -> str:
+    """The target name of a CUDA compute capability: sm_80, and the arch-specific sm_90a / sm_100a from 9.0 on
+    (the instructions the workbench's kernels may use there: wgmma, tcgen05)."""
+    arch = major * 10 + minor
+    return f"sm_{arch}{'a' if arch >= 90 else ''}"
 
 
 def cuda_available() -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.agent.rank import rank_passing
-from workbench.backends import DEFAULT_TARGETS
+from workbench.backends import DEFAULT_TARGETS, TARGETS
 from workbench.blocks import REGISTRY
 from workbench.models import model_shapes
 from workbench.perf import cost
@@ -19,9 +19,9 @@ def _build(kernel="k_fwd_kernel", target="sm_90a", **over) -> dict:
 
 def test_every_block_and_every_default_target_has_figures_with_their_source():
     assert set(cost.WORK) == set(REGISTRY)
-    assert set(DEFAULT_TARGETS) <= set(cost.PEAKS)
-    assert all(p.source for p in cost.PEAKS.values())
-    h200 = cost.PEAKS["sm_90a"]
+    assert all(t.peaks.source for t in TARGETS.values())  # every target, the defaults among them, has its peaks
+    assert set(DEFAULT_TARGETS) <= set(TARGETS)
+    h200 = TARGETS["sm_90a"].peaks
     assert (h200.hbm_bytes_s, h200.bf16_flops, h200.sms) == (4.8e12, 989e12, 132)
 
 
@@ -44,7 +44,7 @@ def test_matrix_blocks_count_two_flops_per_multiply_add():
 
 
 def test_the_floor_is_the_slower_roof():
-    peaks = cost.PEAKS["sm_90a"]
+    peaks = TARGETS["sm_90a"].peaks
     assert cost.floor_s(cost.Work(bytes=4.8e12), peaks) == pytest.approx(1.0)
     assert cost.floor_s(cost.Work(bytes=1.0, tensor_flops=989e12), peaks) == pytest.approx(1.0)
     assert cost.floor_s(cost.Work(bytes=1.0, tensor_flops=67e12), peaks, tensor_cores=False) == pytest.approx(1.0)

@@ -32,7 +32,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from workbench.blocks.base import Shape
+from workbench.blocks.base import BF16, I64, Peer, Shape, Work
 from workbench.numerics import compute_dtype
 
 IGNORE_INDEX = -100
@@ -126,3 +126,35 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     """Two shapes drawn at verification time: every dim independently between 1 (2 for V) and its largest size in
     the suites, so that tiny vocabularies and single tokens come up along with odd multi-tile sizes."""
     return [{"N": rng.randint(1, 133), "V": rng.randint(2, 381), "D": rng.randint(1, 77)} for _ in range(2)]
+
+
+def linear_ce_work(s: Shape) -> tuple[Work, Work]:
+    """H [N, D], W [V, D], labels -> a scalar loss; the logits are never written."""
+    n, v, d = s["N"], s["V"], s["D"]
+    fwd = Work(BF16 * (n * d + v * d) + I64 * n, 2 * n * v * d)
+    return fwd, Work(BF16 * 2 * (n * d + v * d) + I64 * n, 4 * n * v * d)
+
+
+def linear_ce_abstract_outputs(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_index: int, reduction: str
+                               ) -> torch.Tensor:
+    """The loss: 0-dim in the compute dtype (the reference divides by a count of the targets, a data-dependent
+    value): the library op's fake implementation."""
+    return h.new_empty((), dtype=compute_dtype(h))
+
+
+def liger_linear_ce(h, W, y, ignore_index, reduction):
+    """Liger-Kernel's fused linear cross-entropy, with the reference's signature."""
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+
+    return LigerFusedLinearCrossEntropyFunction.apply(h, W, y, None, None, ignore_index, 0.0, 0.0, reduction)[0]
+
+
+def cce_linear_ce(h, W, y, ignore_index, reduction):
+    """Cut Cross-Entropy's linear_cross_entropy, with the reference's signature."""
+    from cut_cross_entropy import linear_cross_entropy
+
+    return linear_cross_entropy(h, W, y, ignore_index=ignore_index, reduction=reduction)
+
+
+LINEAR_CE_PEERS = (Peer("liger", "liger_kernel", liger_linear_ce),
+                   Peer("cut-cross-entropy", "cut_cross_entropy", cce_linear_ce))

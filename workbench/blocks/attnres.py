@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -93,6 +93,14 @@ SHAPES = {
 }
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Sources [L, N, D] -> h [N, D], p [N, L]: a softmax over L of the sources' scores, their mix."""
+    lnd, nd, nl = s["L"] * s["N"] * s["D"], s["N"] * s["D"], s["N"] * s["L"]
+    return Work(BF16 * (lnd + nd + nl), vector_flops=4 * lnd), \
+        Work(BF16 * (2 * lnd + nd + nl), vector_flops=8 * lnd)
+
 SPEC = BlockSpec(
     name="attnres",
     family="residual",
@@ -103,4 +111,5 @@ SPEC = BlockSpec(
     grad_inputs=("sources", "query", "key_weight", "out_weight"),
     outputs=("h", "p"),
     shapes=SHAPES,
+    work=work,
 )

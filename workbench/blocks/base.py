@@ -24,6 +24,36 @@ SUITES = ("smoke", "edge", "model")
 """smoke: tiny, for the interpreter; edge: odd sizes and degenerate cases; model: the model card's sizes (GPU)."""
 
 
+BF16, F32, I64 = 2, 4, 8
+"""Bytes per element, for the cost model's work: bf16 tensors, float32 gates, states and scores, int64 indices."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one pass of a block must do at one shape (workbench.perf.cost): bytes, the compulsory HBM traffic (each
+    input read once, each output written once); tensor_flops, matrix products at 2 per multiply-add; vector_flops,
+    elementwise work large enough to matter against a target's vector peak."""
+
+    bytes: float
+    tensor_flops: float = 0.0
+    vector_flops: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.bytes + other.bytes, self.tensor_flops + other.tensor_flops,
+                    self.vector_flops + other.vector_flops)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A published implementation of a block that the benchmarks time beside its operator (workbench.perf.bench):
+    its name, the package that must be installed, and ``run`` with the reference's signature (it imports the
+    package when called)."""
+
+    name: str
+    package: str
+    run: Callable[..., Any]
+
+
 def shape_label(shape: Shape) -> str:
     """``{"rows": 3, "N": 4097}`` -> ``"rows=3,N=4097"``."""
     return key_values(shape, ",")
@@ -53,6 +83,13 @@ class BlockSpec:
     abstract_inputs(shape, dtype) -> dict: the inputs as meta tensors (shapes and dtypes, no data), for capturing a
         candidate's kernel launches at sizes too large to materialise (the model suite); default: ``make_inputs``
         on the meta device, which serves every block whose input factory has no data-dependent step.
+    abstract_outputs(*inputs) -> outputs: empty outputs of the right shapes and dtypes from (fake) inputs, for the
+        library op's fake implementation (workbench.kernels) where the reference cannot run on fake tensors (a
+        data-dependent size or value); default: the reference itself.
+    work(shape) -> (forward, backward) Work: what each pass must move and compute at ``shape``, written from the
+        math above (workbench.perf.cost models times from it).
+    peers: published implementations the benchmarks time beside the operator (Liger-Kernel, fla, CCE).
+    not_compiled: why the benchmarks do not time ``torch.compile`` of the reference ("" when they do).
     """
 
     name: str
@@ -69,6 +106,10 @@ class BlockSpec:
     hidden_shapes: Callable[[random.Random], list[Shape]] | None = None
     training_reference: Callable[..., Any] | None = None
     abstract_inputs: Callable[[Shape, torch.dtype], dict[str, Any]] | None = None
+    abstract_outputs: Callable[..., Any] | None = None
+    work: Callable[[Shape], tuple[Work, Work]] | None = None
+    peers: tuple[Peer, ...] = ()
+    not_compiled: str = ""
 
     def meta_inputs(self, shape: Shape, dtype: torch.dtype) -> dict[str, Any]:
         """Every argument of ``reference`` at ``shape``, tensors on the meta device (see ``abstract_inputs``)."""

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 import torch
 
 from workbench.blocks._dsa import causal_mask, causal_topk, selection_counts
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, F32, I64, BlockSpec, Shape, Work
 from workbench.numerics import Tolerance, compute_dtype, contract_problem
 
 MIN_OVERLAP = 0.99
@@ -198,6 +198,15 @@ def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: tor
     return {**figures, "passed": True}
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Q_idx [B, T, HI, DI], k_idx [B, T, DI], w [B, T, HI] -> scores [B, T, T] f32, top-k int64."""
+    b, t, hi, di = s["B"], s["T"], s["HI"], s["DI"]
+    inputs = BF16 * (b * t * hi * di + b * t * di + b * t * hi)
+    fwd = Work(inputs + F32 * b * t * t + I64 * b * t * s["topk"], 2 * b * t * t * hi * di)
+    return fwd, Work(F32 * b * t * t + inputs * 2, 4 * b * t * t * hi * di)
+
 SPEC = BlockSpec(
     name="dsa_indexer",
     family="attention",
@@ -209,4 +218,5 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     comparators={"forward:indices": compare_indices},
     hidden_shapes=hidden_shapes,
+    work=work,
 )

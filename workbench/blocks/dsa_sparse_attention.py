@@ -29,7 +29,7 @@ import random
 import torch
 
 from workbench.blocks._dsa import causal_topk
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, I64, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -120,6 +120,17 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     return shapes
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Each query attends to its topk selected keys (keys D wide, values DV)."""
+    b, t, h, hkv, d, k = s["B"], s["T"], s["H"], s["HKV"], s["D"], s["topk"]
+    dv = s.get("DV", d)
+    inputs = BF16 * (b * t * h * (d + dv * s.get("gated", 0)) + b * t * hkv * (d + dv)) + I64 * b * t * k
+    outputs = BF16 * b * t * h * dv
+    flops = 2 * b * t * k * h * (d + dv)
+    return Work(inputs + outputs, flops), Work(2 * inputs + outputs, int(2.5 * flops))
+
 SPEC = BlockSpec(
     name="dsa_sparse_attention",
     family="attention",
@@ -130,4 +141,5 @@ SPEC = BlockSpec(
     outputs=("out",),
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
+    work=work,
 )

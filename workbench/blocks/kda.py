@@ -37,7 +37,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, F32, BlockSpec, Peer, Shape, Work
 from workbench.numerics import compute_dtype
 
 CHUNK = 64
@@ -190,6 +190,32 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     return shapes
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+KDA_CHUNK = 64  # the chunk length of the chunked form the FLOPs are counted for (fla's chunk_kda)
+
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Per token and value head, the chunked form with chunk C: the intra-chunk products k k^T and q k^T (2CK
+    each), w = T (k e^g) (2CK), u = T v and the chunk's attention output (2CV each), and the state passes
+    u - w S, q S, S + k^T u (2KV each). The backward does two products per forward product."""
+    tokens_heads = s["B"] * s["T"] * s["HV"]
+    k, v, c = s["K"], s["V"], KDA_CHUNK
+    flops = tokens_heads * (6 * k * v + 6 * c * k + 4 * c * v)
+    qk = 2 * s["B"] * s["T"] * s["H"] * k
+    vg = s["B"] * s["T"] * s["HV"] * (v + k + 1)
+    state = F32 * s["B"] * s["HV"] * k * v
+    inputs = BF16 * (qk + vg) + state * s.get("h0", 1)
+    outputs = BF16 * s["B"] * s["T"] * s["HV"] * v + state
+    return Work(inputs + outputs, flops), Work(2 * inputs + outputs, 2 * flops)
+
+
+def fla_chunk_kda(q, k, v, g, beta, scale, initial_state):
+    """fla's chunk_kda, with the reference's signature."""
+    from fla.ops.kda import chunk_kda
+
+    return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True)
+
 SPEC = BlockSpec(
     name="kda",
     family="linear_attention",
@@ -201,4 +227,7 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
     training_reference=chunked_reference,
+    work=work,
+    peers=(Peer("fla chunk_kda", "fla", fla_chunk_kda),),
+    not_compiled="its reference steps the recurrence token by token: dynamo would unroll every step",
 )

@@ -26,7 +26,7 @@ import random
 
 import torch
 
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, F32, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 LOWER_BOUND = -5.0  # Kimi K3's gate_lower_bound
@@ -80,6 +80,13 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
              "form": rng.choice(list(FORMS))} for _ in range(2)]
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """F [B, T, H, K] bf16 -> g float32."""
+    e = s["B"] * s["T"] * s["H"] * s["K"]
+    return Work((BF16 + F32) * e), Work((2 * BF16 + F32) * e)
+
 SPEC = BlockSpec(
     name="kda_gate",
     family="linear_attention",
@@ -91,4 +98,5 @@ SPEC = BlockSpec(
     outputs=("g",),
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
+    work=work,
 )

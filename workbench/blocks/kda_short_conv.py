@@ -22,7 +22,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -62,6 +62,14 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     return [{"B": rng.randint(1, 3), "T": rng.randint(2, 70), "D": rng.randint(2, 130), "W": 4} for _ in range(2)]
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """X [B, T, D], weight [D, W] -> y [B, T, D]."""
+    e, dw = s["B"] * s["T"] * s["D"], s["D"] * s["W"]
+    return Work(BF16 * (2 * e + dw), vector_flops=2 * e * s["W"]), \
+        Work(BF16 * (3 * e + 2 * dw), vector_flops=4 * e * s["W"])
+
 SPEC = BlockSpec(
     name="kda_short_conv",
     family="linear_attention",
@@ -72,4 +80,5 @@ SPEC = BlockSpec(
     outputs=("y",),
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
+    work=work,
 )

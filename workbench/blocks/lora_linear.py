@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -56,6 +56,17 @@ SHAPES = {
 }
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """X [N, IN], W [OUT, IN], A [r, IN], B [OUT, r] -> y = x W^T + scaling x A^T B^T."""
+    n, i, o, r = s["N"], s["IN"], s["OUT"], s["r"]
+    params = o * i + r * (i + o)
+    fwd = Work(BF16 * (n * i + params + n * o), 2 * n * o * i + 2 * n * r * (i + o))
+    # dx = dy W + (dy B) A, dA, dB: the frozen W gets no gradient
+    bwd = Work(BF16 * (n * o + n * i + params + n * i + r * (i + o)), 2 * n * o * i + 6 * n * r * (i + o))
+    return fwd, bwd
+
 SPEC = BlockSpec(
     name="lora_linear",
     family="linear",
@@ -65,4 +76,5 @@ SPEC = BlockSpec(
     grad_inputs=("x", "A", "B"),
     outputs=("y",),
     shapes=SHAPES,
+    work=work,
 )

@@ -31,7 +31,7 @@ import random
 import torch
 
 from workbench.blocks._dsa import causal_mask
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.blocks.rmsnorm import reference as rmsnorm
 from workbench.numerics import compute_dtype
 
@@ -144,6 +144,19 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
             for gated in (1, 0)]
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Causal attention from the kv latent: k_nope and v from c_kv by the per-head up-projections (2 T R (DN+DV)
+    per head), then attention over half the T^2 pairs of (DN+DR)-wide keys and DV-wide values."""
+    b, t, h, r = s["B"], s["T"], s["H"], s["R"]
+    dn, dr, dv = s["DN"], s["DR"], s["DV"]
+    up = 2 * b * t * h * r * (dn + dv)
+    attn = 2 * b * h * t * t // 2 * (dn + dr + dv)
+    inputs = BF16 * (b * t * h * (dn + dr) + b * t * (r + dr) + h * r * (dn + dv) + s.get("gated", 0) * b * t * h * dv)
+    outputs = BF16 * b * t * h * dv
+    return Work(inputs + outputs, up + attn), Work(2 * inputs + outputs, 2 * up + int(2.5 * attn))
+
 SPEC = BlockSpec(
     name="mla",
     family="attention",
@@ -155,4 +168,5 @@ SPEC = BlockSpec(
     outputs=("out",),
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
+    work=work,
 )

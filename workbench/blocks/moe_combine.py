@@ -27,7 +27,7 @@ from workbench.blocks._moe import (
     routed_rows_hidden_shapes,
     routing_ids,
 )
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, F32, I64, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 ROUTE_SCALE = 2.827
@@ -65,6 +65,14 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     return {"y": y.to(device, dtype), "weights": weights.to(device), "row_of_slot": row_of_slot.to(device)}
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Y [N k, D], weights [N, k] -> out [N, D]."""
+    nk = s["N"] * s["k"]
+    return Work(BF16 * (nk * s["D"] + s["N"] * s["D"]) + (F32 + I64) * nk, vector_flops=2 * nk * s["D"]), \
+        Work(BF16 * (s["N"] * s["D"] + 2 * nk * s["D"]) + (2 * F32 + I64) * nk, vector_flops=4 * nk * s["D"])
+
 SPEC = BlockSpec(
     name="moe_combine",
     family="moe",
@@ -77,4 +85,5 @@ SPEC = BlockSpec(
     shapes=ROUTED_ROWS_SUITES,
     comparators={"grad:weights": compare_float32_quantity},
     hidden_shapes=routed_rows_hidden_shapes,
+    work=work,
 )

@@ -33,7 +33,7 @@ import torch
 
 from workbench.blocks import situ
 from workbench.blocks._moe import draw_routing_shape, permutation, routing_ids
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 ACTIVATIONS = ("swiglu", "situ")
@@ -111,6 +111,20 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
             for s in (draw_routing_shape(rng, n_max=24, e_max=8) for _ in range(3))]
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Rows x [N k, D]; per expert w1, w3 [F, D], w2 [D, F]; the experts all routed to."""
+    rows, d, f, e = s["N"] * s["k"], s["D"], s["F"], s["E"]
+    weights = 3 * e * f * d
+    flops = 6 * rows * d * f
+    return Work(BF16 * (2 * rows * d + weights), flops), Work(BF16 * (3 * rows * d + 2 * weights), 2 * flops)
+
+
+def abstract_outputs(x, offsets, w1, w3, w2, activation, beta, linear_beta):
+    """y [M, D] in x's dtype (one row per row of x): the library op's fake implementation."""
+    return x.new_empty(x.shape[0], w2.shape[1])
+
 SPEC = BlockSpec(
     name="moe_grouped_gemm",
     family="moe",
@@ -122,4 +136,6 @@ SPEC = BlockSpec(
     outputs=("y",),
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
+    work=work,
+    abstract_outputs=abstract_outputs,
 )

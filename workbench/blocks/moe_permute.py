@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from workbench.blocks._moe import ROUTED_ROWS_SUITES, compare_exact, permutation, routed_rows_hidden_shapes, routing_ids
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, I64, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -47,6 +47,23 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     return {"x": x.to(device, dtype), "expert_ids": ids.to(device), "num_experts": e}
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """X [N, D] -> x_perm [N k, D] and the index maps."""
+    nk = s["N"] * s["k"]
+    return Work(BF16 * (s["N"] * s["D"] + nk * s["D"]) + I64 * 3 * nk), \
+        Work(BF16 * (nk * s["D"] + s["N"] * s["D"]) + I64 * nk)
+
+
+def abstract_outputs(x, expert_ids, num_experts):
+    """x_perm [N*k, D] in x's dtype, token_of_row [N*k], row_of_slot [N, k], counts [E], offsets [E + 1] int64: the
+    library op's fake implementation (the reference's counts are data-dependent)."""
+    n, k = expert_ids.shape
+    index = {"dtype": torch.int64}
+    return (x.new_empty(n * k, x.shape[1]), x.new_empty(n * k, **index), x.new_empty(n, k, **index),
+            x.new_empty(num_experts, **index), x.new_empty(num_experts + 1, **index))
+
 SPEC = BlockSpec(
     name="moe_permute",
     family="moe",
@@ -59,4 +76,6 @@ SPEC = BlockSpec(
     comparators={f"forward:{name}": compare_exact
                  for name in ("x_perm", "token_of_row", "row_of_slot", "counts", "offsets")},
     hidden_shapes=routed_rows_hidden_shapes,
+    work=work,
+    abstract_outputs=abstract_outputs,
 )

@@ -44,7 +44,7 @@ import random
 import torch
 
 from workbench.blocks._moe import compare_exact, compare_float32_quantity, compare_id_sets, draw_routing_shape
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, F32, I64, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 RENORM_EPS = 1e-20
@@ -258,6 +258,23 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     return out
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """X [N, D], weight [E, D] -> scores, top-k."""
+    n, d, e = s["N"], s["D"], s["E"]
+    fwd = Work(BF16 * (n * d + e * d) + (F32 + I64) * n * s["k"], 2 * n * d * e)
+    return fwd, Work(BF16 * (n * d + e * d) * 2 + F32 * n * e, 4 * n * d * e)
+
+
+def abstract_outputs(x, weight, bias, topk, score_func, norm_lambda, renormalize, route_scale, n_group=1,
+                     topk_group=1):
+    """weights [N, k] in the compute dtype, ids [N, k] int64, counts [E] int64: the library op's fake
+    implementation (the reference's selection is data-dependent)."""
+    n, e = x.shape[0], weight.shape[0]
+    return (x.new_empty(n, topk, dtype=compute_dtype(x)), x.new_empty(n, topk, dtype=torch.int64),
+            x.new_empty(e, dtype=torch.int64))
+
 SPEC = BlockSpec(
     name="moe_router",
     family="moe",
@@ -271,4 +288,6 @@ SPEC = BlockSpec(
     comparators={"forward:weights": compare_float32_quantity, "forward:ids": compare_id_sets,
                  "forward:counts": compare_exact},
     hidden_shapes=hidden_shapes,
+    work=work,
+    abstract_outputs=abstract_outputs,
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from workbench.blocks._rows import ROW_SUITES
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks.base import BF16, F32, BlockSpec, Peer, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -37,6 +37,19 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     return {"x": x.to(device, dtype), "weight": weight.to(device, dtype), "eps": 1e-6}
 
 
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def work(s: Shape) -> tuple[Work, Work]:
+    rows, n = s["rows"], s["N"]
+    return Work(BF16 * (2 * rows * n + n) + F32 * rows), Work(BF16 * (3 * rows * n + 2 * n) + F32 * rows)
+
+
+def liger_rmsnorm(x, weight, eps):
+    """Liger-Kernel's RMSNorm, with the reference's signature."""
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    return LigerRMSNormFunction.apply(x, weight, eps)
+
 SPEC = BlockSpec(
     name="rmsnorm",
     family="norm",
@@ -47,4 +60,6 @@ SPEC = BlockSpec(
     outputs=("y",),
     shapes=ROW_SUITES,
     host_ops=("aten.sum",),  # the weight gradient: a deterministic sum of per-program partials
+    work=work,
+    peers=(Peer("liger", "liger_kernel", liger_rmsnorm),),
 )

@@ -23,10 +23,13 @@ from __future__ import annotations
 import torch
 
 from workbench.blocks._linear_ce import (
+    LINEAR_CE_PEERS,
     REDUCTIONS,
     SUITES,
     abstract_inputs,
     hidden_shapes,
+    linear_ce_abstract_outputs,
+    linear_ce_work,
     loss_scale,
     make_inputs,
     reference,
@@ -116,4 +119,7 @@ SPEC = BlockSpec(
     outputs=("loss",),
     shapes=SUITES,
     hidden_shapes=hidden_shapes,
+    work=linear_ce_work,
+    abstract_outputs=linear_ce_abstract_outputs,
+    peers=LINEAR_CE_PEERS,
 )

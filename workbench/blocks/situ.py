@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._rows import ROW_SUITES
+from workbench.blocks._rows import ROW_SUITES, gated_activation_work
 from workbench.blocks.base import BlockSpec, Shape
 from workbench.numerics import compute_dtype
 
@@ -57,4 +57,5 @@ SPEC = BlockSpec(
     grad_inputs=("gate_up",),
     outputs=("y",),
     shapes=ROW_SUITES,
+    work=gated_activation_work,
 )

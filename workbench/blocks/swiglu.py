@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._rows import ROW_SUITES
-from workbench.blocks.base import BlockSpec, Shape
+from workbench.blocks._rows import ROW_SUITES, gated_activation_work
+from workbench.blocks.base import BlockSpec, Peer, Shape
 from workbench.numerics import compute_dtype
 
 
@@ -32,6 +32,12 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     return {"a": a.to(device, dtype), "b": b.to(device, dtype)}
 
 
+def liger_swiglu(a, b):
+    """Liger-Kernel's SiLU-mul, with the reference's signature."""
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+    return LigerSiLUMulFunction.apply(a, b)
+
 SPEC = BlockSpec(
     name="swiglu",
     family="activation",
@@ -41,4 +47,6 @@ SPEC = BlockSpec(
     grad_inputs=("a", "b"),
     outputs=("y",),
     shapes=ROW_SUITES,
+    work=gated_activation_work,
+    peers=(Peer("liger", "liger_kernel", liger_swiglu),),
 )

@@ -13,8 +13,9 @@ Each op takes exactly the arguments of the block's reference (workbench/blocks/<
 non-tensors (eps, scale, topk, reduction, ...) alike, and returns its outputs. Gradients come from the operator's own
 backward kernels: in eager mode on the autograd graph the forward kept (forward plus backward launch what the operator
 alone launches); under torch.compile through ``torch.ops.workbench.<block>_backward``, an opaque backward op that runs
-the operator's forward again first (workbench/kernels/_ops.py says why). Block modules: ``workbench.kernels.<block>``
-defines ``<block>`` (a BlockOp); ``OPS`` holds them all by block name.
+the operator's forward again first (workbench/kernels/_ops.py says why). ``workbench.kernels.<block>`` is the block's
+op (a BlockOp), one per block of the catalog (workbench.blocks.REGISTRY: adding a block adds its op); ``OPS`` holds
+them all by block name.
 
 Operators come from the operators folder: ``$WORKBENCH_OPERATORS``, else ``./operators`` (workbench.config), or the
 folder given to ``set_operators_dir(folder)``; each op takes the newest operator promoted for its block, imported at
@@ -25,30 +26,10 @@ There, an op whose kernels would run ``tl.dot`` on bfloat16 operands (which the 
 issue #11584) refuses with ``workbench.kernels._ops.InterpreterBFloat16Error``, one line: float32 or float16 on CPU.
 """
 
-from workbench.kernels._ops import BlockOp, operators_dir, set_operators_dir
-from workbench.kernels.attnres import attnres
-from workbench.kernels.dsa_indexer import dsa_indexer
-from workbench.kernels.dsa_sparse_attention import dsa_sparse_attention
-from workbench.kernels.kda import kda
-from workbench.kernels.kda_gate import kda_gate
-from workbench.kernels.kda_short_conv import kda_short_conv
+from workbench.kernels._ops import OPS, BlockOp, operators_dir, set_operators_dir
 from workbench.kernels.layers import LinearCrossEntropyLoss, RMSNorm, SiTUMLP, SwiGLUMLP
-from workbench.kernels.lora_linear import lora_linear
-from workbench.kernels.mla import mla
-from workbench.kernels.moe_combine import moe_combine
-from workbench.kernels.moe_grouped_gemm import moe_grouped_gemm
-from workbench.kernels.moe_permute import moe_permute
-from workbench.kernels.moe_router import moe_router
-from workbench.kernels.rmsnorm import rmsnorm
-from workbench.kernels.seq_chunked_ce import seq_chunked_ce
-from workbench.kernels.situ import situ
-from workbench.kernels.swiglu import swiglu
-from workbench.kernels.vocab_blockwise_ce import vocab_blockwise_ce
 
-OPS: dict[str, BlockOp] = {op.block: op for op in (
-    attnres, dsa_indexer, dsa_sparse_attention, kda, kda_gate, kda_short_conv, lora_linear, mla, moe_combine,
-    moe_grouped_gemm, moe_permute, moe_router, rmsnorm, seq_chunked_ce, situ, swiglu, vocab_blockwise_ce)}
-"""Every block's op by block name."""
+globals().update(OPS)  # workbench.kernels.<block>: the block's op
 
 __all__ = ["OPS", "BlockOp", "LinearCrossEntropyLoss", "RMSNorm", "SiTUMLP", "SwiGLUMLP", "operators_dir",
            "set_operators_dir", *OPS]

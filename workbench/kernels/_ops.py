@@ -63,10 +63,9 @@ import torch
 from torch._library.autograd import make_autograd_impl
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from workbench.blocks import get_block
+from workbench.blocks import REGISTRY, get_block
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
-from workbench.numerics import compute_dtype
 from workbench.operators import FORWARD_ONLY_SUFFIX, import_operator, newest_promoted
 
 NAMESPACE = "workbench"
@@ -204,15 +203,14 @@ def _fresh(outputs: Sequence[torch.Tensor], inputs: Sequence[Any]) -> list[torch
 
 class BlockOp:
     """A block's promoted operator as custom ops. Call it like the block's reference (same arguments, same outputs);
-    ``op`` is ``torch.ops.workbench.<block>``. fake(*args) -> outputs like the reference's, for blocks whose
-    reference cannot run on fake tensors (data-dependent sizes or values)."""
+    ``op`` is ``torch.ops.workbench.<block>``. Its fake implementation is the block's ``abstract_outputs`` where the
+    reference cannot run on fake tensors (data-dependent sizes or values), else the reference."""
 
-    def __init__(self, block: str, fake: Callable[..., Any] | None = None, forward_only: bool = False):
+    def __init__(self, block: str, forward_only: bool = False):
         self.spec = get_block(block)
         self.block = block
         self.key = block + (FORWARD_ONLY_SUFFIX if forward_only else "")
         self.name = block + ("_forward_only" if forward_only else "")
-        self._fake_rule = fake
         self._forward_only_op: BlockOp | None = None
         params = inspect.signature(self.spec.reference).parameters
         self.arg_names = tuple(params)
@@ -269,7 +267,7 @@ class BlockOp:
         """``workbench::<block>_forward_only``: the block's forward-only (decode) operator, no autograd; registered
         at first use."""
         if self._forward_only_op is None:
-            self._forward_only_op = BlockOp(self.block, self._fake_rule, forward_only=True)
+            self._forward_only_op = BlockOp(self.block, forward_only=True)
         return self._forward_only_op
 
     # --- implementations -------------------------------------------------------------------------------------
@@ -357,7 +355,7 @@ class BlockOp:
         return outputs
 
     def _fake(self, *args: Any) -> Any:
-        reference = self._fake_rule or self.spec.reference
+        reference = self.spec.abstract_outputs or self.spec.reference
         with torch.no_grad():
             outputs = [o.new_empty(o.shape) for o in _as_tuple(reference(*args))]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
@@ -429,8 +427,5 @@ class BlockOp:
                 and all(o._version == v for o, v in zip(graph, versions, strict=True)))
 
 
-def linear_ce_fake(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_index: int, reduction: str
-                   ) -> torch.Tensor:
-    """The linear cross-entropy blocks' loss: 0-dim in the compute dtype (their reference divides by a count of the
-    targets, a data-dependent value)."""
-    return h.new_empty((), dtype=compute_dtype(h))
+OPS: dict[str, BlockOp] = {block: BlockOp(block) for block in REGISTRY}
+"""Every block's op by block name: one per block of the catalog (adding a block adds its op)."""

@@ -18,11 +18,10 @@ from torch import nn
 
 from workbench.blocks._linear_ce import IGNORE_INDEX, REDUCTIONS
 from workbench.blocks.situ import BETA, LINEAR_BETA
-from workbench.kernels.rmsnorm import rmsnorm
-from workbench.kernels.seq_chunked_ce import seq_chunked_ce
-from workbench.kernels.situ import situ
-from workbench.kernels.swiglu import swiglu
-from workbench.kernels.vocab_blockwise_ce import vocab_blockwise_ce
+from workbench.kernels._ops import OPS
+
+rmsnorm, seq_chunked_ce, situ, swiglu, vocab_blockwise_ce = (
+    OPS[b] for b in ("rmsnorm", "seq_chunked_ce", "situ", "swiglu", "vocab_blockwise_ce"))
 
 LOSS_OPS = {"vocab_blockwise_ce": vocab_blockwise_ce, "seq_chunked_ce": seq_chunked_ce}
 

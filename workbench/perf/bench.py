@@ -3,7 +3,7 @@
 Modelled (no GPU needed): per shape and target, the cost model's roofline floor and the operator's time with the
 penalties its compiled kernels earn there (workbench.perf.cost; every figure labelled "modelled").
 Measured (CUDA): forward and forward+backward through workbench.perf.timing's protocol, for the operator, the
-eager reference, ``torch.compile`` of the reference and each installed peer (``PEERS``); achieved bytes/s and
+eager reference, ``torch.compile`` of the reference and each installed peer (``BlockSpec.peers``); achieved bytes/s and
 FLOP/s from the cost model's work, the fraction of the device's roofline, and peak memory."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from workbench.backends import TARGETS, cuda_target_name
+from workbench.blocks import get_block
 from workbench.blocks.base import BlockSpec, shape_label
 from workbench.operators import import_operator
 from workbench.perf import cost
@@ -61,61 +63,14 @@ def modelled_rows(block: str, shapes: list[dict], targets: list[str], builds: li
 
 # --- measured, on a GPU --------------------------------------------------------------------------------------
 
-def _liger_rmsnorm(x, weight, eps):
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-
-    return LigerRMSNormFunction.apply(x, weight, eps)
-
-
-def _liger_swiglu(a, b):
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-
-    return LigerSiLUMulFunction.apply(a, b)
-
-
-def _fla_chunk_kda(q, k, v, g, beta, scale, initial_state):
-    from fla.ops.kda import chunk_kda
-
-    return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True)
-
-
-def _liger_linear_ce(h, W, y, ignore_index, reduction):
-    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
-
-    return LigerFusedLinearCrossEntropyFunction.apply(h, W, y, None, None, ignore_index, 0.0, 0.0, reduction)[0]
-
-
-def _cce_linear_ce(h, W, y, ignore_index, reduction):
-    from cut_cross_entropy import linear_cross_entropy
-
-    return linear_cross_entropy(h, W, y, ignore_index=ignore_index, reduction=reduction)
-
-
-# peers per block: (name, the package that must be installed, a function with the block's signature)
-PEERS: dict[str, list[tuple[str, str, Callable]]] = {
-    "rmsnorm": [("liger", "liger_kernel", _liger_rmsnorm)],
-    "swiglu": [("liger", "liger_kernel", _liger_swiglu)],
-    "kda": [("fla chunk_kda", "fla", _fla_chunk_kda)],
-    "seq_chunked_ce": [("liger", "liger_kernel", _liger_linear_ce), ("cut-cross-entropy", "cut_cross_entropy",
-                                                                       _cce_linear_ce)],
-    "vocab_blockwise_ce": [("liger", "liger_kernel", _liger_linear_ce), ("cut-cross-entropy", "cut_cross_entropy",
-                                                                           _cce_linear_ce)],
-}
-
-
-# references torch.compile is not run on, and why
-NOT_COMPILED = {"kda": "its reference steps the recurrence token by token: dynamo would unroll every step"}
-
-
 def installed_peers(block: str) -> list[tuple[str, Callable]]:
-    return [(name, fn) for name, package, fn in PEERS.get(block, []) if importlib.util.find_spec(package)]
+    """The block's peers (``BlockSpec.peers``) whose package is installed: (name, run)."""
+    return [(peer.name, peer.run) for peer in get_block(block).peers if importlib.util.find_spec(peer.package)]
 
 
 def device_target(device: torch.device) -> str:
-    """The cost model's key for the GPU torch sees (sm_90a for an H200)."""
-    major, minor = torch.cuda.get_device_capability(device)
-    arch = major * 10 + minor
-    return f"sm_{arch}{'a' if arch >= 90 else ''}"
+    """The target name of the GPU torch sees (sm_90a for an H200)."""
+    return cuda_target_name(*torch.cuda.get_device_capability(device))
 
 
 def _checker(spec: BlockSpec, inputs: dict) -> Callable[[object, dict], None]:
@@ -149,9 +104,9 @@ def measured_rows(spec: BlockSpec, module, shapes: list[dict], *, trials: int = 
     device = torch.device(device)
     clock = clock or CudaClock(device)
     target = device_target(device) if device.type == "cuda" else device.type
-    peaks = cost.PEAKS.get(target)
+    peaks = TARGETS[target].peaks if target in TARGETS else None
     every = [("operator", module.run), ("eager", spec.reference)]
-    if spec.name not in NOT_COMPILED:
+    if not spec.not_compiled:
         every.append(("compile", torch.compile(spec.reference)))
     every += installed_peers(spec.name)
     chosen = [(name, fn) for name, fn in every if subjects is None or name in subjects]

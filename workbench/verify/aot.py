@@ -259,4 +259,5 @@ def _refusals(records: list[dict], token: str) -> list[tuple[str, str]]:
 
 
 def _target_json(target: Target) -> dict:
-    return {"name": target.name, "backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
+    return {"name": target.name, "backend": target.backend, "arch": target.arch, "warp_size": target.warp_size,
+            "tensor_core_ops": list(target.tensor_core_ops)}

@@ -78,11 +78,12 @@ def constexpr_value(value):
     return value
 
 
-def resource_usage(compiled, backend: str, cuobjdump: str) -> dict:
-    """registers, spilled_bytes (stack or scratch bytes per thread), tensor_cores, uses_dot of a compiled kernel."""
+def resource_usage(compiled, target: dict, cuobjdump: str) -> dict:
+    """registers, spilled_bytes (stack or scratch bytes per thread), tensor_cores (one of the target's
+    ``tensor_core_ops`` in the PTX / AMDGCN), uses_dot of a compiled kernel."""
     asm = compiled.asm
     usage = {"uses_dot": " tt.dot " in asm.get("ttir", "") or "tt.dot_scaled" in asm.get("ttir", "")}
-    if backend == "cuda":
+    if target["backend"] == "cuda":
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(asm["cubin"])
             cubin.flush()
@@ -90,14 +91,13 @@ def resource_usage(compiled, backend: str, cuobjdump: str) -> dict:
                                   timeout=60).stdout
         match = CUDA_USAGE.search(dump)
         usage["registers"], usage["spilled_bytes"] = (int(match[1]), int(match[2])) if match else (None, None)
-        ptx = asm.get("ptx", "")
-        usage["tensor_cores"] = any(op in ptx for op in ("mma.sync", "wgmma.mma_async", "tcgen05.mma"))
+        code = asm.get("ptx", "")
     else:
         fields = {name: int(value) for name, value in AMD_FIELDS.findall(asm.get("amdgcn", ""))}
         usage["registers"] = fields.get("vgpr_count") or None  # on gfx90a and later it counts the AGPRs too
         usage["spilled_bytes"] = fields.get("private_segment_fixed_size", 0)
-        amdgcn = asm.get("amdgcn", "")
-        usage["tensor_cores"] = "v_mfma" in amdgcn or "v_wmma" in amdgcn
+        code = asm.get("amdgcn", "")
+    usage["tensor_cores"] = any(op in code for op in target["tensor_core_ops"])
     return usage
 
 
@@ -115,7 +115,7 @@ def compile_item(item: dict, candidate_module, cuobjdump: str) -> dict:
                               options=options)
     return {"ok": True, "error": "", "shared_bytes": int(compiled.metadata.shared),
             "num_warps": int(compiled.metadata.num_warps), "num_stages": int(compiled.metadata.num_stages),
-            **resource_usage(compiled, target["backend"], cuobjdump)}
+            **resource_usage(compiled, target, cuobjdump)}
 
 
 def first_line(exc: BaseException) -> str:
