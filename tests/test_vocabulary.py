@@ -63,16 +63,10 @@ def test_every_tone_has_a_colour_in_the_cli_and_on_the_dashboard():
     assert board.badge("something new") == ":violet-badge[something new]"
 
 
-def _string_args(path: Path, function: str) -> set[str]:
-    """The string literals passed first to calls of ``function`` in a module's source."""
-    tree = ast.parse(path.read_text())
-    return {node.args[0].value for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == function and node.args
-            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
-
-
 def test_the_integrity_checks_report_integrity_verdicts():
-    named = _string_args(PACKAGE / "verify" / "integrity.py", "_check")
+    from workbench.verify.integrity import CHECKS
+
+    named = {verdict for verdict, _ in CHECKS}
     assert named and named <= set(INTEGRITY_VERDICTS), named - set(INTEGRITY_VERDICTS)
 
 
@@ -82,3 +76,11 @@ def test_the_workers_failure_kinds_are_verdicts():
              for i, key in enumerate(node.keys)
              if isinstance(key, ast.Constant) and key.value == "kind" and isinstance(node.values[i], ast.Constant)}
     assert kinds and kinds <= set(Verdict), kinds - set(Verdict)
+
+
+def test_the_integrity_registry_ranks_the_verdicts_as_the_vocabulary_lists_them():
+    """One function per verdict in one ordered table: its order is the priority, and every word is in it."""
+    from workbench.verify.integrity import CHECKS, PRIORITY
+
+    assert PRIORITY == INTEGRITY_VERDICTS
+    assert len({verdict for verdict, _ in CHECKS}) == len(CHECKS) and all(callable(check) for _, check in CHECKS)

@@ -28,7 +28,7 @@ from workbench.store import CIJob, get_engine, records, session_scope
 from workbench.store.models import utcnow
 from workbench.verify.harness import default_target_names
 from workbench.verify.result import VerificationResult
-from workbench.vocabulary import SANDBOX_VERDICTS, JobStatus, ReplayStatus, Verdict
+from workbench.vocabulary import SANDBOX_VERDICTS, JobStatus, ParityStatus, ReplayStatus, Verdict
 
 BASELINE_FILE = "ci_baseline.json"
 CI_SEED = 20261129  # fixed inputs in CI, so that figures compare across commits
@@ -200,7 +200,8 @@ def run_ci(settings: Settings, *, changed_only: bool = False, seeds: int = 1, ti
             on_parity(result)
     failed = [r for rep in reports for r in rep.regressions]
     failed += [f"replay {r.name}: {r.status}: {r.reason}" for r in replay_reports if r.status != ReplayStatus.PASS]
-    failed += [f"parity {p['source']}: {p['status']}: {p['message']}" for p in parities if p["status"] != "pass"]
+    failed += [f"parity {p['source']}: {p['status']}: {p['message']}" for p in parities
+               if p["status"] != ParityStatus.PASS]
     summary = {"operators": {r.block: r.baseline_entry() for r in reports},
                "replays": [vars(r) for r in replay_reports],
                "parity": [{k: p[k] for k in ("id", "source", "status", "message", "seconds")} for p in parities],
@@ -220,7 +221,7 @@ def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: 
     """One testsuite, one testcase per operator x check, per replay and per parity run, failures with the reason."""
     cases = [(r, key, passed) for r in reports for key, passed in sorted(r.checks.items())]
     failures = sum(not p for _, _, p in cases) + sum(r.status != ReplayStatus.PASS for r in replays) + \
-        sum(p["status"] != "pass" for p in parities)
+        sum(p["status"] != ParityStatus.PASS for p in parities)
     seconds = sum(r.seconds for r in reports) + sum(r.seconds for r in replays) + sum(p["seconds"] for p in parities)
     suite = ET.Element("testsuite", name="workbench-ci", tests=str(len(cases) + len(replays) + len(parities)),
                        failures=str(failures), time=str(seconds))
@@ -237,7 +238,7 @@ def write_junit(path: Path, job: CIJob, reports: list[OperatorReport], replays: 
     for parity in parities:
         case = ET.SubElement(suite, "testcase", classname="parity", name=parity["source"],
                              time=str(round(parity["seconds"], 1)))
-        if parity["status"] != "pass":
+        if parity["status"] != ParityStatus.PASS:
             ET.SubElement(case, "failure", message=f"{parity['status']}: {parity['message']}"[:500])
     ET.SubElement(suite, "properties").append(ET.Element("property", name="commit", value=job.commit))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
-from workbench.vocabulary import BlockStatus, ReplayStatus, RunStatus, Tone, Verdict, key_values, tone
+from workbench.vocabulary import BlockStatus, ParityStatus, ReplayStatus, RunStatus, Tone, Verdict, key_values, tone
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Port a model's architecture blocks to Triton kernels, verify them, track the port.")
@@ -875,7 +875,7 @@ def parity(
         _emit_json({"id": parity_id, **result.as_dict()})
     else:
         print_parity(result)
-    raise typer.Exit(0 if result.status == "pass" else 1)
+    raise typer.Exit(0 if result.status == ParityStatus.PASS else 1)
 
 
 def print_parity(result) -> None:

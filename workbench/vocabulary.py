@@ -56,8 +56,15 @@ class Verdict(StrEnum):
 
 ERROR_VERDICTS = (Verdict.COMPILE_ERROR, Verdict.RUNTIME_ERROR, Verdict.TIMEOUT, Verdict.CRASHED, Verdict.OOM,
                   Verdict.TARGET_COMPILE_ERROR, Verdict.INTERPRETER_UNSUPPORTED)
-_ALL = list(Verdict)
-INTEGRITY_VERDICTS = tuple(_ALL[_ALL.index(Verdict.INSTRUMENTATION_ACCESS):_ALL.index(Verdict.OVERFIT_SHAPES) + 1])
+INTEGRITY_VERDICTS = (
+    Verdict.INSTRUMENTATION_ACCESS, Verdict.FORGED_REPORT, Verdict.FORBIDDEN_IMPORT, Verdict.INTROSPECTION,
+    Verdict.FORBIDDEN_CALL, Verdict.MONKEYPATCH, Verdict.TORCH_FALLBACK, Verdict.NO_KERNEL, Verdict.TENSOR_SUBCLASS,
+    Verdict.ALIASING, Verdict.INPUT_MUTATION, Verdict.UNWRITTEN_OUTPUT, Verdict.CACHED_RESULT,
+    Verdict.CONSTANT_OUTPUT, Verdict.NONDETERMINISTIC, Verdict.CAPTURE_DIVERGENCE, Verdict.OVERFIT_SHAPES)
+"""The integrity verdicts in priority order: workbench.verify.integrity.PRIORITY (its table of checks) names them so,
+and a test holds the two equal."""
+RUN_VERDICTS = (Verdict.COMPILE_ERROR, Verdict.OOM, Verdict.INTERPRETER_UNSUPPORTED, Verdict.RUNTIME_ERROR)
+"""What a trial that raised concluded, in priority order (the first found among a candidate's trials speaks)."""
 # The candidate's process did not finish its job: the sandbox's own verdicts.
 SANDBOX_VERDICTS = (Verdict.COMPILE_ERROR, Verdict.TIMEOUT, Verdict.CRASHED, Verdict.OOM)
 # Verdicts whose checks say where the numbers went wrong: the diagnosis reads them.

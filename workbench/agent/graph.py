@@ -61,7 +61,7 @@ from workbench.store.models import utcnow
 from workbench.templating import Template, candidate_filename, format_point
 from workbench.verify.contract import contract_problem
 from workbench.verify.harness import source_hash, suite_shapes
-from workbench.vocabulary import NUMERIC_VERDICTS, RunStatus, Verdict
+from workbench.vocabulary import NUMERIC_VERDICTS, ReplayStatus, RunStatus, Verdict
 
 NODES_PER_ITERATION = 5  # render, contract, verify, diagnose, revise
 
@@ -176,8 +176,8 @@ def contract_candidate(ctx: PortContext, run_id: str, current: Attempt) -> Attem
     problem = contract_problem(Path(current["path"]).read_text(), current["path"], ctx.spec.name,
                                ctx.spec.arg_names)
     if problem:
-        current.update(verdict="compile_error", message=problem)
-        records.set_candidate_status(ctx.engine, current["candidate_id"], "compile_error", problem)
+        current.update(verdict=Verdict.COMPILE_ERROR, message=problem)
+        records.set_candidate_status(ctx.engine, current["candidate_id"], Verdict.COMPILE_ERROR, problem)
         ctx.emit(run_id, "contract", f"compile_error: {problem}")
     else:
         ctx.emit(run_id, "contract",
@@ -303,7 +303,7 @@ def explored(state: PortState, runtime: Runtime[PortContext]) -> dict:
 def revise(state: PortState, runtime: Runtime[PortContext]) -> dict:
     ctx = runtime.context
     current = state["current"]
-    passed = current.get("verdict") == "pass"
+    passed = current.get("verdict") == Verdict.PASS
     if state["attempt"] >= state["budget"]:
         ctx.emit(state["run_id"], "revise", f"budget of {state['budget']} candidates spent")
         return {"proposal": None, "reason": f"budget of {state['budget']} candidates spent"}
@@ -348,7 +348,7 @@ def replay_gate(state: PortState, runtime: Runtime[PortContext]) -> dict:
                  f"{ctx.options.replay_steps} {mode} steps)",
                  {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
                   "status": outcome.status, "left_band_step": outcome.left_band_step})
-        if outcome.status == "pass":
+        if outcome.status == ReplayStatus.PASS:
             return {"gate": {"candidate_id": attempt["candidate_id"], "replay_id": outcome.replay_id,
                              "model": model, "mode": mode, "steps": ctx.options.replay_steps}}
         failures.append(f"#{attempt['iteration']} {outcome.reason}")
@@ -435,7 +435,7 @@ def after_contract(state: PortState) -> str:
 
 def after_verify(state: PortState) -> str:
     """A pass collects the candidate (the gate once ``explore`` have passed); anything else is diagnosed."""
-    if state["current"]["verdict"] != "pass":
+    if state["current"]["verdict"] != Verdict.PASS:
         return "diagnose"
     return "replay_gate" if len(state["passing"]) >= state["explore"] else "revise"
 

@@ -296,7 +296,7 @@ class LLMProposer:
             wanted = (f"Your last reply could not be used: {problem}. Reply with the complete candidate module in one "
                       f"```python fenced block.")
             why = f"the model is told its reply could not be used ({problem})"
-        elif current.get("verdict") == "pass":
+        elif current.get("verdict") == Verdict.PASS:
             wanted = (f"The last candidate passed ({diagnosis.get('reason', '')}). Write a different candidate that "
                       f"also passes, with a smaller error or fewer kernel launches.")
             why = "exploring: another passing candidate wanted"

@@ -16,7 +16,7 @@ from workbench.status import PLAN_COLUMNS
 from workbench.status import model_plan as plan_rows
 from workbench.store import queries
 from workbench.store.records import process_alive
-from workbench.vocabulary import key_values
+from workbench.vocabulary import Verdict, key_values
 
 RUN_COLUMNS = ["id", "block", "model", "status", "proposer", "backend", "budget", "steps", "candidates", "started_at",
                "finished_at", "seconds", "reason", "last_step", "process", "resumes"]
@@ -198,7 +198,7 @@ def ci_operators(summary: dict | None) -> list[dict]:
 def _ci_figures(summary: dict) -> dict:
     operators = ci_operators(summary)
     found = summary.get("regressions")
-    return {"operators": len(operators), "passing": sum(o["verdict"] == "pass" for o in operators),
+    return {"operators": len(operators), "passing": sum(o["verdict"] == Verdict.PASS for o in operators),
             "checks": sum(o["checks"] for o in operators), "failed_checks": sum(o["failed"] for o in operators),
             "regressions": len(found) if isinstance(found, list | dict) else 0}
 

@@ -93,6 +93,7 @@ class VerificationCheck(SQLModel, table=True):
     ref_err: float | None = None
     bound: float | None = None
     nonfinite: int = 0
+    verdict: str | None = None  # what a failed check stands for (workbench.verify.result.Check.verdict)
 
 
 class KernelBuild(SQLModel, table=True):

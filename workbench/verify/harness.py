@@ -27,12 +27,12 @@ from workbench.models import model_shapes
 from workbench.numerics import compare
 from workbench.verify.aot import compile_for_targets
 from workbench.verify.contract import declared_block
-from workbench.verify.integrity import evaluate
+from workbench.verify.integrity import PRIORITY, evaluate, integrity_check
 from workbench.verify.result import Check, VerificationResult
 from workbench.verify.sandbox import isolation, run_job
 from workbench.verify.static_scan import capture_probe, instrumentation_access
 from workbench.verify.worker import PROBE
-from workbench.vocabulary import INTEGRITY_VERDICTS, Verdict
+from workbench.vocabulary import RUN_VERDICTS, Verdict
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_BYTES = 16 << 30
@@ -195,7 +195,8 @@ def check_trial(spec: BlockSpec, exp: dict, got: dict) -> list[Check]:
     where = {k: exp[k] for k in ("suite", "shape", "dtype", "seed")}
     if got.get("error"):
         err = got["error"]
-        return [Check(**where, direction="run", passed=False, reason=f"{err['kind']}: {err['message']}")]
+        return [Check(**where, direction="run", passed=False, reason=f"{err['kind']}: {err['message']}",
+                      verdict=trial_verdict(err["kind"]))]
     (low_out, low_grads), (true_out, true_grads) = exp["lowp"], exp["truth"]
     outputs = got["outputs"] or []
     if len(outputs) != len(true_out):
@@ -224,30 +225,34 @@ def check_trial(spec: BlockSpec, exp: dict, got: dict) -> list[Check]:
     return checks
 
 
+def trial_verdict(kind: str) -> Verdict:
+    """The verdict of a trial that raised, from the worker's error kind (it imports nothing of the workbench, so it
+    names them as strings): one of RUN_VERDICTS, a runtime error when it names none."""
+    return Verdict(kind) if kind in RUN_VERDICTS else Verdict.RUNTIME_ERROR
+
+
 def _verdict(checks: list[Check]) -> tuple[Verdict, str]:
+    """The verdict of a candidate from its checks' verdicts: the first integrity verdict in priority order
+    (workbench.verify.integrity.PRIORITY); then a required target's compile error, unless a trial failed for another
+    reason than the interpreter's limits; then the first trial error in RUN_VERDICTS order; then the numerics."""
     failing = [c for c in checks if not c.passed]
     if not failing:
         return Verdict.PASS, f"{len(checks)} checks passed"
-    cheats: dict[str, Check] = {}
-    for c in failing:  # the first check of each integrity verdict speaks for it
-        if c.direction.startswith("integrity:"):
-            cheats.setdefault(c.direction.removeprefix("integrity:"), c)
-    for name in INTEGRITY_VERDICTS:
-        if name in cheats:
-            return name, cheats[name].reason
-    runs = [c for c in failing if c.direction == "run"]
-    builds = [c for c in failing if c.direction.startswith("target:")]
-    if builds and not [c for c in runs if not c.reason.startswith(Verdict.INTERPRETER_UNSUPPORTED)]:
-        first = builds[0]
-        return Verdict.TARGET_COMPILE_ERROR, f"{first.shape}: {first.reason}" + \
+    first: dict[str, Check] = {}
+    for c in failing:  # the first check of each verdict speaks for it
+        first.setdefault(c.verdict, c)
+    for verdict in PRIORITY:
+        if verdict in first:
+            return verdict, first[verdict].reason
+    runs = [c for c in failing if c.verdict in RUN_VERDICTS]
+    builds = [c for c in failing if c.verdict == Verdict.TARGET_COMPILE_ERROR]
+    if builds and all(c.verdict == Verdict.INTERPRETER_UNSUPPORTED for c in runs):
+        return Verdict.TARGET_COMPILE_ERROR, f"{builds[0].shape}: {builds[0].reason}" + \
             (f" (and {len(builds) - 1} more kernel x target builds)" if len(builds) > 1 else "")
     if runs:
-        kinds = [c.reason.split(":", 1)[0] for c in runs]
-        kind = next(k for k in (Verdict.COMPILE_ERROR, Verdict.OOM, Verdict.INTERPRETER_UNSUPPORTED,
-                                Verdict.RUNTIME_ERROR) if k in kinds)
-        first = next(c for c in runs if c.reason.startswith(kind))
-        return kind, f"{first.reason.split(': ', 1)[1]} ({len(runs)} of the trials; first at [{first.shape}] " \
-                     f"{first.dtype})"
+        kind = next(v for v in RUN_VERDICTS if v in first)
+        return kind, f"{first[kind].reason.split(': ', 1)[1]} ({len(runs)} of the trials; first at " \
+                     f"[{first[kind].shape}] {first[kind].dtype})"
     worst = max(failing, key=lambda c: (c.max_abs or 0) / (c.bound or 1) if c.bound else float("inf"))
     return Verdict.FAIL, f"{len(failing)} of {len(checks)} checks failed; worst {worst.line()}"
 
@@ -285,16 +290,14 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     if reach:  # refused before it runs: code that reaches into the instrumentation could switch it off
         result.verdict = Verdict.INSTRUMENTATION_ACCESS
         result.message = f"reaches into the verifier's instrumentation: {reach}"
-        result.checks = [Check(suite="integrity", shape="-", dtype="-", seed=0,
-                               direction="integrity:instrumentation_access", passed=False, reason=result.message)]
+        result.checks = [integrity_check(Verdict.INSTRUMENTATION_ACCESS, result.message)]
         result.seconds = time.monotonic() - started
         return result
     probe = capture_probe(source)
     if probe:  # refused before it runs: host code that can tell the targets' capture from a GPU run
         result.verdict = Verdict.CAPTURE_DIVERGENCE
         result.message = f"host code that tells a capture from a run: {probe}"
-        result.checks = [Check(suite="integrity", shape="-", dtype="-", seed=0,
-                               direction="integrity:capture_divergence", passed=False, reason=result.message)]
+        result.checks = [integrity_check(Verdict.CAPTURE_DIVERGENCE, result.message)]
         result.seconds = time.monotonic() - started
         return result
     trials, expected = build_trials(spec, backend, suites, dtypes, seeds, base_seed, forward_only)
@@ -313,7 +316,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
         shutil.rmtree(job_dir, ignore_errors=True)
     result.output_tail = outcome.output_tail
     if outcome.status != "ok":
-        result.verdict, result.message = outcome.status, outcome.message
+        result.verdict, result.message = Verdict(outcome.status), outcome.message
     elif outcome.results.get("token") != job["token"]:
         result.verdict = Verdict.FORGED_REPORT
         result.message = "the result did not come from the verification worker (a candidate wrote its own report)"
@@ -332,7 +335,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
         result.verdict, result.message = _verdict(result.checks)
         if results.get("load_error") and result.verdict == Verdict.PASS:
             err = results["load_error"]
-            result.verdict, result.message = err["kind"], err["message"]
+            result.verdict, result.message = trial_verdict(err["kind"]), err["message"]
     result.seconds = time.monotonic() - started
     return result
 
@@ -359,15 +362,15 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     result.findings += [f"cannot be resident: {b.target} {b.kernel} needs {b.shared_bytes} B shared memory, "
                         f"{b.registers} registers x {b.num_warps} warps ({b.suite} suite)"
                         for b in report.builds if b.ok and b.ctas_per_sm == 0]
-    refused = [Check(suite="integrity", shape="-", dtype="-", seed=0, direction=f"integrity:{kind}", passed=False,
-                     reason=f"in the compile child: {reason}") for kind, reason in report.integrity]
+    refused = [integrity_check(Verdict(kind), f"in the compile child: {reason}") for kind, reason in report.integrity]
     if refused:  # nothing that child reported can be trusted: the builds say why they have no figures
         return refused
     failed: dict[tuple[str, str], Check] = {}
     for b in report.failures():
         failed.setdefault((b.target, b.kernel), Check(suite="target", shape=b.target, dtype=b.suite, seed=0,
                                                       direction=f"target:{b.target}", passed=False,
-                                                      reason=f"{b.kernel}: {b.error}"))
+                                                      reason=f"{b.kernel}: {b.error}",
+                                                      verdict=Verdict.TARGET_COMPILE_ERROR))
     return list(failed.values())
 
 

@@ -1,18 +1,26 @@
 """Integrity checks: what a candidate did while it ran, read off the worker's report and the outputs it returned.
 
-Each failed check is a named verdict (workbench.vocabulary.INTEGRITY_VERDICTS) that outranks the numerics: a
-candidate that cheats is refused for cheating even when its numbers happen to match.
+``CHECKS`` is the registry: one function per integrity verdict the worker's report shows, in one ordered table
+whose order is the verdicts' priority (``PRIORITY``: the first verdict found speaks for the candidate;
+workbench.vocabulary.INTEGRITY_VERDICTS lists the same words in the same order, and a test holds them equal). Each
+function takes the run (``Run``: the block, the worker's report, the expected trials, the candidate's results and
+the numeric checks by trial) and returns the reasons it failed, one per finding, empty when the candidate behaved.
+Every integrity verdict outranks the numerics: a candidate that cheats is refused for cheating even when its numbers
+happen to match. Adding a verdict: its word in workbench.vocabulary.Verdict, and its function here.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from workbench.blocks.base import BlockSpec
 from workbench.verify.result import Check
 from workbench.verify.worker import POISON_BITS, POISON_INT, PROBE
+from workbench.vocabulary import Verdict
 
 # Host code may allocate, view, copy and read scalars; every other aten op during run/backward is a torch fallback
 # unless the block lists it in host_ops.
@@ -33,9 +41,10 @@ INT_VIEWS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloa
              torch.float64: torch.int64}
 
 
-def _check(name: str, reason: str) -> Check:
-    return Check(suite="integrity", shape="-", dtype="-", seed=0, direction=f"integrity:{name}", passed=False,
-                 reason=reason)
+def integrity_check(verdict: Verdict, reason: str) -> Check:
+    """The failed check of an integrity ``verdict`` (suite "integrity", direction "integrity:<verdict>")."""
+    return Check(suite="integrity", shape="-", dtype="-", seed=0, direction=f"integrity:{verdict}", passed=False,
+                 reason=reason, verdict=verdict)
 
 
 def poisoned(t: torch.Tensor) -> int:
@@ -92,70 +101,134 @@ def _quantities(spec: BlockSpec, exp: dict, got: dict) -> list[tuple[str, torch.
     return [(d, t, r, o) for d, t, r, o in pairs if isinstance(o, torch.Tensor)]
 
 
-def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[int, dict],
-             numeric: dict[int, list[Check]]) -> list[Check]:
-    """Failed integrity checks, each naming its verdict; an empty list when the candidate behaved."""
-    failed: list[Check] = []
-    for event in results.get("events", []):
-        failed.append(_check(event["kind"], f"{event['event']} {event['detail']} at line {event['line']}".strip()))
-    if results.get("patched"):
-        failed.append(_check("monkeypatch", f"changed during run: {', '.join(results['patched'][:5])}"))
+@dataclass
+class Run:
+    """What the integrity checks read: the block, the worker's report (audit events, patched names, launches,
+    captures), the expected trials, the candidate's result per trial id and the numeric checks per trial id."""
 
-    allowed = BASE_HOST_OPS | set(spec.host_ops)
-    fallback, no_kernel, subclass, aliasing, mutated, unwritten, constant = set(), [], set(), set(), set(), [], []
-    for exp in expected:
-        got = by_id.get(exp["id"])
-        if not got or got.get("error"):
-            continue
+    spec: BlockSpec
+    results: dict
+    expected: list[dict]
+    by_id: dict[int, dict]
+    numeric: dict[int, list[Check]]
+
+    def trials(self):
+        """(expected trial, the candidate's result) of every trial that returned without an error."""
+        for exp in self.expected:
+            got = self.by_id.get(exp["id"])
+            if got and not got.get("error"):
+                yield exp, got
+
+
+def _audited(verdict: Verdict) -> Callable[[Run], list[str]]:
+    """The worker's audit hook refused an operation of this kind (one reason per refused operation)."""
+    def check(run: Run) -> list[str]:
+        return [f"{e['event']} {e['detail']} at line {e['line']}".strip()
+                for e in run.results.get("events", []) if e["kind"] == verdict]
+    check.__doc__ = f"The audit hook refused {verdict.replace('_', ' ')} operations."
+    return check
+
+
+def _monkeypatch(run: Run) -> list[str]:
+    """Names of torch, triton or the candidate's imports changed while it ran."""
+    patched = run.results.get("patched")
+    return [f"changed during run: {', '.join(patched[:5])}"] if patched else []
+
+
+def _torch_fallback(run: Run) -> list[str]:
+    """Torch ops doing the block's work in the host code (beyond allocation, views, copies and the block's
+    host_ops), seen by the dispatch trace, or by the profiler outside the Python modes (composite ops such as
+    aten.to are left out: what they decompose into is what the trace sees)."""
+    allowed = BASE_HOST_OPS | set(run.spec.host_ops)
+    fallback: set[str] = set()
+    for _, got in run.trials():
         fallback |= {op for op in got.get("ops", {}) if op not in allowed}
-        # ops torch ran that the dispatch trace did not see: code that stepped outside the Python modes (composite
-        # ops such as aten.to are left out: what they decompose into is what the trace sees)
         fallback |= {op for op in got.get("profiled_ops", []) if op not in allowed and op not in got.get("ops", {})
                      and not _composite(op)}
+    what = ", ".join(sorted(op if op != "numpy" else "tensors handed to numpy" for op in fallback))
+    return [f"host ops doing the block's work: {what}"] if fallback else []
+
+
+def _no_kernel(run: Run) -> list[str]:
+    """A pass that returned values without launching a Triton kernel."""
+    missing = []
+    for exp, got in run.trials():
         outputs = [o for o in got.get("outputs") or [] if isinstance(o, torch.Tensor)]
         grads = [g for g in (got.get("grads") or {}).values() if isinstance(g, torch.Tensor)]
         if any(o.numel() for o in outputs) and not got.get("launches_fwd"):
-            no_kernel.append(f"forward [{exp['shape']}] {exp['dtype']}")
+            missing.append(f"forward [{exp['shape']}] {exp['dtype']}")
         if any(g.numel() for g in grads) and not got.get("launches_bwd"):
-            no_kernel.append(f"backward [{exp['shape']}] {exp['dtype']}")
-        subclass |= set(got.get("subclass", []))
-        aliasing |= set(got.get("aliasing", []))
-        mutated |= set(got.get("mutated", []))
-        for name, t in _tensors(got):
-            if count := poisoned(t):
-                unwritten.append(f"{name} [{exp['shape']}] {exp['dtype']}: {count} elements")
-        # constant where the truth varies by more than the error the quantity is allowed, and where the reference
-        # in the same precision varies too (a float16 output can round to a constant legitimately; a gradient
-        # that is zero in exact arithmetic comes out as rounding noise in the truth and as exact zeros from a kernel)
-        bounds = {c.direction: c.bound or 0.0 for c in numeric.get(exp["id"], [])}
-        for direction, t, r, o in _quantities(spec, exp, got):
+            missing.append(f"backward [{exp['shape']}] {exp['dtype']}")
+    return [f"no Triton kernel launched: {'; '.join(missing[:3])}"] if missing else []
+
+
+def _reported(key: str, reason: str) -> Callable[[Run], list[str]]:
+    """A fact the worker reports per trial as a list of names (``key``), gathered over the trials; ``reason`` with
+    ``{}`` for the names."""
+    def check(run: Run) -> list[str]:
+        found = set().union(*(got.get(key, []) for _, got in run.trials()))
+        return [reason.format(", ".join(sorted(found)))] if found else []
+    check.__doc__ = f"The worker's report names them under {key!r}: {reason.format('...')}."
+    return check
+
+
+def _unwritten_output(run: Run) -> list[str]:
+    """Buffers returned still holding the worker's poison pattern: allocated, never written."""
+    unwritten = [f"{name} [{exp['shape']}] {exp['dtype']}: {count} elements"
+                 for exp, got in run.trials() for name, t in _tensors(got) if (count := poisoned(t))]
+    return [f"poisoned buffers returned unwritten: {'; '.join(unwritten[:3])}"] if unwritten else []
+
+
+def _constant_output(run: Run) -> list[str]:
+    """Constant where the truth varies by more than the error the quantity is allowed, and where the reference in
+    the same precision varies too (a float16 output can round to a constant legitimately; a gradient that is zero in
+    exact arithmetic comes out as rounding noise in the truth and as exact zeros from a kernel)."""
+    constant = []
+    for exp, got in run.trials():
+        bounds = {c.direction: c.bound or 0.0 for c in run.numeric.get(exp["id"], [])}
+        for direction, t, r, o in _quantities(run.spec, exp, got):
             if o.is_floating_point() and o.shape == t.shape and _constant(o) and not _constant(t) \
                     and not _constant(r) and _spread(t) > bounds.get(direction, 0.0):
                 constant.append(f"[{exp['shape']}] {exp['dtype']}")
-    if fallback:
-        what = ", ".join(sorted(op if op != "numpy" else "tensors handed to numpy" for op in fallback))
-        failed.append(_check("torch_fallback", f"host ops doing the block's work: {what}"))
-    if no_kernel:
-        failed.append(_check("no_kernel", f"no Triton kernel launched: {'; '.join(no_kernel[:3])}"))
-    if subclass:
-        failed.append(_check("tensor_subclass", f"returned tensor subclasses: {', '.join(sorted(subclass))}"))
-    if aliasing:
-        failed.append(_check("aliasing", f"outputs share memory with {', '.join(sorted(aliasing))}"))
-    if mutated:
-        failed.append(_check("input_mutation", f"inputs modified: {', '.join(sorted(mutated))}"))
-    if unwritten:
-        failed.append(_check("unwritten_output", f"poisoned buffers returned unwritten: {'; '.join(unwritten[:3])}"))
-    if cached := _cached(expected, by_id):
-        failed.append(_check("cached_result", cached))
-    if constant:
-        failed.append(_check("constant_output", f"constant output where the truth varies: {'; '.join(constant[:3])}"))
-    if nondet := _nondeterministic(expected, by_id, numeric):
-        failed.append(_check("nondeterministic", nondet))
-    if divergence := _capture_divergence(results):
-        failed.append(_check("capture_divergence", divergence))
-    if overfit := _overfit(expected, numeric):
-        failed.append(_check("overfit_shapes", overfit))
-    return failed
+    return [f"constant output where the truth varies: {'; '.join(constant[:3])}"] if constant else []
+
+
+def _one(check: Callable[..., str]) -> Callable[[Run], list[str]]:
+    return lambda run: [reason] if (reason := check(run)) else []
+
+
+CHECKS: tuple[tuple[Verdict, Callable[[Run], list[str]]], ...] = (
+    (Verdict.FORBIDDEN_IMPORT, _audited(Verdict.FORBIDDEN_IMPORT)),
+    (Verdict.INTROSPECTION, _audited(Verdict.INTROSPECTION)),
+    (Verdict.FORBIDDEN_CALL, _audited(Verdict.FORBIDDEN_CALL)),
+    (Verdict.MONKEYPATCH, _monkeypatch),
+    (Verdict.TORCH_FALLBACK, _torch_fallback),
+    (Verdict.NO_KERNEL, _no_kernel),
+    (Verdict.TENSOR_SUBCLASS, _reported("subclass", "returned tensor subclasses: {}")),
+    (Verdict.ALIASING, _reported("aliasing", "outputs share memory with {}")),
+    (Verdict.INPUT_MUTATION, _reported("mutated", "inputs modified: {}")),
+    (Verdict.UNWRITTEN_OUTPUT, _unwritten_output),
+    (Verdict.CACHED_RESULT, _one(lambda run: _cached(run.expected, run.by_id))),
+    (Verdict.CONSTANT_OUTPUT, _constant_output),
+    (Verdict.NONDETERMINISTIC, _one(lambda run: _nondeterministic(run.expected, run.by_id, run.numeric))),
+    (Verdict.CAPTURE_DIVERGENCE, _one(lambda run: _capture_divergence(run.results))),
+    (Verdict.OVERFIT_SHAPES, _one(lambda run: _overfit(run.expected, run.numeric))),
+)
+"""Every integrity verdict the worker's report shows and the function that finds it, highest priority first."""
+
+PRIORITY: tuple[Verdict, ...] = (Verdict.INSTRUMENTATION_ACCESS, Verdict.FORGED_REPORT,
+                                 *(verdict for verdict, _ in CHECKS))
+"""Every integrity verdict, highest priority first: the two found outside the worker's report come first (code that
+reaches into the instrumentation, refused before it runs: workbench.verify.static_scan.instrumentation_access; a
+report without the worker's token: the harness), then ``CHECKS``."""
+
+
+def evaluate(spec: BlockSpec, results: dict, expected: list[dict], by_id: dict[int, dict],
+             numeric: dict[int, list[Check]]) -> list[Check]:
+    """Failed integrity checks, each naming its verdict (``CHECKS`` in order); an empty list when the candidate
+    behaved."""
+    run = Run(spec, results, expected, by_id, numeric)
+    return [integrity_check(verdict, reason) for verdict, check in CHECKS for reason in check(run)]
 
 
 def _cached(expected: list[dict], by_id: dict[int, dict]) -> str:

@@ -9,8 +9,10 @@ from workbench.vocabulary import Verdict
 
 @dataclass
 class Check:
-    """One compared quantity. direction: "forward:<output>", "grad:<input>", "run" for a trial that failed, or
-    "integrity:<verdict>" for a failed integrity check (suite "integrity")."""
+    """One compared quantity. direction: "forward:<output>", "grad:<input>", "run" for a trial that failed,
+    "target:<target>" for a kernel a target's compiler rejected, or "integrity:<verdict>" for a failed integrity
+    check (suite "integrity"). verdict: what a failed check stands for (a Verdict: fail for numerics, the error of a
+    trial that raised, target_compile_error, an integrity verdict); None when it passed."""
 
     suite: str
     shape: str
@@ -25,6 +27,11 @@ class Check:
     ref_err: float | None = None
     bound: float | None = None
     nonfinite: int = 0
+    verdict: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.passed and self.verdict is None:
+            self.verdict = Verdict.FAIL
 
     def line(self) -> str:
         where = f"{self.direction} [{self.shape}] {self.dtype} seed {self.seed}"
