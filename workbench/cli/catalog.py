@@ -1,0 +1,132 @@
+"""`workbench` commands. The catalog and the model cards: blocks, models, onboard, plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from workbench.cli._common import DbOption, JsonOption, OpsOption, _emit_json, _engine, _style, command, console
+from workbench.config import Settings
+from workbench.vocabulary import BlockStatus, key_values
+
+
+@command
+def blocks(db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
+    """The block catalog: name, family, shape suites, templates, port status."""
+    from workbench.blocks import REGISTRY
+    from workbench.status import block_status
+    from workbench.templating import list_templates
+
+    settings = Settings.load(db, operators)
+    engine = _engine(settings)
+    rows = []
+    for spec in REGISTRY.values():
+        status, detail = block_status(engine, settings.operators_dir, spec.name)
+        rows.append({"name": spec.name, "family": spec.family, "summary": spec.summary,
+                     "suites": {k: len(v) for k, v in spec.shapes.items()},
+                     "templates": [t.name for t in list_templates(spec.name)], "status": status, "detail": detail})
+    if as_json:
+        return _emit_json(rows)
+    table = Table(title="Block catalog")
+    for col in ("block", "family", "shape suites", "templates", "status", "detail"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["family"], ", ".join(f"{k} {n}" for k, n in r["suites"].items()),
+                      ", ".join(r["templates"]), _style(r["status"]), escape(r["detail"]))
+    console.print(table)
+
+
+@command
+def models(as_json: JsonOption = False) -> None:
+    """The model cards."""
+    from workbench.models import list_models
+
+    cards = list_models()
+    if as_json:
+        return _emit_json([{"name": c.name, "title": c.title, "blocks": list(c.blocks), "facts": c.facts}
+                           for c in cards])
+    table = Table(title="Model cards")
+    for col in ("model", "title", "blocks"):
+        table.add_column(col)
+    for c in cards:
+        table.add_row(c.name, c.title, str(len(c.blocks)))
+    console.print(table)
+    console.print("`workbench plan <model>` shows each block the model needs and its status.")
+
+
+@command
+def onboard(
+    config: Annotated[str, typer.Argument(help="a Hugging Face-style config.json, or a folder holding one")],
+    name: Annotated[str | None, typer.Option(help="the card's name (default: from the file or folder)")] = None,
+    out: Annotated[str | None, typer.Option(help="where the card is written (default: the first folder of "
+                                                 "$WORKBENCH_MODELS, else the workbench's own cards)")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a model card from a model's config: its blocks at their real sizes, layer counts, sources and gaps."""
+    from workbench.blocks import REGISTRY
+    from workbench.models import CARDS_DIR
+    from workbench.onboard import onboard as make_card
+    from workbench.onboard import write_card
+
+    card = make_card(config, name)
+    folder = out or next(iter(Settings.load().model_dirs), None) or CARDS_DIR
+    path = write_card(card, folder)
+    gaps = {b: info["gap"] for b, info in card["blocks"].items() if "gap" in info or b not in REGISTRY}
+    if as_json:
+        return _emit_json({"card": str(path), **card, "gaps": gaps})
+    table = Table(title=f"{card['name']}: {len(card['blocks'])} blocks from {Path(config).name}")
+    for col in ("block", "layers", "model sizes", "in the catalog"):
+        table.add_column(col)
+    for block, info in card["blocks"].items():
+        sizes = "; ".join(key_values(s, ",") for s in info["shapes"])
+        where = _style(BlockStatus.NO_SPEC) + escape(info.get("gap", "").removeprefix("no spec")) if block in gaps \
+            else "spec" + (f"; differs: {escape(info['differs'])}" if info.get("differs") else "")
+        table.add_row(block, str(info.get("layers", "")), sizes, where)
+    console.print(table)
+    view = card.get("transformers") or {}
+    if view.get("error"):
+        console.print(f"transformers: {escape(view['error'])}")
+    elif view:
+        ported = sum(1 for m in view["modules"] if m["blocks"])
+        console.print(f"transformers class {view['class']} ({view['model_type']}): {ported} of {len(view['modules'])} "
+                      f"module classes computed by catalog blocks; `workbench parity {card['name']}` runs it"
+                      + (f"; the class does not read {', '.join(view['unread_fields'])}: parity does not cover them"
+                         if view["unread_fields"] else ""))
+    assumed = [k for k, v in card["facts"].items() if v["source"] == "assumption"]
+    console.print(f"wrote {path}: {len(card['blocks']) - len(gaps)} blocks with a spec, {len(gaps)} without; "
+                  f"assumed: {', '.join(assumed) or 'nothing'}. `workbench plan {card['name']}` shows its status.")
+
+
+@command
+def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
+    """Each block a model needs, its sizes and its port status."""
+    from workbench.models import get_model
+    from workbench.status import block_status
+
+    settings = Settings.load(db, operators)
+    card = get_model(model)
+    engine = _engine(settings)
+    rows = []
+    for name, info in card.blocks.items():
+        status, detail = block_status(engine, settings.operators_dir, name)
+        notes = ([info["gap"]] if info.get("gap") and not detail else []) + \
+            ([f"differs: {info['differs']}"] if info.get("differs") else [])
+        detail = " · ".join([detail, *notes] if detail else notes)
+        rows.append({"block": name, "role": info.get("role", ""), "shapes": card.block_shapes(name),
+                     "layers": info.get("layers"), "status": status, "detail": detail})
+    if as_json:
+        return _emit_json({"model": card.name, "facts": card.facts, "blocks": rows})
+    table = Table(title=f"Port plan: {card.title}")
+    for col in ("block", "role", "model sizes", "status", "detail"):
+        table.add_column(col)
+    for r in rows:
+        sizes = "; ".join(key_values(s, ",") for s in r["shapes"])
+        table.add_row(r["block"], escape(r["role"]), sizes, _style(r["status"]), escape(r["detail"]))
+    console.print(table)
+    done = sum(r["status"] == BlockStatus.PROMOTED for r in rows)
+    assumed = [k for k, v in card.facts.items() if v.get("source") == "assumption"]
+    console.print(f"{done} of {len(rows)} blocks promoted. Assumed (not public) sizes: {', '.join(assumed)}")

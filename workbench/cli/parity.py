@@ -1,0 +1,87 @@
+"""`workbench` commands. Parity with the published code: parity."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from workbench.cli._common import DbOption, JsonOption, OpsOption, _emit_json, _engine, _style, command, console
+from workbench.config import Settings
+from workbench.vocabulary import ParityStatus
+
+
+@command
+def parity(
+    source: Annotated[str, typer.Argument(help="a model card, a config.json, or a transformers model_type")],
+    layers: Annotated[int, typer.Option(help="layers of the tiny model (every layer kind of the schedule appears)")]
+    = 4,
+    tokens: Annotated[int, typer.Option(help="tokens per sequence of the batch (2 sequences)")] = 32,
+    blocks: Annotated[str | None, typer.Option(help="only these catalog blocks, comma-separated")] = None,
+    dtype: Annotated[str, typer.Option(help="float32; bfloat16 on a GPU backend")] = "float32",
+    seed: Annotated[int, typer.Option(help="weights and batch seed")] = 0,
+    backend: Annotated[str, typer.Option(help="auto, interpreter or cuda")] = "auto",
+    lora: Annotated[int, typer.Option(min=0, help="LoRA rank through PEFT on both models, then --steps fine-tuning "
+                                                  "steps compared (0: no LoRA)")] = 0,
+    steps: Annotated[int, typer.Option(min=1, help="fine-tuning steps with --lora")] = 4,
+    db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
+) -> None:
+    """Run the model's published transformers code as shipped and with the promoted operators swapped in
+    (apply_workbench_kernels) on a tiny random-weight instance; compare logits (KL, cosine, top-1/top-5), router
+    choices, loss and gradients; exit 1 when a metric is outside its dtype's bound."""
+    from workbench.backends import get_backend
+    from workbench.integrations.parity import run_parity
+    from workbench.store import records
+
+    settings = Settings.load(db, operators)
+    chosen = [b.strip() for b in blocks.split(",") if b.strip()] if blocks else None
+    result = run_parity(source, layers=layers, tokens=tokens, blocks=chosen, dtype=dtype, seed=seed,
+                        backend=get_backend(backend), operators_dir=settings.operators_dir, lora=lora, steps=steps)
+    parity_id = records.record_parity(_engine(settings), result.as_dict())
+    if as_json:
+        _emit_json({"id": parity_id, **result.as_dict()})
+    else:
+        print_parity(result)
+    raise typer.Exit(0 if result.status == ParityStatus.PASS else 1)
+
+
+def print_parity(result) -> None:
+    """A parity run as the CLI shows it: its metrics against their bounds, the modules replaced and left alone."""
+    console.print(f"{_style(result.status)} parity {escape(result.source)}: {result.model_class}, {result.dtype} on "
+                  f"{result.backend}, layers {'/'.join(escape(k) for k in result.layers)}, {result.tokens} tokens x 2 "
+                  f"({result.seconds:.1f} s)")
+    console.print(f"  {escape(result.message)}")
+    if result.checks:
+        table = Table(title="Shipped vs patched")
+        for col in ("metric", "value", "bound", ""):
+            table.add_column(col)
+        for c in result.checks:
+            digits = ".10g" if c["metric"] == "cosine" else ".3g"
+            table.add_row(c["metric"], f"{c['value']:{digits}}", f"{c['op']} {c['bound']:{digits}}",
+                          _style("pass" if c["ok"] else "fail"))
+        m = result.metrics
+        extra = [("loss shipped / patched", f"{m['loss_shipped']:.6g} / {m['loss_patched']:.6g}"),
+                 ("logits max rel diff", f"{m['logits_rel']:.3g}"),
+                 ("grad rel median", f"{m['grad_rel_median']:.3g} over {m['grad_params']} parameters"),
+                 ("grad worst parameter", str(m.get("grad_worst_param"))),
+                 ("worst module", "-" if not m.get("worst_module") else
+                  f"{m['worst_module']['module']} ({m['worst_module']['rel']:.3g})")]
+        if m.get("lora"):
+            extra += [(f"LoRA r{m['lora']['rank']} curve, {name}", " ".join(f"{v:.6g}" for v in curve))
+                      for name, curve in m["lora"]["curves"].items()]
+        for name, value in extra:
+            table.add_row(name, escape(value), "", "")
+        console.print(table)
+    modules = result.patch.get("modules", [])
+    if modules:
+        table = Table(title="Modules")
+        for col in ("class", "count", "computed by", "example"):
+            table.add_column(col)
+        for row in modules:
+            table.add_row(row["class"], str(row["count"]), escape(", ".join(row["blocks"]) or
+                                                                  f"left alone: {row['reason']}"), row["example"])
+        console.print(table)
+    for note in result.notes:
+        console.print(f"  note: {escape(note)}")
