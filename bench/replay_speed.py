@@ -38,7 +38,8 @@ def main() -> None:
     from workbench.replay.arch import architecture
     from workbench.replay.ops import REFERENCE, reference_ops, resolve_ops
     from workbench.replay.presets import get_preset
-    from workbench.replay.runner import ensure_base, launch, training_job
+    from workbench.replay.references import ensure_base
+    from workbench.replay.supervise import launch, training_job
 
     settings = Settings(db_url="sqlite://", operators_dir=Path(args.operators), work_dir=ROOT / ".workbench",
                         replays_dir=ROOT / "replays")

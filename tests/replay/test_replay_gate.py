@@ -13,7 +13,7 @@ import pytest
 from workbench.agent.run import port_block
 from workbench.replay.arch import architecture
 from workbench.replay.presets import get_preset
-from workbench.replay.runner import reference_key
+from workbench.replay.references import reference_key
 from workbench.replay.train import RunResult
 from workbench.store import get_engine, records
 from workbench.store.queries import run_steps

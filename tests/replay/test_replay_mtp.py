@@ -15,7 +15,8 @@ from workbench.config import Settings
 from workbench.errors import WorkbenchError
 from workbench.replay.compare import judge_curve
 from workbench.replay.presets import get_preset
-from workbench.replay.runner import plan_replay, reference_file, run_replay
+from workbench.replay.references import reference_file
+from workbench.replay.runner import plan_replay, run_replay
 from workbench.store import LossReplay, get_engine
 
 MODEL = "kimi-k3.1-pro"

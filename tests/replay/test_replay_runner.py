@@ -16,7 +16,8 @@ from workbench.ci import CI_REPLAY_MODELS
 from workbench.cli import app
 from workbench.replay.faults import write_op
 from workbench.replay.presets import get_preset
-from workbench.replay.runner import base_path, reference_file, run_replay
+from workbench.replay.references import base_path, reference_file
+from workbench.replay.runner import run_replay
 from workbench.store import LossReplay, get_engine
 
 MODEL = "kimi-k3.1-pro"
@@ -132,7 +133,7 @@ def test_the_references_kept_in_the_repository_match_the_code(model):
     from workbench.ci import CI_REPLAYS
     from workbench.config import Settings
     from workbench.replay.arch import architecture
-    from workbench.replay.runner import BASE_SEED, reference_key
+    from workbench.replay.references import BASE_SEED, reference_key
 
     repo = Settings(db_url="sqlite://", operators_dir=REPO / "operators",
                                     work_dir=REPO / ".workbench", replays_dir=REPO / "replays")

@@ -6,7 +6,7 @@ and watches every rank.
 When a rank fails, the replay ends: the launcher waits a moment for the other ranks' reports, names the rank that
 caused it (one that raised or died of its own, before a rank that only lost its peer or timed out in a collective;
 a rank still running while the others time out waiting for it has hung), stops every rank and reports one
-{"event": "error", "rank", "message"}. Its parent (workbench.replay.runner.launch) holds the overall timeout and
+{"event": "error", "rank", "message"}. Its parent (workbench.replay.supervise.launch) holds the overall timeout and
 kills the launcher's process group, ranks included.
 """
 
