@@ -208,3 +208,19 @@ def test_the_rank_check_names_the_first_step_and_the_rank_furthest_outside():
     off = judge_ranks([[6.0, 5.02, 4.1], [6.0, 5.05, 4.0]], reference, preset)
     assert (off["passed"], off["step"], off["rank"]) == (False, 1, 1)
     assert off["loss"] == 5.05 and off["reference"] == 5.0
+
+
+def test_the_layout_reference_key_covers_the_layout_code(monkeypatch):
+    """The expert-parallel MoE and the training loop of a layout run live in distributed.py (the launcher starts the
+    ranks): an edit there changes the layout reference's key, so no replay is held to a reference recorded before."""
+    import inspect
+
+    from workbench.replay import distributed, launcher, references
+
+    layout = Layout(2, "fsdp2", "ep")
+    key = references.layout_key("k" * 32, layout)
+    assert key == references.layout_key("k" * 32, layout) and key != references.layout_key("j" * 32, layout)
+    assert distributed in references.LAYOUT_MODULES and launcher in references.LAYOUT_MODULES
+    edited = [inspect.getsource(m) + ("# edited\n" if m is distributed else "") for m in references.LAYOUT_MODULES]
+    monkeypatch.setattr(inspect, "getsource", lambda module: edited[references.LAYOUT_MODULES.index(module)])
+    assert references.layout_key("k" * 32, layout) != key

@@ -270,6 +270,3 @@ class ReplayModel(nn.Module):
                 module.add_lora(rank, alpha, g)
                 adapters.update({f"{name}.lora_a": module.lora_a, f"{name}.lora_b": module.lora_b})
         return adapters
-
-    def route_counts(self) -> list[torch.Tensor]:
-        return [m.last_counts for m in self.moe if m.last_counts is not None]

@@ -10,37 +10,25 @@ embedding, through one more transformer layer, with the shared embedding and out
 
 The main model is the replay model unchanged (workbench.replay.model), its parameters drawn first from the seed, so
 it starts where a replay without MTP starts; the curve recorded is L_main, the MTP loss beside it, each held against
-its own reference (a reference run with MTP). The training loop is workbench.replay.train's with the MTP loss added
-(and the MTP layer's router bias balanced like the others'); the default replays never come here.
+its own reference (a reference run with MTP). The training loop is workbench.replay.train's ``fit``, with the MTP
+loss recorded beside the main one and the MTP layer's router bias balanced like the others'; the default replays
+never come here.
 Shapes: tokens, targets [B, T] int64; hidden states [B*T, D].
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from workbench.blocks.moe_router import update_bias
 from workbench.replay.arch import Architecture
-from workbench.replay.data import batches
 from workbench.replay.model import EPS, GatedDSA, KDAAttention, LatentAttention, MoE, ReplayModel, _param
 from workbench.replay.presets import Preset
-from workbench.replay.train import (
-    BETAS,
-    BIAS_UPDATE,
-    CLIP_NORM,
-    WARMUP_STEPS,
-    RunResult,
-    _cast_parameters,
-    _deterministic_and_seeded,
-    _evaluate,
-    fingerprint,
-)
+from workbench.replay.train import RunResult, _cast_parameters, _deterministic_and_seeded, fit
 
 MTP_WEIGHT = 0.3
 
@@ -111,36 +99,9 @@ def _train(preset: Preset, arch: Architecture, steps: int, seed: int, ops: dict[
     model = MTPReplayModel(preset, arch)
     _cast_parameters(model, getattr(torch, preset.dtype))
     model = model.to(device)
-    trainable = dict(model.named_parameters())
-    optimizer = torch.optim.AdamW(trainable.values(), lr=preset.lr, betas=BETAS, weight_decay=preset.weight_decay,
-                                  foreach=False)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
-    run = MTPRun(RunResult())
-    result, start = run.result, time.perf_counter()
-    for step, (tokens, targets) in enumerate(batches(preset.vocab, "pretrain", preset.seq_len, preset.batch, steps,
-                                                     seed)):
-        loss = model.loss(tokens.to(device), targets.to(device), ops)
-        main, mtp = model.last_losses
-        if not (math.isfinite(main) and math.isfinite(mtp)):
-            result.nonfinite_step = step
-            break
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(trainable.values()), CLIP_NORM))
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for moe in [*model.moe, model.mtp.moe]:
-                moe.bias.copy_(update_bias(moe.bias, moe.last_counts, BIAS_UPDATE))
-        result.curve.append(main)
-        result.grad_norms.append(grad_norm)
-        run.mtp_curve.append(mtp)
-        if on_step:
-            on_step(step, main, time.perf_counter() - start)
-    result.seconds = time.perf_counter() - start
-    result.fingerprints = {n: fingerprint(n, p) for n, p in trainable.items()}
-    _evaluate(model, preset, "pretrain", seed, ops, device, result)
-    return run
+    result, more = fit(model, dict(model.named_parameters()), preset.lr, "pretrain", preset, steps, seed, ops, device,
+                       on_step, parts=lambda m, loss: list(m.last_losses), balanced=lambda m: [*m.moe, m.mtp.moe])
+    return MTPRun(result, more[0] if more else [])  # (no MTP curve when the first step is not finite)
 
 
 def source_digest_parts() -> list[str]:

@@ -20,6 +20,8 @@ from workbench.blocks import get_block
 from workbench.config import Settings
 from workbench.replay import arch as arch_module
 from workbench.replay import data as data_module
+from workbench.replay import distributed as distributed_module
+from workbench.replay import launcher as launcher_module
 from workbench.replay import model as model_module
 from workbench.replay import mtp as mtp_module
 from workbench.replay import train as train_module
@@ -43,6 +45,10 @@ def reference_file(settings: Settings, model: str, preset: Preset, mode: str, st
 
 def base_path(settings: Settings, model: str, preset: Preset) -> Path:
     return replay_folder(settings, model, preset) / f"base-seed{BASE_SEED}.pt"
+
+
+LAYOUT_MODULES = (distributed_module, launcher_module)
+"""What a layout's reference run computes with besides the replay model's own code (layout_key)."""
 
 
 @cache
@@ -137,8 +143,7 @@ def layout_reference_run(settings: Settings, model: str, preset: Preset, arch: A
     """The reference blocks trained under ``layout`` (once, then kept in the store under a key of its own): what
     each rank's local loss should be, so a replay that leaves its band names the rank. Returns (result, rank
     curves, where it came from: store | run)."""
-    key = hashlib.sha256(json.dumps([reference_key_, layout.ranks, layout.sharding, layout.experts]).encode()) \
-        .hexdigest()[:32]
+    key = layout_key(reference_key_, layout)
     engine = get_engine(settings.db_url)
     stored = None if rerun else records.find_reference_replay(engine, model, key)
     if stored is not None:
@@ -152,6 +157,17 @@ def layout_reference_run(settings: Settings, model: str, preset: Preset, arch: A
                                   backend=backend.name, key=key,
                                   result={**done["result"], "rank_curves": done["rank_curves"]})
     return RunResult(**done["result"]), done["rank_curves"], "run"
+
+
+def layout_key(reference_key_: str, layout: Layout) -> str:
+    """The key of a layout's reference run: the single-process reference's key, the layout (ranks, sharding,
+    experts' placement) and the sources of the modules a layout run computes with besides the replay model's
+    (``LAYOUT_MODULES``: its training loop and expert-parallel MoE, the launcher), so an edit there re-runs the
+    layout's reference instead of holding replays to a stale one."""
+    h = hashlib.sha256(json.dumps([reference_key_, layout.ranks, layout.sharding, layout.experts]).encode())
+    for module in LAYOUT_MODULES:
+        h.update(inspect.getsource(module).encode())
+    return h.hexdigest()[:32]
 
 
 def _run_result(stored: dict) -> RunResult:

@@ -117,17 +117,36 @@ def _fit_steps(preset: Preset, arch: Architecture, mode: str, steps: int, seed: 
     else:
         trainable = {n: p for n, p in model.named_parameters()}
         lr, corpus = preset.lr, "pretrain"
+    balanced = (lambda m: list(m.moe)) if mode == "scratch" else None
+    result, _ = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, on_step, balanced=balanced)
+    return model, result
+
+
+def loss_value(model: ReplayModel, loss: torch.Tensor) -> list[float]:
+    """The parts of a step's loss that a run records: the loss itself."""
+    return [float(loss.detach())]
+
+
+def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpus: str, preset: Preset, steps: int,
+        seed: int, ops: dict[str, Callable], device: str, on_step: Callable[[int, float, float], None] | None, *,
+        parts: Callable[[ReplayModel, torch.Tensor], list[float]] = loss_value,
+        balanced: Callable[[ReplayModel], list] | None = None) -> tuple[RunResult, list[list[float]]]:
+    """The training loop every single-process replay runs: AdamW on ``trainable`` with warmup, the corpus in its
+    fixed order, the gradient clipped, then the evaluation. Hooks: ``parts(model, loss)``, the values a step records
+    (the first is the curve, the rest are returned as further curves, e.g. the MTP loss; a non-finite one ends the
+    run); ``balanced(model)``, the MoE layers whose router bias is balanced after each step (aux-loss-free, from the
+    step's expert counts; None: no balancing, as in LoRA). Returns the result and the further curves."""
     optimizer = torch.optim.AdamW(trainable.values(), lr=lr, betas=BETAS, weight_decay=preset.weight_decay,
                                   foreach=False)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
     data = batches(preset.vocab, corpus, preset.seq_len, preset.batch, steps, seed)
-    result = RunResult()
+    result, more = RunResult(), []
     start = time.perf_counter()
     for step, (tokens, targets) in enumerate(data):
         tokens, targets = tokens.to(device), targets.to(device)
         loss = model.loss(tokens, targets, ops)
-        value = float(loss.detach())
-        if not math.isfinite(value):
+        values = parts(model, loss)
+        if not all(math.isfinite(v) for v in values):
             result.nonfinite_step = step
             break
         loss.backward()
@@ -135,18 +154,21 @@ def _fit_steps(preset: Preset, arch: Architecture, mode: str, steps: int, seed: 
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        if mode == "scratch":
+        if balanced is not None:
             with torch.no_grad():
-                for moe, counts in zip(model.moe, model.route_counts(), strict=True):
-                    moe.bias.copy_(update_bias(moe.bias, counts, BIAS_UPDATE))
-        result.curve.append(value)
+                for moe in balanced(model):
+                    moe.bias.copy_(update_bias(moe.bias, moe.last_counts, BIAS_UPDATE))
+        result.curve.append(values[0])
         result.grad_norms.append(grad_norm)
+        more = more or [[] for _ in values[1:]]
+        for curve, value in zip(more, values[1:], strict=True):
+            curve.append(value)
         if on_step:
-            on_step(step, value, time.perf_counter() - start)
+            on_step(step, values[0], time.perf_counter() - start)
     result.seconds = time.perf_counter() - start
     result.fingerprints = {n: fingerprint(n, p) for n, p in trainable.items()}
     _evaluate(model, preset, corpus, seed, ops, device, result)
-    return model, result
+    return result, more
 
 
 @torch.no_grad()
