@@ -24,10 +24,8 @@ Events (stdout, ``@@replay <json>``, rank 0 only but for errors): {"event": "ste
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -37,7 +35,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workbench.blocks.moe_router import update_bias
 from workbench.blocks.situ import BETA as SITU_BETA
 from workbench.blocks.situ import LINEAR_BETA as SITU_LINEAR_BETA
 from workbench.errors import WorkbenchError
@@ -47,15 +44,12 @@ from workbench.replay.data import batches
 from workbench.replay.model import EPS, MoE, ReplayModel
 from workbench.replay.presets import Preset
 from workbench.replay.train import (
-    BETAS,
-    BIAS_UPDATE,
-    CLIP_NORM,
     EVAL_SEED_OFFSET,
-    WARMUP_STEPS,
+    Hooks,
     RunResult,
     _deterministic_and_seeded,
     build_model,
-    fingerprint,
+    fit,
 )
 
 LAYOUTS = ("fsdp2+ep",)
@@ -255,8 +249,10 @@ def train_distributed(preset: Preset, arch: Architecture, mode: str, steps: int,
                       ops: dict[str, Callable], device: str, base: str | None,
                       on_step: Callable[[int, float, list[float], float], None] | None = None, chunks: int = 1
                       ) -> RankRun:
-    """The single-process training of workbench.replay.train under the layout (module docstring); every rank
-    returns the same RankRun; on_step(step, loss, rank_losses, seconds) after each step; chunks: of the expert
+    """The training of workbench.replay.train (its ``fit``, with this layout's hooks: a rank's rows, the global
+    mean and each rank's loss, expert gradients scaled, the global norm clipped, counts summed over the ranks,
+    parameters gathered for their fingerprints, the held-out batch split) under the layout (module docstring); every
+    rank returns the same RankRun; on_step(step, loss, rank_losses, seconds) after each step; chunks: of the expert
     dispatch (ExpertParallelMoE)."""
     with _deterministic_and_seeded():
         return _train(preset, arch, mode, steps, seed, ops, device, base, on_step, chunks)
@@ -279,46 +275,31 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
     params = dict(model.named_parameters())
     trainable = {n: params[n] for n in names}
     experts = set(expert_parameters(model))
-    optimizer = torch.optim.AdamW(trainable.values(), lr=lr, betas=BETAS, weight_decay=preset.weight_decay,
-                                  foreach=False)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
-    share = preset.batch // world
-    rows = slice(rank * share, (rank + 1) * share)
-    result, rank_curves = RunResult(), [[] for _ in range(world)]
-    start = time.perf_counter()
-    for step, (tokens, targets) in enumerate(batches(preset.vocab, corpus, preset.seq_len, preset.batch, steps,
-                                                     seed)):
-        loss = model.loss(tokens[rows].to(device), targets[rows].to(device), ops)
-        local = _gather_rows(loss.detach().float().reshape(1).cpu().to(device)).cpu().tolist()
-        value = sum(local) / world
-        if not math.isfinite(value):
-            result.nonfinite_step = step
-            break
-        loss.backward()
+    rows = slice(rank * (preset.batch // world), (rank + 1) * (preset.batch // world))
+    local: list[float] = []
+
+    def parts(model: ReplayModel, loss: torch.Tensor) -> list[float]:
+        """The global mean (the mean of the ranks' means), then each rank's local loss."""
+        local[:] = _gather_rows(loss.detach().float().reshape(1).cpu().to(device)).cpu().tolist()
+        return [sum(local) / world, *local]
+
+    def scale_experts(trainable: dict[str, torch.Tensor]) -> None:
         for name in experts & set(trainable):  # each rank's loss is a mean over its own tokens
             if trainable[name].grad is not None:
                 trainable[name].grad.div_(world)
-        grad_norm = _clip_global_norm(list(trainable.values()), CLIP_NORM)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if mode == "scratch":
-            with torch.no_grad():
-                for moe in model.moe:
-                    counts = moe.last_counts.clone()
-                    dist.all_reduce(counts)
-                    moe.bias.copy_(update_bias(moe.bias, counts, BIAS_UPDATE))
-        result.curve.append(value)
-        result.grad_norms.append(grad_norm)
-        for r, v in enumerate(local):
-            rank_curves[r].append(v)
-        if on_step:
-            on_step(step, value, local, time.perf_counter() - start)
-    result.seconds = time.perf_counter() - start
-    result.fingerprints = {n: fingerprint(n, _full(n, p, experts)) for n, p in trainable.items()}
-    if result.nonfinite_step is None:
-        _evaluate(model, preset, corpus, seed, ops, device, rows, result)
-    return RankRun(result, rank_curves)
+
+    def summed(counts: torch.Tensor) -> torch.Tensor:
+        counts = counts.clone()
+        dist.all_reduce(counts)
+        return counts
+
+    hooks = Hooks(parts=parts, balanced=(lambda m: list(m.moe)) if mode == "scratch" else None, counts=summed,
+                  rows=rows, after_backward=scale_experts, clip=_clip_global_norm,
+                  full=lambda name, param: _full(name, param, experts),
+                  evaluate=lambda *args: _evaluate(*args[:6], rows, args[6]))
+    step_event = None if on_step is None else lambda step, value, seconds: on_step(step, value, list(local), seconds)
+    result, rank_curves = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, step_event, hooks)
+    return RankRun(result, rank_curves or [[] for _ in range(world)])
 
 
 @torch.no_grad()

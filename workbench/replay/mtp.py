@@ -28,7 +28,7 @@ from torch import nn
 from workbench.replay.arch import Architecture
 from workbench.replay.model import EPS, GatedDSA, KDAAttention, LatentAttention, MoE, ReplayModel, _param
 from workbench.replay.presets import Preset
-from workbench.replay.train import RunResult, _cast_parameters, _deterministic_and_seeded, fit
+from workbench.replay.train import Hooks, RunResult, _cast_parameters, _deterministic_and_seeded, fit
 
 MTP_WEIGHT = 0.3
 
@@ -100,7 +100,8 @@ def _train(preset: Preset, arch: Architecture, steps: int, seed: int, ops: dict[
     _cast_parameters(model, getattr(torch, preset.dtype))
     model = model.to(device)
     result, more = fit(model, dict(model.named_parameters()), preset.lr, "pretrain", preset, steps, seed, ops, device,
-                       on_step, parts=lambda m, loss: list(m.last_losses), balanced=lambda m: [*m.moe, m.mtp.moe])
+                       on_step, Hooks(parts=lambda m, loss: list(m.last_losses),
+                                      balanced=lambda m: [*m.moe, m.mtp.moe]))
     return MTPRun(result, more[0] if more else [])  # (no MTP curve when the first step is not finite)
 
 

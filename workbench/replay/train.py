@@ -117,8 +117,8 @@ def _fit_steps(preset: Preset, arch: Architecture, mode: str, steps: int, seed: 
     else:
         trainable = {n: p for n, p in model.named_parameters()}
         lr, corpus = preset.lr, "pretrain"
-    balanced = (lambda m: list(m.moe)) if mode == "scratch" else None
-    result, _ = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, on_step, balanced=balanced)
+    hooks = Hooks(balanced=(lambda m: list(m.moe)) if mode == "scratch" else None)
+    result, _ = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, on_step, hooks)
     return model, result
 
 
@@ -127,15 +127,44 @@ def loss_value(model: ReplayModel, loss: torch.Tensor) -> list[float]:
     return [float(loss.detach())]
 
 
+def clip_norm(params: list[torch.Tensor], max_norm: float) -> float:
+    """torch's clip_grad_norm_ over ``params``; the norm before clipping."""
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+@dataclass
+class Hooks:
+    """What a run changes in the one training loop (``fit``); the defaults are the single-process run's.
+
+    parts(model, loss): the values a step records; the first is the curve, the rest come back as further curves
+        (the MTP loss; each rank's local loss); a non-finite one ends the run.
+    balanced(model): the MoE layers whose router bias is balanced after each step (aux-loss-free), from
+        ``counts(moe.last_counts)`` (the counts summed over ranks); None: no balancing (LoRA).
+    rows: the rows of each batch this process trains on (a rank's share).
+    after_backward(trainable): a change to the gradients before clipping (expert gradients scaled by 1 / ranks).
+    clip(params, max_norm) -> the norm: the gradient clipping (over every rank's shards).
+    full(name, param): the whole parameter for its fingerprint (a shard or an expert slice gathered).
+    evaluate(model, preset, corpus, seed, ops, device, result): the held-out batch (split over the ranks).
+    """
+
+    parts: Callable[[ReplayModel, torch.Tensor], list[float]] = loss_value
+    balanced: Callable[[ReplayModel], list] | None = None
+    counts: Callable[[torch.Tensor], torch.Tensor] = lambda counts: counts
+    rows: slice = field(default_factory=lambda: slice(None))
+    after_backward: Callable[[dict[str, torch.Tensor]], None] | None = None
+    clip: Callable[[list[torch.Tensor], float], float] = clip_norm
+    full: Callable[[str, torch.Tensor], torch.Tensor] = lambda name, param: param
+    evaluate: Callable[..., None] | None = None
+
+
 def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpus: str, preset: Preset, steps: int,
-        seed: int, ops: dict[str, Callable], device: str, on_step: Callable[[int, float, float], None] | None, *,
-        parts: Callable[[ReplayModel, torch.Tensor], list[float]] = loss_value,
-        balanced: Callable[[ReplayModel], list] | None = None) -> tuple[RunResult, list[list[float]]]:
-    """The training loop every single-process replay runs: AdamW on ``trainable`` with warmup, the corpus in its
-    fixed order, the gradient clipped, then the evaluation. Hooks: ``parts(model, loss)``, the values a step records
-    (the first is the curve, the rest are returned as further curves, e.g. the MTP loss; a non-finite one ends the
-    run); ``balanced(model)``, the MoE layers whose router bias is balanced after each step (aux-loss-free, from the
-    step's expert counts; None: no balancing, as in LoRA). Returns the result and the further curves."""
+        seed: int, ops: dict[str, Callable], device: str, on_step: Callable[[int, float, float], None] | None,
+        hooks: Hooks | None = None) -> tuple[RunResult, list[list[float]]]:
+    """The training loop every replay runs (single process, MTP, and each rank of a parallel layout): AdamW on
+    ``trainable`` with warmup, the corpus in its fixed order, the gradient clipped, the router biases balanced, then
+    the evaluation; what a run changes comes through ``hooks``. on_step(step, curve value, seconds) after each step.
+    Returns the result and the further curves (``Hooks.parts``)."""
+    hooks = hooks or Hooks()
     optimizer = torch.optim.AdamW(trainable.values(), lr=lr, betas=BETAS, weight_decay=preset.weight_decay,
                                   foreach=False)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
@@ -143,21 +172,22 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
     result, more = RunResult(), []
     start = time.perf_counter()
     for step, (tokens, targets) in enumerate(data):
-        tokens, targets = tokens.to(device), targets.to(device)
-        loss = model.loss(tokens, targets, ops)
-        values = parts(model, loss)
+        loss = model.loss(tokens[hooks.rows].to(device), targets[hooks.rows].to(device), ops)
+        values = hooks.parts(model, loss)
         if not all(math.isfinite(v) for v in values):
             result.nonfinite_step = step
             break
         loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(trainable.values()), CLIP_NORM))
+        if hooks.after_backward is not None:
+            hooks.after_backward(trainable)
+        grad_norm = hooks.clip(list(trainable.values()), CLIP_NORM)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        if balanced is not None:
+        if hooks.balanced is not None:
             with torch.no_grad():
-                for moe in balanced(model):
-                    moe.bias.copy_(update_bias(moe.bias, moe.last_counts, BIAS_UPDATE))
+                for moe in hooks.balanced(model):
+                    moe.bias.copy_(update_bias(moe.bias, hooks.counts(moe.last_counts), BIAS_UPDATE))
         result.curve.append(values[0])
         result.grad_norms.append(grad_norm)
         more = more or [[] for _ in values[1:]]
@@ -166,8 +196,9 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
         if on_step:
             on_step(step, values[0], time.perf_counter() - start)
     result.seconds = time.perf_counter() - start
-    result.fingerprints = {n: fingerprint(n, p) for n, p in trainable.items()}
-    _evaluate(model, preset, corpus, seed, ops, device, result)
+    result.fingerprints = {n: fingerprint(n, hooks.full(n, p)) for n, p in trainable.items()}
+    if result.nonfinite_step is None:
+        (hooks.evaluate or _evaluate)(model, preset, corpus, seed, ops, device, result)
     return result, more
 
 
@@ -175,8 +206,6 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
 def _evaluate(model: ReplayModel, preset: Preset, corpus: str, seed: int, ops: dict[str, Callable], device: str,
               result: RunResult) -> None:
     """Held-out batch (the same corpus, another seed): its loss and the top-k next-token log-probs of every token."""
-    if result.nonfinite_step is not None:
-        return
     tokens, targets = batches(preset.vocab, corpus, preset.seq_len, preset.batch, 1, seed + EVAL_SEED_OFFSET)[0]
     logprobs = model.logprobs(tokens.to(device), ops)
     result.eval_loss = float(-logprobs.gather(1, targets.to(device).reshape(-1, 1)).mean())
