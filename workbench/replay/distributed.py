@@ -23,6 +23,7 @@ Events (stdout, ``@@replay <json>``, rank 0 only but for errors): {"event": "ste
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -296,7 +297,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
     hooks = Hooks(parts=parts, balanced=(lambda m: list(m.moe)) if mode == "scratch" else None, counts=summed,
                   rows=rows, after_backward=scale_experts, clip=_clip_global_norm,
                   full=lambda name, param: _full(name, param, experts),
-                  evaluate=lambda *args: _evaluate(*args[:6], rows, args[6]))
+                  evaluate=functools.partial(_evaluate, rows=rows))
     step_event = None if on_step is None else lambda step, value, seconds: on_step(step, value, list(local), seconds)
     result, rank_curves = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, step_event, hooks)
     return RankRun(result, rank_curves or [[] for _ in range(world)])
@@ -304,7 +305,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
 
 @torch.no_grad()
 def _evaluate(model: ReplayModel, preset: Preset, corpus: str, seed: int, ops: dict[str, Callable], device: str,
-              rows: slice, result: RunResult) -> None:
+              result: RunResult, *, rows: slice) -> None:
     """The held-out batch split like a training batch; log-probs gathered in rank order (workbench.replay.train's
     _evaluate over the whole batch)."""
     tokens, targets = batches(preset.vocab, corpus, preset.seq_len, preset.batch, 1, seed + EVAL_SEED_OFFSET)[0]
