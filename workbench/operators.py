@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from workbench import syntax
 from workbench.errors import WorkbenchError
 
 
@@ -28,7 +29,7 @@ def launch_settings(source: str) -> dict[str, Any]:
     """How an operator's launches are set per call, read from its source (never run): its LAUNCH_SETTINGS table
     per target, and the docstring of each ``*_launch`` rule over the shape. {} when everything is fixed."""
     found: dict[str, Any] = {}
-    for node in ast.parse(source).body:
+    for node in syntax.parse(source).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAUNCH_SETTINGS" for t in node.targets):
             found["per_target"] = ast.literal_eval(node.value)
         elif isinstance(node, ast.FunctionDef) and node.name.endswith("_launch"):

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from workbench import syntax
 from workbench.blocks.base import BlockSpec, shape_label
 from workbench.verify.contract import definitions
 
@@ -183,7 +184,7 @@ PYTHON_LANGS = ("", "python", "py", "python3")
 def _module_defs(code: str) -> tuple[bool, bool] | None:
     """(defines run, defines BLOCK) for code that parses; None when it does not."""
     try:
-        found = definitions(ast.parse(code))
+        found = definitions(syntax.parse(code))
     except (SyntaxError, ValueError):
         return None
     return found.run_args is not None, found.has_block
@@ -193,7 +194,7 @@ def _with_block(code: str, block: str, has_block: bool) -> str:
     """The module with ``BLOCK = "<block>"`` added after its imports when the model left it out."""
     if has_block:
         return code
-    tree = ast.parse(code)
+    tree = syntax.parse(code)
     after = 0
     for node in tree.body:
         if isinstance(node, ast.Import | ast.ImportFrom) or (

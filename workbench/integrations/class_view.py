@@ -25,6 +25,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench import syntax
+
 GENERIC_MODULES = ("Embedding", "Linear")
 """Module classes every model has (the embedding, the logits head): not parts of the architecture to port."""
 
@@ -69,7 +71,7 @@ def source_names(source: str) -> set[str]:
     constants (``kwargs.get("short_conv_kernel_size")``), docstrings and bare strings left out."""
     names: set[str] = set()
     docstrings = set()
-    tree = ast.parse(textwrap.dedent(source))
+    tree = syntax.parse(textwrap.dedent(source))
     for node in ast.walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             docstrings.add(id(node.value))

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench import syntax
+
 _BLOCK_RE = re.compile(r"""^BLOCK\s*(?::\s*str\s*)?=\s*["']([A-Za-z0-9_]+)["']""", re.M)
 
 
@@ -40,7 +42,7 @@ def definitions(tree: ast.Module) -> Definitions:
 def declared_block(source: str) -> str | None:
     """The block a candidate says it is for; a module that does not parse still says it by its BLOCK line."""
     try:
-        return definitions(ast.parse(source)).block
+        return definitions(syntax.parse(source)).block
     except SyntaxError:
         match = _BLOCK_RE.search(source)
         return match.group(1) if match else None
@@ -50,7 +52,7 @@ def contract_problem(source: str, path: str, block: str, arg_names: tuple[str, .
     """None when ``source`` compiles, says BLOCK = ``block`` and defines run(<arg_names>); else the problem in one
     line (a syntax error with its file, line and text)."""
     try:
-        tree = ast.parse(compile(source, path, "exec", flags=ast.PyCF_ONLY_AST))
+        tree = syntax.parse(source, path)
     except SyntaxError as exc:
         line = (exc.text or "").strip()
         return f"{Path(path).name}:{exc.lineno}: SyntaxError: {exc.msg}" + (f": {line[:200]}" if line else "")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 
+from workbench import syntax
+
 FORBIDDEN_MODULES = ("torch.utils._python_dispatch", "torch._C", "torch._subclasses", "torch.overrides",
                      "torch.fx.experimental.proxy_tensor", "torch._dispatch", "torch._ops")
 # (frame attributes are the audit hook's, at run time: verdict introspection)
@@ -48,7 +50,7 @@ def instrumentation_access(source: str) -> str | None:
     """"line N: <what>" for the first place the source reaches into the instrumentation, None when it does not (or
     does not parse: the verifier's compile_error speaks for that)."""
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError):
         return None
     inside_allowed = set()  # the inner links of an allowed chain (torch._C of torch._C._get_accelerator)
@@ -100,7 +102,7 @@ def capture_probe(source: str) -> str | None:
     """"line N: <what>" for the first place the source can tell a capture from a run (RUNTIME_PROBES, or a
     comparison with the string "meta"), None when it cannot (or does not parse)."""
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError):
         return None
     for node in ast.walk(tree):
