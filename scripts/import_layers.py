@@ -20,6 +20,18 @@ def room_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
+def imported_modules(node: ast.AST) -> list[str]:
+    """The modules an import statement names: ``import a.b`` -> a.b; ``from a.b import c`` -> a.b;
+    ``from workbench import store`` -> workbench.store (a room imported by name); relative imports are left out."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
+        return []
+    if node.module == "workbench":
+        return [f"workbench.{a.name}" for a in node.names if not a.name.startswith("__")]
+    return [node.module]
+
+
 def imports(package: Path) -> dict[str, set[str]]:
     """{room: rooms it imports}, from every .py file under ``package``."""
     graph: dict[str, set[str]] = {}
@@ -28,8 +40,7 @@ def imports(package: Path) -> dict[str, set[str]]:
         room = room_of(".".join(rel.parts))
         graph.setdefault(room, set())
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            names = imported_modules(node)
             for name in names:
                 if name.startswith("workbench."):
                     graph[room].add(room_of(name))
