@@ -4,6 +4,7 @@ card's blocks, sizes, layer counts, sources and gaps, and `workbench plan` on th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 
 import workbench.models
 from workbench.blocks import REGISTRY
+from workbench.blocks._config import Found
+from workbench.blocks.base import FAMILIES
 from workbench.cli import app
 from workbench.errors import WorkbenchError
 from workbench.models import get_model
@@ -177,6 +180,37 @@ def test_an_unknown_family_gives_a_card_with_gaps(tmp_path):
     assert {"attention", "linear_attention"} <= gaps(card)
     assert "attention_hidden_size" in card["unread_fields"]
 
+
+
+def test_a_router_no_mode_computes_is_marked_as_a_different_variant(tmp_path):
+    router = onboard(write(tmp_path, {**DEEPSEEK_V3, "scoring_func": "sqrtsoftplus"}))["blocks"]["moe_router"]
+    assert router["shapes"] == [] and router["layers"] == 58
+    assert router["differs"] == "the catalog's router scores with sigmoid or softmax; the config's uses sqrtsoftplus " \
+                                "scores (renormalize=True)"
+
+
+def test_a_new_block_module_onboards_through_its_own_rule(tmp_path, monkeypatch):
+    """The recipe for a block: its module's SPEC carries its onboarding rule. A softmax attention block registered
+    beside the catalog takes Llama's attention, which was a gap, and the family's gap rule stands down."""
+    seen = []
+
+    def softmax_rule(model):
+        seen.append((model.full_layers, model.heads, model.head_dim))
+        return [Found("softmax attention", model.full_layers, [{"T": model.tokens, "H": model.heads}],
+                      [model.heads_field])]
+
+    spec = dataclasses.replace(REGISTRY["swiglu"], name="softmax_attention", family="attention", onboard=softmax_rule)
+    monkeypatch.setitem(REGISTRY, "softmax_attention", spec)
+    card = onboard(write(tmp_path, LLAMA))
+    assert seen == [(32, 32, 128)] and not gaps(card)
+    assert card["blocks"]["softmax_attention"] == {"role": "softmax attention", "shapes": [{"T": 8192, "H": 32}],
+                                                   "layers": 32, "fields": ["num_attention_heads"]}
+    assert list(card["blocks"])[0] == "softmax_attention"  # the attention family comes first in the card
+
+
+def test_every_block_of_the_catalog_has_an_onboarding_rule_and_a_family():
+    for name, spec in REGISTRY.items():
+        assert spec.family in FAMILIES and callable(spec.onboard), name
 
 @pytest.mark.parametrize("content, message", [
     ("{not json", "is not readable JSON"),

@@ -7,8 +7,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from workbench.blocks.base import BlockSpec
+from workbench.blocks.base import FAMILIES, BlockSpec
 from workbench.errors import UnknownBlockError
+
+REPLAY_PARTS = ("", "layer", "moe", "shared_expert", "loss", "K", "D", "M")
+"""The parts of the replay model a block can be called in (``BlockSpec.replay``)."""
 
 
 def _discover() -> dict[str, BlockSpec]:
@@ -19,6 +22,9 @@ def _discover() -> dict[str, BlockSpec]:
         spec = getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPEC", None)
         if not isinstance(spec, BlockSpec) or spec.name != info.name:
             raise ImportError(f"workbench/blocks/{info.name}.py must define SPEC = BlockSpec(name='{info.name}', ...)")
+        if spec.family not in FAMILIES or spec.replay not in REPLAY_PARTS:
+            raise ImportError(f"workbench/blocks/{info.name}.py: family {spec.family!r} is not one of {FAMILIES}, or "
+                              f"replay {spec.replay!r} not one of {REPLAY_PARTS}")
         specs[spec.name] = spec
     return specs
 

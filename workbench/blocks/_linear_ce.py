@@ -32,6 +32,7 @@ import random
 import torch
 import torch.nn.functional as F
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, I64, Peer, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -158,3 +159,11 @@ def cce_linear_ce(h, W, y, ignore_index, reduction):
 
 LINEAR_CE_PEERS = (Peer("liger", "liger_kernel", liger_linear_ce),
                    Peer("cut-cross-entropy", "cut_cross_entropy", cce_linear_ce))
+
+
+def linear_ce_found(model: ModelConfig, role: str) -> list[Found]:
+    """A loss head's entry: the model's tokens of a step against its whole vocabulary."""
+    if not model.vocab:
+        return []
+    return [Found(role, None, [{"N": model.tokens, "V": model.vocab, "D": model.hidden}],
+                  [model.vocab_field, model.hidden_field])]

@@ -22,6 +22,7 @@ import random
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.numerics import DEFAULT_TOLERANCES, Tolerance, compare, contract_problem
 
 ZIPF_S = 1.1
@@ -170,3 +171,12 @@ def routed_rows_hidden_shapes(rng: random.Random) -> list[dict[str, int]]:
     """Four draws for ROUTED_ROWS_SUITES' dims: routing sizes (k <= E), D in [16, 64], hot and drop on or off."""
     return [{"N": s["N"], "D": rng.randint(16, 64), "E": s["E"], "k": s["k"], "hot": rng.randint(0, 1),
              "drop": rng.randint(0, 1)} for s in (draw_routing_shape(rng) for _ in range(4))]
+
+
+def routed_rows_found(model: ModelConfig, role: str) -> list[Found]:
+    """moe_permute's and moe_combine's entry: every MoE layer moves each token's k rows at the experts' width."""
+    if not model.experts:
+        return []
+    return [Found(role, model.moe_layers, [{"N": model.tokens, "D": model.expert_width or model.hidden,
+                                             "E": model.experts, "k": model.active, "hot": 0, "drop": 0}],
+                  [model.experts_field, model.active_field, model.expert_width_field])]

@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -101,6 +102,17 @@ def work(s: Shape) -> tuple[Work, Work]:
     return Work(BF16 * (lnd + nd + nl), vector_flops=4 * lnd), \
         Work(BF16 * (2 * lnd + nd + nl), vector_flops=8 * lnd)
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every layer of a config with attn_res_block_size: the mixing with and without its norm."""
+    size, size_field = model.integer("attn_res_block_size")
+    if not size:
+        return []
+    return [Found("softmax-over-depth residual mixing before each sub-layer", model.layers,
+                  [{"L": size, "N": model.tokens, "D": model.hidden, "norm": norm} for norm in (1, 0)],
+                  [size_field, model.hidden_field])]
+
+
 SPEC = BlockSpec(
     name="attnres",
     family="residual",
@@ -112,4 +124,6 @@ SPEC = BlockSpec(
     outputs=("h", "p"),
     shapes=SHAPES,
     work=work,
+    onboard=onboard,
+    replay="layer",
 )

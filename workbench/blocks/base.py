@@ -10,15 +10,22 @@ import inspect
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from workbench.numerics import Tolerance, default_tolerance
 from workbench.vocabulary import key_values
 
+if TYPE_CHECKING:
+    from workbench.blocks._config import Found, ModelConfig
+
 Shape = Mapping[str, int]
 """Named dimensions of one test case, e.g. ``{"rows": 3, "N": 4097}``."""
+
+FAMILIES = ("linear_attention", "attention", "moe", "activation", "norm", "residual", "loss", "linear")
+"""The block families, in the order a model card lists its parts: the attention, the experts, the FFN activations,
+the norms, the residuals, the loss heads, the adapters."""
 
 SUITES = ("smoke", "edge", "model")
 """smoke: tiny, for the interpreter; edge: odd sizes and degenerate cases; model: the model card's sizes (GPU)."""
@@ -90,6 +97,13 @@ class BlockSpec:
         math above (workbench.perf.cost models times from it).
     peers: published implementations the benchmarks time beside the operator (Liger-Kernel, fla, CCE).
     not_compiled: why the benchmarks do not time ``torch.compile`` of the reference ("" when they do).
+    onboard(model) -> list[Found]: the block's entries in the card of a model whose config calls for it (none when it
+        does not), from the shared reading of the config (workbench.blocks._config.ModelConfig); workbench.onboard
+        runs every block's rule, family by family in FAMILIES order.
+    replay: the part of the replay model (workbench.replay.arch) that calls the block: "layer" (every layer),
+        "moe" (every MoE layer), "shared_expert" (the shared expert's activation: one of these), "loss" (the loss
+        head: one of these), or the letter of the attention layers that call it ("K" linear, "D" gated DSA, "M"
+        MLA); "" when no replay model calls it.
     """
 
     name: str
@@ -110,6 +124,8 @@ class BlockSpec:
     work: Callable[[Shape], tuple[Work, Work]] | None = None
     peers: tuple[Peer, ...] = ()
     not_compiled: str = ""
+    onboard: Callable[[ModelConfig], list[Found]] | None = None
+    replay: str = ""
 
     def meta_inputs(self, shape: Shape, dtype: torch.dtype) -> dict[str, Any]:
         """Every argument of ``reference`` at ``shape``, tensors on the meta device (see ``abstract_inputs``)."""

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._dsa import causal_mask, causal_topk, selection_counts
 from workbench.blocks.base import BF16, F32, I64, BlockSpec, Shape, Work
 from workbench.numerics import Tolerance, compute_dtype, contract_problem
@@ -207,6 +208,21 @@ def work(s: Shape) -> tuple[Work, Work]:
     fwd = Work(inputs + F32 * b * t * t + I64 * b * t * s["topk"], 2 * b * t * t * hi * di)
     return fwd, Work(F32 * b * t * t + inputs * 2, 4 * b * t * t * hi * di)
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The full-attention layers of a config with index_topk: the indexer's heads and head size."""
+    if not model.full_layers:
+        return []
+    topk, topk_field = model.integer("index_topk")
+    if not topk:
+        return []
+    heads, heads_field = model.integer("index_n_heads")
+    dim, dim_field = model.integer("index_head_dim")
+    return [Found("lightning indexer scoring and top-k selection", model.full_layers,
+                  [{"B": 1, "T": model.tokens, "HI": heads, "DI": dim, "topk": topk, "tie_free": 0}],
+                  [topk_field, heads_field, dim_field])]
+
+
 SPEC = BlockSpec(
     name="dsa_indexer",
     family="attention",
@@ -219,4 +235,6 @@ SPEC = BlockSpec(
     comparators={"forward:indices": compare_indices},
     hidden_shapes=hidden_shapes,
     work=work,
+    onboard=onboard,
+    replay="D",
 )

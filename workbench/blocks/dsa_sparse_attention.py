@@ -28,6 +28,7 @@ import random
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._dsa import causal_topk
 from workbench.blocks.base import BF16, I64, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
@@ -131,6 +132,25 @@ def work(s: Shape) -> tuple[Work, Work]:
     flops = 2 * b * t * k * h * (d + dv)
     return Work(inputs + outputs, flops), Work(2 * inputs + outputs, int(2.5 * flops))
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The full-attention layers of a config with index_topk; over an MLA latent (kv_lora_rank) the absorbed MQA
+    form: keys [c_kv | k_rope], values c_kv."""
+    if not model.full_layers:
+        return []
+    topk, topk_field = model.integer("index_topk")
+    if not topk:
+        return []
+    rank, rank_field = model.integer("kv_lora_rank")
+    latent = (rank or 0) + (model.integer("qk_rope_head_dim")[0] or 0)
+    shape = {"B": 1, "T": model.tokens, "H": model.heads, "HKV": 1, "D": latent or model.head_dim, "topk": topk,
+             "gated": 0}
+    if rank:
+        shape["DV"] = rank
+    return [Found("sparse attention over the selected keys", model.full_layers, [shape],
+                  [topk_field, rank_field, model.heads_field])]
+
+
 SPEC = BlockSpec(
     name="dsa_sparse_attention",
     family="attention",
@@ -142,4 +162,6 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
     work=work,
+    onboard=onboard,
+    replay="D",
 )

@@ -37,6 +37,7 @@ import random
 import torch
 import torch.nn.functional as F
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, F32, BlockSpec, Peer, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -216,6 +217,17 @@ def fla_chunk_kda(q, k, v, g, beta, scale, initial_state):
 
     return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True)
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every KDA layer (linear_attn_config.kda_layers), at the linear attention's heads and head size."""
+    if not model.kda_layers:
+        return []
+    heads, dim = model.kda_heads, model.kda_head_dim
+    return [Found("Kimi Delta Attention (chunked linear attention)", model.kda_layers,
+                  [{"B": 1, "T": model.tokens, "H": heads, "HV": heads, "K": dim, "V": dim, "h0": 1}],
+                  model.kda_fields)]
+
+
 SPEC = BlockSpec(
     name="kda",
     family="linear_attention",
@@ -230,4 +242,6 @@ SPEC = BlockSpec(
     work=work,
     peers=(Peer("fla chunk_kda", "fla", fla_chunk_kda),),
     not_compiled="its reference steps the recurrence token by token: dynamo would unroll every step",
+    onboard=onboard,
+    replay="K",
 )

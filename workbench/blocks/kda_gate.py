@@ -26,6 +26,7 @@ import random
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, F32, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -87,6 +88,23 @@ def work(s: Shape) -> tuple[Work, Work]:
     e = s["B"] * s["T"] * s["H"] * s["K"]
     return Work((BF16 + F32) * e), Work((2 * BF16 + F32) * e)
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every KDA layer's forget gate: bounded with linear_attn_config.gate_lower_bound, else Kimi Linear's softplus
+    form (``form`` 1)."""
+    if not model.kda_layers:
+        return []
+    linear, at = model.linear, model.linear_field
+    bound = linear.get("gate_lower_bound")
+    given = {"gate_lower_bound": bound is not None, "use_full_rank_gate": "use_full_rank_gate" in linear}
+    fields = [f"{at}.{key}" for key, present in given.items() if present]
+    shape = {"B": 1, "T": model.tokens, "H": model.kda_heads, "K": model.kda_head_dim}
+    if bound is None:
+        return [Found("KDA's decay gate, -exp(A_log) softplus(f + dt_bias) (no lower bound)", model.kda_layers,
+                      [{**shape, "form": 1}], fields or model.kda_fields[:1])]
+    return [Found(f"KDA's decay gate, lower bound {bound}", model.kda_layers, [shape], fields)]
+
+
 SPEC = BlockSpec(
     name="kda_gate",
     family="linear_attention",
@@ -99,4 +117,6 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
     work=work,
+    onboard=onboard,
+    replay="K",
 )

@@ -22,6 +22,7 @@ import random
 import torch
 import torch.nn.functional as F
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -70,6 +71,21 @@ def work(s: Shape) -> tuple[Work, Work]:
     return Work(BF16 * (2 * e + dw), vector_flops=2 * e * s["W"]), \
         Work(BF16 * (3 * e + 2 * dw), vector_flops=4 * e * s["W"])
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The KDA layers' convolution: linear_attn_config.short_conv_kernel_size, else the transformers class's value
+    where its KDA module convolves (Kimi Linear's linear_conv_kernel_dim, 4 by default); none without either."""
+    if not model.kda_layers:
+        return []
+    width, width_field = model.linear.get("short_conv_kernel_size"), f"{model.linear_field}.short_conv_kernel_size"
+    if not width:
+        width, width_field = model.class_value("linear_conv_kernel_dim", "kda_short_conv")
+    if not width:
+        return []
+    return [Found("KDA's causal depthwise short convolution (with SiLU) on q, k and v", model.kda_layers,
+                  [{"B": 1, "T": model.tokens, "D": model.kda_heads * model.kda_head_dim, "W": width}], [width_field])]
+
+
 SPEC = BlockSpec(
     name="kda_short_conv",
     family="linear_attention",
@@ -81,4 +97,6 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
     work=work,
+    onboard=onboard,
+    replay="K",
 )

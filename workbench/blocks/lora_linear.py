@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -67,6 +68,14 @@ def work(s: Shape) -> tuple[Work, Work]:
     bwd = Work(BF16 * (n * o + n * i + params + n * i + r * (i + o)), 2 * n * o * i + 6 * n * r * (i + o))
     return fwd, bwd
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every model is fine-tuned through adapters at the recipe's rank (not in a config)."""
+    return [Found("LoRA adapters on the attention and expert projections for fine-tuning", None,
+                  [{"N": model.tokens, "IN": model.hidden, "OUT": model.hidden, "r": model.lora_rank}],
+                  [model.hidden_field])]
+
+
 SPEC = BlockSpec(
     name="lora_linear",
     family="linear",
@@ -77,4 +86,6 @@ SPEC = BlockSpec(
     outputs=("y",),
     shapes=SHAPES,
     work=work,
+    onboard=onboard,
+    replay="layer",
 )

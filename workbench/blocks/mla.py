@@ -30,6 +30,7 @@ import random
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._dsa import causal_mask
 from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.blocks.rmsnorm import reference as rmsnorm
@@ -157,6 +158,29 @@ def work(s: Shape) -> tuple[Work, Work]:
     outputs = BF16 * b * t * h * dv
     return Work(inputs + outputs, up + attn), Work(2 * inputs + outputs, 2 * up + int(2.5 * attn))
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The full-attention layers of a config with kv_lora_rank: the attention from the latent (the q and kv
+    down-projections' norms are rmsnorm's shapes)."""
+    if not model.full_layers:
+        return []
+    rank, rank_field = model.integer("kv_lora_rank")
+    if not rank:
+        return []
+    q_field = model.integer("q_lora_rank")[1]
+    rope, rope_field = model.integer("qk_rope_head_dim")
+    nope, nope_field = model.integer("qk_nope_head_dim")
+    v_dim, v_field = model.integer("v_head_dim")
+    gate, gate_field = model.field("mla_use_output_gate")
+    no_rope, no_rope_field = model.field("mla_use_nope")
+    shape = {"B": 1, "T": model.tokens, "H": model.heads, "R": rank, "DN": nope or model.head_dim, "DR": rope or 0,
+             "DV": v_dim or nope or model.head_dim, "gated": int(bool(gate))}
+    role = ("multi-head latent attention" + (" with an output gate" if gate else "") +
+            (", no rotary embedding (mla_use_nope)" if no_rope else ""))
+    return [Found(role, model.full_layers, [shape], [rank_field, q_field, rope_field, nope_field, v_field, gate_field,
+                                                     no_rope_field, model.heads_field])]
+
+
 SPEC = BlockSpec(
     name="mla",
     family="attention",
@@ -169,4 +193,6 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
     work=work,
+    onboard=onboard,
+    replay="M",
 )

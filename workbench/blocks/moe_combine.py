@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._moe import (
     ROUTED_ROWS_SUITES,
     compare_float32_quantity,
     permutation,
+    routed_rows_found,
     routed_rows_hidden_shapes,
     routing_ids,
 )
@@ -73,6 +75,12 @@ def work(s: Shape) -> tuple[Work, Work]:
     return Work(BF16 * (nk * s["D"] + s["N"] * s["D"]) + (F32 + I64) * nk, vector_flops=2 * nk * s["D"]), \
         Work(BF16 * (s["N"] * s["D"] + 2 * nk * s["D"]) + (2 * F32 + I64) * nk, vector_flops=4 * nk * s["D"])
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every MoE layer."""
+    return routed_rows_found(model, "weighted unpermute back to token order")
+
+
 SPEC = BlockSpec(
     name="moe_combine",
     family="moe",
@@ -86,4 +94,6 @@ SPEC = BlockSpec(
     comparators={"grad:weights": compare_float32_quantity},
     hidden_shapes=routed_rows_hidden_shapes,
     work=work,
+    onboard=onboard,
+    replay="moe",
 )

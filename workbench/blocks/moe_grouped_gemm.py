@@ -32,7 +32,9 @@ import random
 import torch
 
 from workbench.blocks import situ
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._moe import draw_routing_shape, permutation, routing_ids
+from workbench.blocks._rows import GATED_ACTIVATIONS
 from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -125,6 +127,24 @@ def abstract_outputs(x, offsets, w1, w3, w2, activation, beta, linear_beta):
     """y [M, D] in x's dtype (one row per row of x): the library op's fake implementation."""
     return x.new_empty(x.shape[0], w2.shape[1])
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every MoE layer's routed experts, at their width (expert_width under latent MoE) and FFN size, with the
+    config's hidden_act; an activation the grouped GEMM does not compute is marked ``differs``."""
+    if not model.experts:
+        return []
+    act, act_field = model.field("hidden_act")
+    activation = GATED_ACTIVATIONS.get(str(act).lower()) if act else "swiglu"
+    known = activation in ACTIVATIONS
+    differs = "" if known else f"the catalog's grouped GEMM computes {' or '.join(ACTIVATIONS)}; the config's " \
+                               f"experts use {act} ({act_field})"
+    shape = {"N": model.tokens, "k": model.active, "D": model.expert_width or model.hidden, "F": model.expert_ffn,
+             "E": model.experts, "hot": 0, "drop": 0, "act": ACTIVATIONS.index(activation) if known else 0}
+    return [Found(f"per-expert gated FFN ({act or 'silu'}) over contiguous row groups", model.moe_layers, [shape],
+                  [model.experts_field, model.active_field, model.expert_ffn_field, model.expert_width_field,
+                   act_field], differs=differs)]
+
+
 SPEC = BlockSpec(
     name="moe_grouped_gemm",
     family="moe",
@@ -138,4 +158,6 @@ SPEC = BlockSpec(
     hidden_shapes=hidden_shapes,
     work=work,
     abstract_outputs=abstract_outputs,
+    onboard=onboard,
+    replay="moe",
 )

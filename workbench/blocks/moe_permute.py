@@ -23,7 +23,15 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._moe import ROUTED_ROWS_SUITES, compare_exact, permutation, routed_rows_hidden_shapes, routing_ids
+from workbench.blocks._config import Found, ModelConfig
+from workbench.blocks._moe import (
+    ROUTED_ROWS_SUITES,
+    compare_exact,
+    permutation,
+    routed_rows_found,
+    routed_rows_hidden_shapes,
+    routing_ids,
+)
 from workbench.blocks.base import BF16, I64, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -64,6 +72,12 @@ def abstract_outputs(x, expert_ids, num_experts):
     return (x.new_empty(n * k, x.shape[1]), x.new_empty(n * k, **index), x.new_empty(n, k, **index),
             x.new_empty(num_experts, **index), x.new_empty(num_experts + 1, **index))
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every MoE layer."""
+    return routed_rows_found(model, "tokens to expert-major order")
+
+
 SPEC = BlockSpec(
     name="moe_permute",
     family="moe",
@@ -78,4 +92,6 @@ SPEC = BlockSpec(
     hidden_shapes=routed_rows_hidden_shapes,
     work=work,
     abstract_outputs=abstract_outputs,
+    onboard=onboard,
+    replay="moe",
 )

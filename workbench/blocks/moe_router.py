@@ -43,6 +43,7 @@ import random
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._moe import compare_exact, compare_float32_quantity, compare_id_sets, draw_routing_shape
 from workbench.blocks.base import BF16, F32, I64, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
@@ -275,6 +276,36 @@ def abstract_outputs(x, weight, bias, topk, score_func, norm_lambda, renormalize
     return (x.new_empty(n, topk, dtype=compute_dtype(x)), x.new_empty(n, topk, dtype=torch.int64),
             x.new_empty(e, dtype=torch.int64))
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every MoE layer's router, in the mode whose score function (moe_router_activation_func or scoring_func, default
+    softmax) and renormalization (moe_renormalize or norm_topk_prob, default on) the config names, with its route
+    scale and expert groups; a score function no mode computes is marked ``differs``."""
+    if not model.experts:
+        return []
+    func, func_field = model.field("moe_router_activation_func", "scoring_func")
+    func = str(func or "softmax").lower()
+    renorm, renorm_field = model.field("moe_renormalize", "norm_topk_prob")
+    renorm = True if renorm is None else bool(renorm)  # Mixtral and the sigmoid routers renormalize the top k
+    scale, scale_field = model.field("routed_scaling_factor")
+    groups, groups_field = model.integer("n_group", "num_expert_group")
+    kept, kept_field = model.integer("topk_group")
+    fields = [model.experts_field, model.active_field, func_field, renorm_field, scale_field, groups_field, kept_field]
+    role = f"{func} routing, {model.active} of {model.experts} experts"
+    mode = next((m for m, (f, lam, r, _) in MODES.items() if (f, lam, r) == (func, None, renorm)), None)
+    if mode is None:
+        computed = " or ".join(sorted({f for f, *_ in MODES.values()}))
+        return [Found(role, model.moe_layers, [], fields, differs=f"the catalog's router scores with {computed}; the "
+                      f"config's uses {func} scores (renormalize={renorm})")]
+    shape = {"N": model.tokens, "D": model.hidden, "E": model.experts, "k": model.active, "mode": mode}
+    if scale is not None:
+        shape["scale"] = float(scale)
+    if groups and groups > 1:
+        shape.update(G=groups, kg=kept or 1)
+        role += f" in the best {kept or 1} of {groups} groups"
+    return [Found(role, model.moe_layers, [shape], fields)]
+
+
 SPEC = BlockSpec(
     name="moe_router",
     family="moe",
@@ -290,4 +321,6 @@ SPEC = BlockSpec(
     hidden_shapes=hidden_shapes,
     work=work,
     abstract_outputs=abstract_outputs,
+    onboard=onboard,
+    replay="moe",
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._rows import ROW_SUITES
 from workbench.blocks.base import BF16, F32, BlockSpec, Peer, Shape, Work
 from workbench.numerics import compute_dtype
@@ -50,6 +51,21 @@ def liger_rmsnorm(x, weight, eps):
 
     return LigerRMSNormFunction.apply(x, weight, eps)
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every layer's pre-norms and the final norm at the hidden size, and the norms at other widths: MLA's q and kv
+    latents, the latent MoE's down projection (latent_moe_use_norm), KDA's per-head output norm."""
+    widths: list[tuple[int, str | None]] = [(model.hidden, model.hidden_field)]
+    for name in ("q_lora_rank", "kv_lora_rank", "routed_expert_hidden_size"):
+        value, field = model.integer(name)
+        if value and (name != "routed_expert_hidden_size" or model.field("latent_moe_use_norm")[0]):
+            widths.append((value, field))
+    if model.kda_layers:
+        widths.append((model.kda_head_dim, next(f for f in model.kda_fields if f.endswith("head_dim"))))
+    return [Found("pre-norms, final norm, the latent and per-head norms", model.layers,
+                  [{"rows": model.tokens, "N": w} for w, _ in dict.fromkeys(widths)], [f for _, f in widths])]
+
+
 SPEC = BlockSpec(
     name="rmsnorm",
     family="norm",
@@ -62,4 +78,6 @@ SPEC = BlockSpec(
     host_ops=("aten.sum",),  # the weight gradient: a deterministic sum of per-program partials
     work=work,
     peers=(Peer("liger", "liger_kernel", liger_rmsnorm),),
+    onboard=onboard,
+    replay="layer",
 )

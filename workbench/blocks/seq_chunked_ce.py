@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._linear_ce import (
     LINEAR_CE_PEERS,
     REDUCTIONS,
@@ -29,6 +30,7 @@ from workbench.blocks._linear_ce import (
     abstract_inputs,
     hidden_shapes,
     linear_ce_abstract_outputs,
+    linear_ce_found,
     linear_ce_work,
     loss_scale,
     make_inputs,
@@ -108,6 +110,12 @@ def chunked_loss(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_index
     return _SeqChunkedLoss.apply(h, W, y, ignore_index, reduction, chunk)
 
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The model's loss head over its vocabulary."""
+    return linear_ce_found(model, "sequence-chunked linear + cross-entropy head")
+
+
 SPEC = BlockSpec(
     name="seq_chunked_ce",
     family="loss",
@@ -122,4 +130,6 @@ SPEC = BlockSpec(
     work=linear_ce_work,
     abstract_outputs=linear_ce_abstract_outputs,
     peers=LINEAR_CE_PEERS,
+    onboard=onboard,
+    replay="loss",
 )

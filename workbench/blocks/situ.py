@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._rows import ROW_SUITES, gated_activation_work
+from workbench.blocks._config import Found, ModelConfig
+from workbench.blocks._rows import ROW_SUITES, gated_activation_found, gated_activation_work
 from workbench.blocks.base import BlockSpec, Shape
 from workbench.numerics import compute_dtype
 
@@ -48,6 +49,15 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     return {"gate_up": gate_up.to(device, dtype), "beta": BETA, "linear_beta": LINEAR_BETA}
 
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The shared experts' and the dense layers' activation when hidden_act is situ, with its two constants."""
+    beta, beta_field = model.field("activation_situ_beta")
+    linear_beta, linear_beta_field = model.field("activation_situ_linear_beta")
+    return gated_activation_found(model, "situ", f"SiTU activation (beta {beta}, linear beta {linear_beta}) of the "
+                                  "{where}", (beta_field, linear_beta_field))
+
+
 SPEC = BlockSpec(
     name="situ",
     family="activation",
@@ -58,4 +68,6 @@ SPEC = BlockSpec(
     outputs=("y",),
     shapes=ROW_SUITES,
     work=gated_activation_work,
+    onboard=onboard,
+    replay="shared_expert",
 )

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._rows import ROW_SUITES, gated_activation_work
+from workbench.blocks._config import Found, ModelConfig
+from workbench.blocks._rows import ROW_SUITES, gated_activation_found, gated_activation_work
 from workbench.blocks.base import BlockSpec, Peer, Shape
 from workbench.numerics import compute_dtype
 
@@ -38,6 +39,12 @@ def liger_swiglu(a, b):
 
     return LigerSiLUMulFunction.apply(a, b)
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The shared experts' and the dense layers' activation when hidden_act is silu (or swish)."""
+    return gated_activation_found(model, "swiglu", "gated {act} activation of the {where}")
+
+
 SPEC = BlockSpec(
     name="swiglu",
     family="activation",
@@ -49,4 +56,6 @@ SPEC = BlockSpec(
     shapes=ROW_SUITES,
     work=gated_activation_work,
     peers=(Peer("liger", "liger_kernel", liger_swiglu),),
+    onboard=onboard,
+    replay="shared_expert",
 )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks._linear_ce import (
     LINEAR_CE_PEERS,
     REDUCTIONS,
@@ -30,6 +31,7 @@ from workbench.blocks._linear_ce import (
     abstract_inputs,
     hidden_shapes,
     linear_ce_abstract_outputs,
+    linear_ce_found,
     linear_ce_work,
     loss_scale,
     make_inputs,
@@ -94,6 +96,12 @@ def blockwise_loss(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_ind
     return _VocabBlockwiseLoss.apply(h, W, y, ignore_index, reduction, block)
 
 
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The model's loss head over its vocabulary."""
+    return linear_ce_found(model, "vocabulary-blockwise (CCE) linear + cross-entropy head")
+
+
 SPEC = BlockSpec(
     name="vocab_blockwise_ce",
     family="loss",
@@ -108,4 +116,6 @@ SPEC = BlockSpec(
     work=linear_ce_work,
     abstract_outputs=linear_ce_abstract_outputs,
     peers=LINEAR_CE_PEERS,
+    onboard=onboard,
+    replay="loss",
 )

@@ -27,15 +27,21 @@ from workbench.blocks.moe_grouped_gemm import ACTIVATIONS
 from workbench.errors import WorkbenchError
 from workbench.models import get_model, list_models
 
-FULL_ATTENTION = (("D", ("dsa_indexer", "dsa_sparse_attention")), ("M", ("mla",)))
+
+def _called_in(part: str) -> tuple[str, ...]:
+    """The catalog's blocks the replay model calls in ``part`` (their ``BlockSpec.replay``)."""
+    return tuple(name for name, spec in REGISTRY.items() if spec.replay == part)
+
+
+FULL_ATTENTION = tuple((letter, _called_in(letter)) for letter in "DM")
 """Full-attention kinds in the order a schedule's full layers take them, with the blocks each needs."""
-MOE_BLOCKS = ("moe_router", "moe_permute", "moe_grouped_gemm", "moe_combine")
-ALWAYS = ("attnres", "rmsnorm", "lora_linear", "vocab_blockwise_ce")
+MOE_BLOCKS = _called_in("moe")
+LOSS_BLOCKS = _called_in("loss")
+"""Either loss block is the model's loss head (DEFAULT_LOSS unless the other is named)."""
+DEFAULT_LOSS = "vocab_blockwise_ce"
+ALWAYS = (*_called_in("layer"), DEFAULT_LOSS)
 """Blocks every replay model calls: AttnRes and its norm, the LoRA adapters (LoRA mode), the default loss head."""
-LOSS_BLOCKS = ("vocab_blockwise_ce", "seq_chunked_ce")
-"""Either loss block is the model's loss head (vocab_blockwise_ce unless the other is named)."""
-CALLABLE = tuple(sorted({*ALWAYS, *MOE_BLOCKS, *LOSS_BLOCKS, "kda", "kda_short_conv", "kda_gate", "swiglu", "situ",
-                         *(b for _, blocks in FULL_ATTENTION for b in blocks)}))
+CALLABLE = tuple(sorted(name for name, spec in REGISTRY.items() if spec.replay))
 """Every block some replay architecture calls: the blocks whose references the reference curves depend on."""
 
 

@@ -42,7 +42,7 @@ from workbench.errors import WorkbenchError
 from workbench.replay.arch import Architecture
 from workbench.replay.child import send_event
 from workbench.replay.data import batches
-from workbench.replay.model import EPS, MoE, ReplayModel
+from workbench.replay.model import MoE, ReplayModel
 from workbench.replay.presets import Preset
 from workbench.replay.train import (
     EVAL_SEED_OFFSET,
@@ -108,7 +108,8 @@ class Layout:
 
 
 class ExpertParallelMoE(MoE):
-    """The replay model's MoE with its routed experts spread over the ranks of ``group`` (see the module docstring);
+    """The replay model's MoE with its routed experts spread over the ranks of ``group`` (see the module docstring):
+    routing, the latent projections and the shared expert are MoE's; only the routed step (``routed``) is its own.
     w1, w3 [E/N, F, Dx], w2 [E/N, Dx, F] hold this rank's experts. Shapes: x [n, D] (this rank's tokens) -> [n, D].
 
     With ``chunks`` > 1 the tokens go in that many chunks: every chunk's dispatch is issued at once (asynchronous
@@ -132,18 +133,16 @@ class ExpertParallelMoE(MoE):
         moe.__class__ = cls
         moe.group, moe.world, moe.local_experts, moe.chunks = group, world, local, chunks
 
-    def forward(self, x: torch.Tensor, ops: dict[str, Callable]) -> torch.Tensor:
+    def routed(self, xe: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ops: dict[str, Callable]
+               ) -> torch.Tensor:
+        """MoE.routed with this rank's tokens dispatched to the experts' ranks and back, chunk by chunk."""
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-        weights, ids, _counts = ops["moe_router"](x, self.router, self.bias, self.active, "sigmoid", None, True,
-                                                  self.route_scale)
-        xe = ops["rmsnorm"](self.down(x, ops), self.latent_norm, EPS) if self.down is not None else x
-        n = x.shape[0]
+        n = xe.shape[0]
         spans = [(n * c // self.chunks, n * (c + 1) // self.chunks) for c in range(self.chunks)]
         # per chunk: x_perm, token_of_row, row_of_slot, counts, offsets over all E experts (expert-major rows)
         perms = [ops["moe_permute"](xe[a:b], ids[a:b], self.experts) for a, b in spans]
         counts = torch.stack([p[3] for p in perms])  # [chunks, E]
-        self.last_counts = counts.sum(0).detach()
         # counts per (destination rank, chunk, its local expert); what every source sends to this rank's experts
         send_counts = counts.view(self.chunks, self.world, self.local_experts).transpose(0, 1).contiguous()
         recv_counts = torch.empty_like(send_counts)
@@ -158,13 +157,7 @@ class ExpertParallelMoE(MoE):
             y = torch.cat([y_home, y_home.new_zeros(perm[0].shape[0] - y_home.shape[0], y_home.shape[1])])
             a, b = spans[c]
             parts.append(ops["moe_combine"](y, weights[a:b], perm[2]))
-        routed = torch.cat(parts)
-        if self.up is not None:
-            routed = self.up(routed, ops)
-        gate, up = self.shared_gate(x, ops), self.shared_up(x, ops)
-        shared = ops["swiglu"](gate, up) if self.shared_act == "swiglu" else \
-            ops["situ"](torch.cat([gate, up], dim=-1), SITU_BETA, SITU_LINEAR_BETA)
-        return routed + self.shared_down(shared, ops)
+        return torch.cat(parts)
 
     def _local_experts(self, x_recv: torch.Tensor, recv_counts: torch.Tensor, ops: dict[str, Callable]
                        ) -> torch.Tensor:

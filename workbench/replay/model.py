@@ -214,16 +214,22 @@ class MoE(nn.Module):
                                                  self.route_scale)
         self.last_counts = counts.detach()
         xe = ops["rmsnorm"](self.down(x, ops), self.latent_norm, EPS) if self.down is not None else x
-        x_perm, _token_of_row, row_of_slot, _counts, offsets = ops["moe_permute"](xe, ids, self.experts)
-        y = ops["moe_grouped_gemm"](x_perm, offsets, self.w1, self.w3, self.w2, self.expert_act, SITU_BETA,
-                                    SITU_LINEAR_BETA)
-        routed = ops["moe_combine"](y, weights, row_of_slot)
+        routed = self.routed(xe, weights, ids, ops)
         if self.up is not None:
             routed = self.up(routed, ops)
         gate, up = self.shared_gate(x, ops), self.shared_up(x, ops)
         shared = ops["swiglu"](gate, up) if self.shared_act == "swiglu" else \
             ops["situ"](torch.cat([gate, up], dim=-1), SITU_BETA, SITU_LINEAR_BETA)
         return routed + self.shared_down(shared, ops)
+
+    def routed(self, xe: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ops: dict[str, Callable]
+               ) -> torch.Tensor:
+        """The routed experts' weighted sum per token: xe [n, Dx], weights [n, k] float32, ids [n, k] -> [n, Dx].
+        The step an expert-parallel layout overrides (workbench.replay.distributed.ExpertParallelMoE)."""
+        x_perm, _token_of_row, row_of_slot, _counts, offsets = ops["moe_permute"](xe, ids, self.experts)
+        y = ops["moe_grouped_gemm"](x_perm, offsets, self.w1, self.w3, self.w2, self.expert_act, SITU_BETA,
+                                    SITU_LINEAR_BETA)
+        return ops["moe_combine"](y, weights, row_of_slot)
 
 
 class ReplayModel(nn.Module):
