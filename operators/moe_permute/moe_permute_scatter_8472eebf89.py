@@ -37,8 +37,8 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps spill 672 B/thread in the scatter
-# (BLOCK_S x E_PAD counts for 896 experts over 128 threads), 8 none.
+# Warps per target: the scatter's BLOCK_S x E_PAD counts (896 experts at the model suite) fit a thread's registers
+# over 8 warps on NVIDIA, not over 4. `workbench targets` shows each launch's registers and spills per target.
 LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 

@@ -39,13 +39,14 @@ def target_settings(device) -> dict:
 # Warps of every launch per target; the adapter gradients' dots take float32 operands when XA_DTYPE is float32:
 # float32-accurate on the tensor cores through split operands (3xTF32 on NVIDIA, 6xBF16 on AMD; the interpreter
 # multiplies in float32 itself). EPILOGUE_DOT: the same for the main GEMM's rank-r epilogue dot (float32 low-rank
-# intermediate): as an IEEE float32 dot (no tensor cores) it takes 255 registers and spills 56 B/thread on sm_90a
-# at rank 64 (176 on sm_80, 232 on sm_100a), as 3xTF32 169 registers and none (32 B on sm_80). AMD keeps the IEEE
-# dot: 6xBF16 there raises the GEMM from 83 to 232 VGPRs on gfx942 with nothing spilled either way.
+# intermediate). On NVIDIA an IEEE float32 dot there runs off the tensor cores and overflows a thread's registers,
+# 3xTF32 does not; AMD keeps the IEEE dot, which fits its registers, where 6xBF16 would nearly triple them. The GEMMs
+# take 8 warps on NVIDIA: their tiles do not fit 4. `workbench targets` shows each launch's registers and spills per
+# target.
 LAUNCH_SETTINGS = {
     "default": {"num_warps": 4, "EPILOGUE_DOT": "ieee"},
     "interpreter": {"DOT": "ieee"},
-    "cuda": {"DOT": "tf32x3", "EPILOGUE_DOT": "tf32x3", "num_warps": 8},  # 4 warps spill 1184 B/thread (sm_90a)
+    "cuda": {"DOT": "tf32x3", "EPILOGUE_DOT": "tf32x3", "num_warps": 8},
     "hip": {"DOT": "bf16x6"},
 }
 

@@ -40,10 +40,10 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps of the dk/dv kernel per target, from the compiled model-suite launches: it holds three float32 accumulators
-# (dk_nope, dk_rope, dv: BLOCK_N x 320 values at Kimi K3's head dims) and the key block's k_nope, k_rope and v
-# across its loop; over 4 warps that takes 255 registers and spills 64 B/thread on sm_90a (8 on sm_80), over 8
-# warps 166-169 registers, none.
+# Warps of the dk/dv kernel per target: it holds three float32 accumulators (dk_nope, dk_rope, dv: BLOCK_N x 320
+# values at Kimi K3's head dims) and the key block's k_nope, k_rope and v across its loop, more than a thread's
+# registers over 4 warps on NVIDIA; 8 warps hold them. `workbench targets` shows each launch's registers and spills
+# per target.
 LAUNCH_SETTINGS = {"default": {"dkdv_num_warps": 4}, "cuda": {"dkdv_num_warps": 8}}
 
 @triton.jit

@@ -39,12 +39,12 @@ def target_settings(device) -> dict:
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
 # Per target: warps of the scores, top-k and backward launches, pipelining stages, rows per top-k program, the
-# backward's tiles and the tl.dot operand precision. On NVIDIA (sm_90a at the model suite, bf16) 4 warps spill
-# 40 B/thread in the scores, 1360 in the top-k, 2280 / 1888 in the dq / dk backward; 8 warps without pipelining,
-# 32 x 32 backward tiles and 4 top-k rows per program spill nothing (165 / 122 / 213 / 182 registers).
+# backward's tiles and the tl.dot operand precision. On NVIDIA the model suite's score tiles, top-k rows and dq / dk
+# tiles exceed a thread's registers over 4 warps: 8 warps, no pipelining, 32 x 32 backward tiles and 4 top-k rows per
+# program keep them in registers. `workbench targets` shows each launch's registers and spills per target.
 # DOT: float32 inputs stay float32-accurate on the tensor cores through split operands (3xTF32 on NVIDIA, 6xBF16 on
-# AMD, whose gfx950 compiler accepts no "tf32"); half inputs are exact products either way; the interpreter
-# multiplies in float32 itself.
+# AMD, whose gfx950 compiler accepts no "tf32"); half inputs are exact products either way; the interpreter multiplies
+# in float32 itself.
 LAUNCH_SETTINGS = {
     "default": {"fwd_warps": 4, "topk_warps": 4, "bwd_warps": 4,
                 "num_stages": None, "sel_rows": 16, "bwd_block_t": 64, "bwd_block_s": 64},

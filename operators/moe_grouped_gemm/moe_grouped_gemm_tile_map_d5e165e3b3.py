@@ -14,7 +14,7 @@ BLOCK_N = 64
 BLOCK_K = 64
 ACT_DTYPE = "input"
 BLOCK_SLOTS = 16  # slots of the tile map per step: a [BLOCK_SLOTS, E_PAD] comparison lives in registers
-TILE_MAP_WARPS = 4  # 896 experts: 16 x 1024 int32 compares, 72 registers on sm_90a (64 slots of int64: 2 KB spilled)
+TILE_MAP_WARPS = 4  # BLOCK_SLOTS x E_PAD int32 compares fit 4 warps' registers (int64 slots would not)
 # Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
 # backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
@@ -39,8 +39,9 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps of the GEMM kernels per target, from their compiled model-suite launches: on NVIDIA 4 warps spill 192-632
-# B/thread at 64 x 64 x 64 tiles (the accumulators, operands and epilogue of 128 threads) and 8 spill none.
+# Warps of the GEMM kernels per target: at 64 x 64 x 64 tiles the accumulators, operands and epilogue fit a thread's
+# registers over 8 warps on NVIDIA, not over 4. `workbench targets` shows each launch's registers and spills per
+# target.
 LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 

@@ -39,13 +39,12 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Launch settings of the chunk kernels per target, from the compiled model-suite launches. Warps: on NVIDIA 4 warps
-# spill 232-576 B/thread in the logits, dh and dw GEMMs (64 x 128 float32 tiles over 128 threads), 8 none.
-# softmax_rows x softmax_cols: the row softmax's own tile. Over the GEMMs' 64 x 128 tile the compiler spreads the 8
-# warps over the columns and gives each thread 32 rows, so the per-row statistics take the registers (255 regs,
-# 360 B/thread spilled on sm_90a, 416 on sm_80, 248 on sm_100a); 8 rows x 1024 columns keep 8 rows per thread
-# (177 regs, none spilled on sm_90a). dh_block_v: the dh GEMM's reduction step over the vocabulary; 128 spills
-# 56 B/thread on sm_80 (255 regs), 64 none (194 regs); sm_90a and sm_100a keep 128 (197 and 190 regs, none).
+# Launch settings of the chunk kernels per target. Warps: the logits, dh and dw GEMMs' 64 x 128 float32 tiles fit a
+# thread's registers over 8 warps on NVIDIA, not over 4. softmax_rows x softmax_cols: the row softmax's own tile. Over
+# the GEMMs' 64 x 128 tile the compiler spreads the warps over the columns and gives each thread 32 rows of per-row
+# statistics, more than its registers hold; 8 rows x 1024 columns give it 8. dh_block_v: the dh GEMM's reduction step
+# over the vocabulary (64 where 128 would not fit sm_80's registers). `workbench targets` shows each launch's
+# registers and spills per target.
 LAUNCH_SETTINGS = {"default": {"num_warps": 4, "softmax_rows": 64,
                                "softmax_cols": 128, "dh_block_v": 128},
                    "cuda": {"num_warps": 8, "softmax_rows": 8, "softmax_cols": 1024},

@@ -35,10 +35,10 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps hold a [BT, BD] tile and its W shifted
-# copies in 150-255 registers a thread, 2 CTAs (8 warps) per SM, too few to keep HBM busy; 8 warps halve that.
-# On sm_90a the backward's 134 registers a thread at 8 warps hold one CTA (8 warps) an SM; capped at 128 it holds
-# two, without spilling (sm_80 and sm_100a would spill 8 B/thread under the cap, so they keep one).
+# Warps per target: a [BT, BD] tile and its W shifted copies take most of a thread's registers, so over 4 warps an
+# NVIDIA SM holds too few threads to keep HBM busy; 8 warps halve the registers a thread. On sm_90a the backward,
+# capped at 128 registers (bwd_options), fits two CTAs an SM without spilling; sm_80 and sm_100a would spill under
+# that cap and keep one. `workbench targets` shows each launch's registers and spills per target.
 LAUNCH_SETTINGS = {"default": {"num_warps": 4, "bwd_options": {}}, "cuda": {"num_warps": 8},
                    "sm_90a": {"bwd_options": {"maxnreg": 128}}}
 

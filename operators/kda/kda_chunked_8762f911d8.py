@@ -43,18 +43,16 @@ def target_settings(device) -> dict:
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
 # tl.dot operand precision per target: float32-accurate everywhere (the delta rule's inverse and the state carried
-# over thousands of chunks amplify operand rounding; plain tf32 or bf16 operands lose ~1e-3 per product). On GPUs
-# that accuracy comes from the tensor cores through split operands: 3xTF32 on NVIDIA, 6xBF16 on AMD (CDNA has no
-# TF32 split); the interpreter multiplies in float32 itself.
+# over thousands of chunks amplify operand rounding; plain tf32 or bf16 operands lose ~1e-3 per product). On GPUs that
+# accuracy comes from the tensor cores through split operands: 3xTF32 on NVIDIA, 6xBF16 on AMD (CDNA has no TF32
+# split); the interpreter multiplies in float32 itself.
 # KB: key columns per tile of the kernels that span all K (prep, solve, the state passes, the output kernel, dh_local,
-# dqkw). Register-resident states overflowed the 255 registers of sm_90a even as K / KB blocks of [KB, BV] with every
-# per-chunk product in the sequential kernel (B/thread spilled at the model suite, K = V = 128, BV 16, KB 32:
-# state_bwd 1928, state_fwd 376), and so did whole [BT, BT] products with 3xTF32 operands (wy_bwd 608, solve 80).
-# Now the state passes keep the state in memory, loop over key blocks and do only what feeds the next state, the rest
-# runs parallel over chunks, the inverse is solved in 16-row blocks, dL is made 16 columns at a time and wy_bwd takes
-# K 16 columns at a time: no kernel spills on sm_80, sm_90a, sm_100a, gfx942 or gfx950 (the backward state pass on 4
-# warps: 211 registers on sm_90a; on 8 gfx942 spills 40 B). The 3xTF32 split is kept for the accuracy above. The
-# interpreter takes 8 so that the small verification shapes (K <= 32) run several key blocks.
+# dqkw). A [K, V] state held in registers, or whole [BT, BT] products with split operands, do not fit a thread's
+# registers at the model suite (K = V = 128); so the state passes keep the state in memory, loop over key blocks and
+# do only what feeds the next state, the rest runs parallel over chunks, the inverse is solved in 16-row blocks, dL is
+# made 16 columns at a time and wy_bwd takes K 16 columns at a time. `workbench targets` shows each launch's registers
+# and spills per target. The interpreter takes KB 8 so that the small verification shapes (K <= 32) run several key
+# blocks.
 LAUNCH_SETTINGS = {
     "default": {"num_warps": 4, "state_fwd_warps": 8, "state_bwd_warps": 4, "state_stages": 1, "KB": 64},
     "interpreter": {"DOT": "ieee", "KB": 8},

@@ -40,10 +40,10 @@ def target_settings(device) -> dict:
             **LAUNCH_SETTINGS.get(target, {})}
 # Per target: warps of the forward and the backward, pipelining stages, the most query heads per program in each (the
 # M side of the dots; a larger group is split over programs, each gathering the keys again) and the largest register
-# tile (elements). With all 96 heads of the model suite's MLA group in one program (128 padded x 128 dims float32)
-# sm_90a spills 3920 / 10760 B/thread (forward / backward) and gfx942 1016 / 3144; 32 heads forward, 16 backward and
-# one row per program spill nothing on any target (sm_90a: 8 warps, 243 / 250 registers; gfx942: 4 warps, 312 / 378
-# VGPRs, where 8 warps cap them at 256 and spill 908 in the backward).
+# tile (elements). All the model suite's MLA heads in one program (128 padded x 128 dims float32) overflow a thread's
+# registers on every GPU; 32 heads forward, 16 backward and one row per program fit (on AMD at 4 warps: 8 would cap
+# its registers below what the backward holds). `workbench targets` shows each launch's registers and spills per
+# target.
 LAUNCH_SETTINGS = {
     "default": {"fwd_warps": 4, "bwd_warps": 4, "num_stages": None, "fwd_heads": 128,
                 "bwd_heads": 128, "max_tile": 16384},

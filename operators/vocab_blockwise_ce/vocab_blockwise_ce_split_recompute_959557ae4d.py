@@ -36,10 +36,10 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps and the vocabulary / hidden tiles (block_v, block_d; the token tile is BLOCK_M everywhere) per target, from
-# the compiled model-suite launches: on NVIDIA 4 warps spill 888-1704 B/thread in the logits tiles (64 x 128 float32
-# over 128 threads); 8 warps with 128 x 64 tiles still spill 56 / 128 / 400 B/thread (forward / dh / dW) on sm_90a,
-# 184 / 304 / 896 on sm_80; 64-column vocabulary and 32-column hidden tiles spill none (128-223 registers).
+# Warps and the vocabulary / hidden tiles (block_v, block_d; the token tile is BLOCK_M everywhere) per target: the
+# float32 logits tiles must fit a thread's registers; on NVIDIA that takes 8 warps with 64-column vocabulary and
+# 32-column hidden tiles (4 warps, or 128 x 64 tiles, do not fit). `workbench targets` shows each launch's registers
+# and spills per target.
 LAUNCH_SETTINGS = {"default": {"num_warps": 4, "block_v": 128,
                                "block_d": 64},
                    "cuda": {"num_warps": 8, "block_v": 64, "block_d": 32}}
