@@ -51,7 +51,7 @@ for block in sorted(newest):
     fwd = [t for t in result.checks if t.direction.startswith("forward")]
     rows.append({"block": block, "verdict": result.verdict, "worst_ratio": result.worst_ratio(),
                  "checks": len(result.checks), "failed": len(result.failing()), "seconds": round(result.seconds, 1),
-                 "forward_checks": len(fwd), "compiles_on": result.evidence()["compiles_on"],
+                 "forward_checks": len(fwd), "compiles_on": result.target_report()["compiles_on"],
                  "message": result.message})
     print(f"{block}: {result.verdict} ({result.seconds:.1f} s) {result.message}", flush=True)
 (out / "gpu_check.json").write_text(json.dumps(rows, indent=2))

@@ -73,10 +73,10 @@ def summarize(block: str, result: VerificationResult) -> OperatorReport:
         checks[key] = checks.get(key, True) and c.passed
         if not c.passed and key not in reasons:
             reasons[key] = c.line()
-    evidence = result.evidence()
+    report = result.target_report()
     for target in result.targets:  # a target that compiled before and does not now, or new spills, regress
-        checks[f"compiles:{target}"] = checks.get(f"compiles:{target}", True) and target in evidence["compiles_on"]
-        checks[f"spill_free:{target}"] = target in evidence["spill_free_on"]
+        checks[f"compiles:{target}"] = checks.get(f"compiles:{target}", True) and target in report["compiles_on"]
+        checks[f"spill_free:{target}"] = target in report["spill_free_on"]
         if not checks[f"spill_free:{target}"] and checks[f"compiles:{target}"]:
             spills = [f for f in result.findings if f.startswith(f"spills: {target} ")]
             reasons[f"spill_free:{target}"] = "; ".join(spills)

@@ -69,26 +69,26 @@ def newest_promoted(operators_dir: Path) -> dict[str, dict[str, Any]]:
     return dict(sorted(newest.items()))
 
 
-EVIDENCE = ("interpreter only", "compiles on every target", "spill-free on every target", "verified on a GPU")
+EVIDENCE_LEVELS = ("interpreter only", "compiles on every target", "spill-free on every target", "verified on a GPU")
 """What a promoted operator has shown, weakest first: verified on the interpreter only (or compiled for some
 targets); its kernels compiled for every required target; and without spills at the model suite; verified on a
 GPU backend in bfloat16 at the model suite."""
 
 
-def evidence(manifest: dict[str, Any]) -> dict[str, Any]:
+def operator_evidence(manifest: dict[str, Any]) -> dict[str, Any]:
     """Where a promoted operator has been shown to work, from its manifest: the verification backend, dtypes and
     suites; the targets it compiles on and is spill-free on (at the model suite); whether a GPU verified it; the
-    strongest level of EVIDENCE it reaches."""
+    strongest level of EVIDENCE_LEVELS it reaches."""
     verification = manifest.get("verification", {})
-    found = manifest.get("evidence", {})
+    found = manifest.get("target_report", {})
     targets = found.get("targets", [])
     gpu = verification.get("backend") == "cuda" and "bfloat16" in verification.get("dtypes", []) \
         and "model" in verification.get("suites", [])
-    level = EVIDENCE[0]
+    level = EVIDENCE_LEVELS[0]
     if targets and set(targets) <= set(found.get("compiles_on", [])):
-        level = EVIDENCE[2] if set(targets) <= set(found.get("spill_free_on", [])) else EVIDENCE[1]
+        level = EVIDENCE_LEVELS[2] if set(targets) <= set(found.get("spill_free_on", [])) else EVIDENCE_LEVELS[1]
     if gpu:
-        level = EVIDENCE[3]
+        level = EVIDENCE_LEVELS[3]
     return {"backend": verification.get("backend", ""), "dtypes": verification.get("dtypes", []),
             "suites": verification.get("suites", []), "targets": targets,
             "compiles_on": found.get("compiles_on", []), "spill_free_on": found.get("spill_free_on", []),
@@ -100,7 +100,7 @@ def evidence(manifest: dict[str, Any]) -> dict[str, Any]:
 def evidence_line(manifest: dict[str, Any]) -> str:
     """One line of evidence: "interpreter float32/float16 smoke+edge; compiles 5/5 (...); spill-free 2/5 (...);
     GPU bf16 model: not yet"."""
-    e = evidence(manifest)
+    e = operator_evidence(manifest)
     n = len(e["targets"])
     compiled = f"compiles {len(e['compiles_on'])}/{n}" + (f" ({', '.join(e['compiles_on'])})" if e["compiles_on"]
                                                           else "") if n else "not compiled for any target"

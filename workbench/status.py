@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from workbench.blocks import REGISTRY
-from workbench.operators import evidence, evidence_line, list_promoted
+from workbench.operators import evidence_line, list_promoted, operator_evidence
 from workbench.store.queries import list_runs, recorded_blocks
 from workbench.templating import list_templates
 from workbench.vocabulary import BlockStatus, RunStatus, key_values
@@ -23,7 +23,7 @@ RUN_TO_BLOCK = {RunStatus.RUNNING: BlockStatus.IN_PROGRESS, RunStatus.INTERRUPTE
                 RunStatus.REJECTED: BlockStatus.BLOCKED, RunStatus.BLOCKED: BlockStatus.BLOCKED,
                 RunStatus.FAILED: BlockStatus.FAILED}
 
-PLAN_COLUMNS = ["block", "role", "status", "evidence", "detail", "sizes"]
+PLAN_COLUMNS = ["block", "role", "status", "evidence_level", "detail", "sizes"]
 
 
 def block_status(engine: Engine, operators_dir: Path, block: str) -> tuple[str, str]:
@@ -46,8 +46,8 @@ def known_blocks(engine: Engine) -> list[str]:
 
 
 def model_plan(engine: Engine, operators_dir: str | Path, model: str) -> list[dict[str, Any]]:
-    """Each block a model card needs, in the card's order: PLAN_COLUMNS, with evidence the strongest level a
-    promoted operator reaches (workbench.operators.EVIDENCE; "" otherwise) and sizes the model's shapes."""
+    """Each block a model card needs, in the card's order: PLAN_COLUMNS, with evidence_level the strongest level a
+    promoted operator reaches (workbench.operators.EVIDENCE_LEVELS; "" otherwise) and sizes the model's shapes."""
     from workbench.models import get_model
 
     card, operators_dir = get_model(model), Path(operators_dir)
@@ -56,7 +56,7 @@ def model_plan(engine: Engine, operators_dir: str | Path, model: str) -> list[di
         status, detail = block_status(engine, operators_dir, name)
         promoted = list_promoted(operators_dir, name) if name in REGISTRY else []
         sizes = "; ".join(key_values(shape, ",") for shape in card.block_shapes(name))
-        rows.append({"block": name, "role": info.get("role", ""), "status": status,
-                     "evidence": evidence(promoted[0])["strongest"] if promoted else "", "detail": detail,
-                     "sizes": sizes})
+        level = operator_evidence(promoted[0])["strongest"] if promoted else ""
+        rows.append({"block": name, "role": info.get("role", ""), "status": status, "evidence_level": level,
+                     "detail": detail, "sizes": sizes})
     return rows

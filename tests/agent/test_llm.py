@@ -232,14 +232,14 @@ def test_hybrid_searches_while_a_repair_rule_applies_and_asks_the_model_otherwis
 
     narrow = {**first["params"], "BLOCK_N": 64}
     current = {"iteration": 1, "template": "row_block", "params": narrow, "verdict": "fail", "message": "m"}
-    coverage = {"class": "coverage", "reason": "r", "evidence": {"requirement": "BLOCK_N >= N",
+    coverage = {"class": "coverage", "reason": "r", "symptoms": {"requirement": "BLOCK_N >= N",
                                                                  "failing_shapes": ["rows=3,N=4097"]}}
     repaired = hybrid.propose(current, coverage, [current])
     assert repaired["template"] == "row_block" and "coverage repair" in repaired["reason"]
     assert recorder.prompts == []
 
     crashed = {**current, "verdict": "runtime_error", "message": "IndexError in the kernel"}
-    asked = hybrid.propose(crashed, {"class": "runtime_error", "reason": "runtime_error: IndexError", "evidence": {}},
+    asked = hybrid.propose(crashed, {"class": "runtime_error", "reason": "runtime_error: IndexError", "symptoms": {}},
                            [crashed])
     assert asked["template"] == "llm" and asked["source"] == FIXED
     assert asked["reason"].startswith("no repair rule for runtime_error; ")
@@ -247,7 +247,7 @@ def test_hybrid_searches_while_a_repair_rule_applies_and_asks_the_model_otherwis
 
     # the model's own candidates go back to the model
     again = hybrid.propose({**asked, "iteration": 2, "verdict": "fail", "message": "m2"},
-                           {"class": "wrong", "reason": "w", "evidence": {}}, [crashed])
+                           {"class": "wrong", "reason": "w", "symptoms": {}}, [crashed])
     assert again["template"] == "llm" and again["params"]["call"] == 1 and len(recorder.prompts) == 2
 
 

@@ -93,5 +93,5 @@ def test_a_template_only_the_interpreter_accepts_is_refused_on_the_target_and_th
     revise = [s.message for s in run_steps(engine, outcome.run_id) if s.node == "revise"]
     assert "target_compile_error" in revise[0] and "other templates first" in revise[0]
     manifest = json.loads(Path(outcome.operator_path).with_suffix(".json").read_text())
-    assert manifest["evidence"]["targets"] == ["sm_90a"] and manifest["evidence"]["compiles_on"] == ["sm_90a"]
+    assert manifest["target_report"]["targets"] == ["sm_90a"] and manifest["target_report"]["compiles_on"] == ["sm_90a"]
     assert manifest["replay"] == {}  # the suite runs without the replay gate (WORKBENCH_REPLAY_STEPS=0)

@@ -37,14 +37,14 @@ def test_coverage_when_only_uncovered_shapes_fail():
     params = {**GOOD, "BLOCK_N": 256}
     checks = [check("rows=3,N=4097"), check("rows=7,N=1000"), check("rows=4,N=64", passed=True)]
     d = diagnose("fail", "", checks, ROW_BLOCK, params)
-    assert d["class"] == "coverage" and d["evidence"]["requirement"] == "BLOCK_N >= N"
+    assert d["class"] == "coverage" and d["symptoms"]["requirement"] == "BLOCK_N >= N"
 
 
 def test_a_runtime_error_exactly_where_a_requirement_fails_is_coverage_and_elsewhere_its_own_class():
     params = {**GOOD, "BLOCK_N": 256}
     refused = [check("rows=3,N=4097", direction="run"), check("rows=4,N=64", direction="run", passed=True)]
     d = diagnose("runtime_error", "ValueError: rows of 4097 columns", refused, ROW_BLOCK, params)
-    assert d["class"] == "coverage" and d["evidence"]["requirement"] == "BLOCK_N >= N"
+    assert d["class"] == "coverage" and d["symptoms"]["requirement"] == "BLOCK_N >= N"
     crashed = [check("rows=4,N=64", direction="run")]  # BLOCK_N covers this row: the code itself is suspect
     assert diagnose("runtime_error", "IndexError", crashed, ROW_BLOCK, params)["class"] == "runtime_error"
 
@@ -52,7 +52,7 @@ def test_a_runtime_error_exactly_where_a_requirement_fails_is_coverage_and_elsew
 def test_a_constant_output_left_by_a_low_precision_parameter_is_precision():
     params = {**GOOD, "ACC_DTYPE": "float16"}
     d = diagnose("constant_output", "constant output", [check("rows=7,N=1000")], ROW_BLOCK, params)
-    assert d["class"] == "precision" and d["evidence"]["param"] == "ACC_DTYPE"
+    assert d["class"] == "precision" and d["symptoms"]["param"] == "ACC_DTYPE"
     assert diagnose("constant_output", "constant output", [check("rows=7,N=1000")], ROW_BLOCK,
                     GOOD)["class"] == "constant_output"  # no low-precision parameter: the integrity verdict stands
 
@@ -61,7 +61,7 @@ def test_low_precision_parameter_is_blamed_for_numeric_failures():
     params = {**GOOD, "ACC_DTYPE": "float16"}
     assert diagnose("fail", "", [check("rows=4,N=64")], ROW_BLOCK, params)["class"] == "precision"
     d = diagnose("fail", "", [check("rows=4,N=64", nonfinite=3)], ROW_BLOCK, params)
-    assert d["class"] == "nonfinite" and d["evidence"]["param"] == "ACC_DTYPE"
+    assert d["class"] == "nonfinite" and d["symptoms"]["param"] == "ACC_DTYPE"
 
 
 def test_tail_gradient_and_wrong_classes():
@@ -82,13 +82,13 @@ def test_first_point_covers_every_shape():
 def test_repairs_name_their_reason_and_skip_tried_points():
     search = proposer()
     bad = {**GOOD, "BLOCK_N": 64}
-    coverage = {"class": "coverage", "reason": "", "evidence": {"requirement": "BLOCK_N >= N",
+    coverage = {"class": "coverage", "reason": "", "symptoms": {"requirement": "BLOCK_N >= N",
                                                                  "failing_shapes": ["rows=3,N=4097"]}}
     fixed = search.revise("row_block", bad, coverage, {point_key("row_block", bad)})
     assert fixed["params"] == GOOD and "coverage repair" in fixed["reason"]
 
     low = {**GOOD, "ACC_DTYPE": "float16"}
-    precision = {"class": "precision", "reason": "r", "evidence": {"param": "ACC_DTYPE"}}
+    precision = {"class": "precision", "reason": "r", "symptoms": {"param": "ACC_DTYPE"}}
     fixed = search.revise("row_block", low, precision, {point_key("row_block", low)})
     assert fixed["params"] == GOOD and "ACC_DTYPE float16 -> float32" in fixed["reason"]
 
@@ -101,7 +101,7 @@ def test_repairs_name_their_reason_and_skip_tried_points():
 
 def test_structural_failures_try_other_templates_first_and_exhaustion_returns_none():
     search = proposer()
-    compile_error = {"class": "compile_error", "reason": "", "evidence": {}}
+    compile_error = {"class": "compile_error", "reason": "", "symptoms": {}}
     nxt = search.revise("row_block", GOOD, compile_error, {point_key("row_block", GOOD)})
     assert nxt["template"] == "col_tiled" and "other templates first" in nxt["reason"]
     everything = {point_key(t.name, p) for t in search.templates for p in t.points()}
@@ -112,14 +112,14 @@ def test_structural_failures_try_other_templates_first_and_exhaustion_returns_no
 def test_a_kernel_a_gpu_compiler_or_the_interpreter_rejects_is_the_templates_code_defect(verdict):
     """No parameter of the same template fixes a kernel that a target's compiler rejects: the next template."""
     search = proposer()
-    nxt = search.revise("row_block", GOOD, {"class": verdict, "reason": "", "evidence": {}},
+    nxt = search.revise("row_block", GOOD, {"class": verdict, "reason": "", "symptoms": {}},
                         {point_key("row_block", GOOD)})
     assert nxt["template"] == "col_tiled" and "other templates first" in nxt["reason"]
 
 
 def test_exploring_side_by_side_takes_the_points_one_at_a_time_would_take_in_the_same_order():
     search = proposer()
-    explore = {"class": "explore", "reason": "", "evidence": {}}
+    explore = {"class": "explore", "reason": "", "symptoms": {}}
     history = [{"template": "row_block", "params": GOOD}]
     one_at_a_time = []
     for _ in range(3):

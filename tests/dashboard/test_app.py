@@ -19,7 +19,7 @@ from workbench.blocks import REGISTRY
 from workbench.cli import app as cli_app
 from workbench.dashboard.frames import replay_layout
 from workbench.models import get_model
-from workbench.operators import EVIDENCE
+from workbench.operators import EVIDENCE_LEVELS
 from workbench.resources import dashboard_app
 from workbench.status import block_status
 from workbench.store import get_engine, records
@@ -89,9 +89,9 @@ def test_overview_lists_every_block_of_the_card_with_its_status(seeded):
     assert statuses["rmsnorm"] == "promoted" and statuses["situ"] == "blocked"
     for name in card.blocks:
         assert statuses[name] == block_status(engine, seeded.operators_dir, name)[0]
-    levels = dict(zip(plan["block"], plan["evidence"], strict=True))
-    assert all((levels[b] in EVIDENCE) == (statuses[b] == "promoted") for b in card.blocks)
-    on_targets = sum(levels[b] in EVIDENCE[1:] for b in card.blocks)  # counted by the strongest evidence
+    levels = dict(zip(plan["block"], plan["evidence_level"], strict=True))
+    assert all((levels[b] in EVIDENCE_LEVELS) == (statuses[b] == "promoted") for b in card.blocks)
+    on_targets = sum(levels[b] in EVIDENCE_LEVELS[1:] for b in card.blocks)  # counted by the strongest evidence
     assert at.get("progress")[0].proto.text.startswith(
         f"{on_targets} of {len(card.blocks)} blocks compile on every target")
     assert charts(at)

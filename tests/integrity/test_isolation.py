@@ -95,7 +95,7 @@ def test_a_tampering_candidate_changes_nothing_on_disk_and_is_refused(tmp_path, 
     refused = [c.reason for c in result.checks if c.direction == "integrity:forbidden_call"]
     assert any("write outside the sandbox's scratch folder" in r and str(operators) in r for r in refused), refused
     assert result.isolation == isolation() == ("audit" if mode == "audit" else result.isolation)
-    assert result.evidence()["isolation"] == result.isolation
+    assert result.target_report()["isolation"] == result.isolation
 
 
 def test_bubblewrap_is_the_isolation_where_it_is_installed():

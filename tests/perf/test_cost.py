@@ -57,7 +57,7 @@ def test_the_spill_free_point_of_two_otherwise_equal_candidates_is_preferred():
     assert clean.time_s == clean.floor_s and clean.fraction == 1.0 and clean.label == "modelled"
     assert spilling.time_s == pytest.approx(clean.time_s * (1 + 256 / (4 * 128)))
     assert spilling.penalties == ("k_fwd_kernel: spills 256 B/thread (x1.50)",)
-    passing = [{"iteration": i, "template": "t", "worst_ratio": ratio, "evidence": {"spill_free_on": free},
+    passing = [{"iteration": i, "template": "t", "worst_ratio": ratio, "target_report": {"spill_free_on": free},
                 "modelled": cost.modelled_summary("rmsnorm", [shape], builds, ["sm_90a"])}
                for i, ratio, free, builds in ((1, 0.1, [], [_build(spilled_bytes=256)]),
                                               (2, 0.5, ["sm_90a"], [_build()]))]

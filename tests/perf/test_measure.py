@@ -35,7 +35,7 @@ def test_a_verified_candidate_gets_a_measured_time_and_a_wrong_one_none(tmp_path
 
 def test_measured_times_rank_instead_of_the_modelled_ones():
     def attempt(i, measured_ms, modelled_ms):
-        return {"iteration": i, "template": "t", "worst_ratio": 0.1, "evidence": {"spill_free_on": ["sm_90a"]},
+        return {"iteration": i, "template": "t", "worst_ratio": 0.1, "target_report": {"spill_free_on": ["sm_90a"]},
                 "modelled": {"sm_90a": {"time_ms": modelled_ms}},
                 "measured": {"label": "measured", "device": "NVIDIA H200", "time_ms": measured_ms}
                 if measured_ms else {"label": "measured", "device": "NVIDIA H200", "error": "timeout: no result"}}

@@ -17,7 +17,7 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
-from workbench.operators import evidence, evidence_line, list_promoted, promote_file
+from workbench.operators import evidence_line, list_promoted, operator_evidence, promote_file
 from workbench.status import block_status
 from workbench.store import Candidate, LossReplay, PortRun, get_engine, session_scope
 from workbench.store.db import BUSY_TIMEOUT_MS
@@ -344,7 +344,7 @@ def _build(target: str, ok: bool = True, spilled: int = 0, suite: str = "model")
             "uses_dot": False, "tensor_cores": None, "seconds": 0.4, "cached": False}
 
 
-def test_record_verification_keeps_what_the_compilers_said_and_the_evidence(engine):
+def test_record_verification_keeps_what_the_compilers_said_and_the_target_report(engine):
     cid = add_candidate(engine, block="rmsnorm", source="x", source_hash="h", path="p")
     result = VerificationResult(block="rmsnorm", candidate="p", source_hash="h", backend="interpreter",
                                 verdict="pass", message="ok", targets=["sm_90a", "gfx942", "sm_80"],
@@ -359,24 +359,24 @@ def test_record_verification_keeps_what_the_compilers_said_and_the_evidence(engi
         assert (rows["sm_90a"].registers, rows["sm_90a"].spilled_bytes, rows["sm_90a"].ctas_per_sm) == (96, 376, 5)
         assert rows["sm_80"].ok is False and "Cannot access global variable" in rows["sm_80"].error
         assert rows["gfx942"].specialization == {"signature": {"X": "*bf16"}}
-        assert candidate.evidence["compiles_on"] == ["sm_90a", "gfx942"]
-        assert candidate.evidence["spill_free_on"] == ["gfx942"]
+        assert candidate.target_report["compiles_on"] == ["sm_90a", "gfx942"]
+        assert candidate.target_report["spill_free_on"] == ["gfx942"]
 
 
 def test_a_promoted_operator_is_counted_by_its_strongest_evidence():
     five = ["sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950"]
     on_interpreter = {"verification": {"backend": "interpreter", "dtypes": ["float32", "float16"],
                                        "suites": ["smoke", "edge"]}}
-    assert evidence(on_interpreter)["strongest"] == "interpreter only"
-    partly = {**on_interpreter, "evidence": {"targets": five, "compiles_on": five[:3], "spill_free_on": []}}
-    assert evidence(partly)["strongest"] == "interpreter only"
+    assert operator_evidence(on_interpreter)["strongest"] == "interpreter only"
+    partly = {**on_interpreter, "target_report": {"targets": five, "compiles_on": five[:3], "spill_free_on": []}}
+    assert operator_evidence(partly)["strongest"] == "interpreter only"
     assert "compiles 3/5 (sm_80, sm_90a, sm_100a); spill-free 0/5" in evidence_line(partly)
-    compiles = {**partly, "evidence": {**partly["evidence"], "compiles_on": five, "spill_free_on": five[3:]}}
-    assert evidence(compiles)["strongest"] == "compiles on every target"
-    spill_free = {**compiles, "evidence": {**compiles["evidence"], "spill_free_on": five}}
-    assert evidence(spill_free)["strongest"] == "spill-free on every target"
+    compiles = {**partly, "target_report": {**partly["target_report"], "compiles_on": five, "spill_free_on": five[3:]}}
+    assert operator_evidence(compiles)["strongest"] == "compiles on every target"
+    spill_free = {**compiles, "target_report": {**compiles["target_report"], "spill_free_on": five}}
+    assert operator_evidence(spill_free)["strongest"] == "spill-free on every target"
     on_gpu = {**spill_free, "verification": {"backend": "cuda", "dtypes": ["bfloat16"], "suites": ["model"]}}
-    assert evidence(on_gpu)["strongest"] == "verified on a GPU" and evidence(on_gpu)["gpu_verified"]
+    assert operator_evidence(on_gpu)["strongest"] == "verified on a GPU" and operator_evidence(on_gpu)["gpu_verified"]
     assert evidence_line(on_gpu).endswith("replay: not yet")
     replayed = {**on_gpu, "replay": {"replay_id": 7, "model": "kimi-k3.1-pro", "mode": "scratch", "steps": 6}}
     assert evidence_line(replayed).endswith("replayed (6 scratch steps, replay #7)")

@@ -29,12 +29,12 @@ def test_forward_only_verifies_the_outputs_and_records_the_backward_as_not_verif
     result = verify_candidate(inference_swiglu, backend=interp, forward_only=True, **FAST)
     assert result.verdict == "pass", result.message
     assert result.checks and all(c.direction.startswith(("forward:", "integrity:")) for c in result.checks)
-    assert result.forward_only and result.evidence()["backward"] == "not verified"
+    assert result.forward_only and result.target_report()["backward"] == "not verified"
     assert {b["kernel"] for b in result.builds if b["suite"] == "model"} == {"swiglu_fwd_kernel"}
 
     full = verify_candidate(inference_swiglu, backend=interp, **FAST)
     assert full.verdict == "fail" and any(c.direction.startswith("grad:") and not c.passed for c in full.checks)
-    assert full.evidence()["backward"] == "verified"
+    assert full.target_report()["backward"] == "verified"
 
 
 def test_a_forward_only_port_promotes_without_the_backward_and_says_so(settings):

@@ -226,7 +226,7 @@ def test_a_kernel_only_the_interpreter_accepts_is_a_target_compile_error(global_
     assert result.verdict == "target_compile_error"
     assert result.message.startswith("sm_90a: swiglu_fwd_kernel: ") and "Cannot access global variable ONE" \
         in result.message
-    assert result.evidence()["compiles_on"] == []
+    assert result.target_report()["compiles_on"] == []
     failed = {(b["target"], b["kernel"]) for b in result.builds if not b["ok"]}
     assert ("gfx942", "swiglu_fwd_kernel") in failed and not any(k == "swiglu_bwd_kernel" for _, k in failed)
 

@@ -21,7 +21,7 @@ def test_liger_kernels_as_shipped_pass_verification_and_compile_for_targets(name
     result = verify_candidate(THIRD_PARTY / f"{name}.py", backend=get_backend("interpreter"), seeds=1, base_seed=3,
                               targets=["sm_90a", "gfx942"])
     assert result.verdict == "pass", result.message
-    assert result.evidence()["compiles_on"] == ["sm_90a", "gfx942"]
+    assert result.target_report()["compiles_on"] == ["sm_90a", "gfx942"]
     assert {b["kernel"] for b in result.builds if b["suite"] == "model"}, "the model suite's launches were captured"
 
 
@@ -38,7 +38,7 @@ def test_fla_fused_recurrent_kda_as_shipped_passes_forward_only_verification_and
     assert result.forward_only
     assert {c.suite for c in result.checks} >= {"smoke", "edge", "hidden"}
     assert any(c.shape.startswith("B=1,T=1,H=2,HV=4") for c in result.checks), "a GVA shape was verified"
-    assert result.evidence()["compiles_on"] == ["sm_90a", "gfx942"]
+    assert result.target_report()["compiles_on"] == ["sm_90a", "gfx942"]
     assert {b["kernel"] for b in result.builds if b["suite"] == "model"} == {"fused_recurrent_kda_fwd_kernel"}
 
 

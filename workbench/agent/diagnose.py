@@ -30,7 +30,7 @@ def _is_pow2(n: int) -> bool:
 
 def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template: Template | None,
              params: dict[str, Any]) -> dict[str, Any]:
-    """{"class", "reason", "evidence"} for a candidate that did not pass. Unwritten outputs are read like wrong
+    """{"class", "reason", "symptoms"} for a candidate that did not pass. Unwritten outputs are read like wrong
     numbers (they are what a tile narrower than the data leaves behind); other verdicts are their own class."""
     if verdict == Verdict.RUNTIME_ERROR and template is not None:
         found = _coverage([c for c in checks if c["direction"] == "run" and not c["passed"]], template, params)
@@ -41,7 +41,7 @@ def diagnose(verdict: str, message: str, checks: list[dict[str, Any]], template:
         if found["class"] in (FailureClass.PRECISION, FailureClass.NONFINITE):
             return found
     if verdict not in NUMERIC_VERDICTS:
-        return {"class": verdict, "reason": f"{verdict}: {message}", "evidence": {}}
+        return {"class": verdict, "reason": f"{verdict}: {message}", "symptoms": {}}
     found = _numeric_class(message, checks, template, params)
     if verdict == Verdict.UNWRITTEN_OUTPUT and found["class"] == FailureClass.WRONG:
         return {**found, "class": verdict, "reason": f"{verdict}: {message}"}
@@ -53,7 +53,7 @@ def _low_precision(params: dict[str, Any]) -> list[str]:
 
 
 def _coverage(failing: list[dict[str, Any]], template: Template | None, params: dict[str, Any],
-              evidence: dict[str, Any] | None = None) -> dict[str, Any] | None:
+              symptoms: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The coverage class when every failing shape is one where a template requirement does not hold."""
     failing_shapes = sorted({c["shape"] for c in failing})
     unmet = {label: template.unmet(params, parse_shape(label)) if template else [] for label in failing_shapes}
@@ -61,7 +61,7 @@ def _coverage(failing: list[dict[str, Any]], template: Template | None, params: 
         return None
     requirement = next(iter(unmet.values()))[0]
     return {"class": FailureClass.COVERAGE,
-            "evidence": {**(evidence or {"failing_shapes": failing_shapes}), "requirement": requirement},
+            "symptoms": {**(symptoms or {"failing_shapes": failing_shapes}), "requirement": requirement},
             "reason": f"fails exactly where '{requirement}' does not hold: [{'] ['.join(failing_shapes)}]"}
 
 
@@ -70,40 +70,40 @@ def _numeric_class(message: str, checks: list[dict[str, Any]], template: Templat
     checks = [c for c in checks if c["direction"] != "run" and not c["direction"].startswith("integrity:")]
     failing = [c for c in checks if not c["passed"]]
     if not failing:
-        return {"class": FailureClass.WRONG, "evidence": {}, "reason": f"wrong results: {message}"}
+        return {"class": FailureClass.WRONG, "symptoms": {}, "reason": f"wrong results: {message}"}
     failing_shapes = sorted({c["shape"] for c in failing})
     passing_shapes = sorted({c["shape"] for c in checks} - set(failing_shapes))
-    evidence: dict[str, Any] = {
+    symptoms: dict[str, Any] = {
         "failing_shapes": failing_shapes,
         "failing_dtypes": sorted({c["dtype"] for c in failing}),
         "worst": max(failing, key=lambda c: (c.get("max_abs") or 0) / (c.get("bound") or 1)),
     }
 
-    found = _coverage(failing, template, params, evidence)
+    found = _coverage(failing, template, params, symptoms)
     if found:
         return found
 
     nonfinite = sum(c.get("nonfinite") or 0 for c in failing)
     low = _low_precision(params)
-    worst = evidence["worst"]
+    worst = symptoms["worst"]
     if low:
         what = f"{nonfinite} NaN/Inf values" if nonfinite else \
             f"error up to {worst['max_abs'] / worst['bound']:.3g}x the bound ({worst['direction']} [{worst['shape']}])"
         return {"class": FailureClass.NONFINITE if nonfinite else FailureClass.PRECISION,
-                "evidence": {**evidence, "param": low[0]},
+                "symptoms": {**symptoms, "param": low[0]},
                 "reason": f"{low[0]}={params[low[0]]} computes in low precision: {what}"}
     if nonfinite:
-        return {"class": FailureClass.NONFINITE, "evidence": evidence,
+        return {"class": FailureClass.NONFINITE, "symptoms": symptoms,
                 "reason": f"{nonfinite} NaN/Inf values where the reference is finite"}
-    if set(evidence["failing_dtypes"]) <= set(LOW_PRECISION):
-        return {"class": FailureClass.PRECISION, "evidence": evidence,
-                "reason": f"only {', '.join(evidence['failing_dtypes'])} fails: worst {worst['direction']} "
+    if set(symptoms["failing_dtypes"]) <= set(LOW_PRECISION):
+        return {"class": FailureClass.PRECISION, "symptoms": symptoms,
+                "reason": f"only {', '.join(symptoms['failing_dtypes'])} fails: worst {worst['direction']} "
                           f"[{worst['shape']}] at {worst['max_abs'] / worst['bound']:.3g}x the bound"}
     odd = all(not all(_is_pow2(v) for v in parse_shape(label).values()) for label in failing_shapes)
     if odd and any(all(_is_pow2(v) for v in parse_shape(label).values()) for label in passing_shapes):
-        return {"class": FailureClass.TAIL, "evidence": evidence,
+        return {"class": FailureClass.TAIL, "symptoms": symptoms,
                 "reason": f"power-of-two shapes pass, only shapes with odd sizes fail: [{'] ['.join(failing_shapes)}]"}
     if all(c["direction"].startswith("grad:") for c in failing):
-        return {"class": FailureClass.GRADIENT, "evidence": evidence,
+        return {"class": FailureClass.GRADIENT, "symptoms": symptoms,
                 "reason": f"forward passes, gradients fail: {', '.join(sorted({c['direction'] for c in failing}))}"}
-    return {"class": FailureClass.WRONG, "evidence": evidence, "reason": f"wrong results: {message}"}
+    return {"class": FailureClass.WRONG, "symptoms": symptoms, "reason": f"wrong results: {message}"}

@@ -186,7 +186,7 @@ def contract_candidate(ctx: PortContext, run_id: str, current: Attempt) -> Attem
 
 
 def verify_on_executor(ctx: PortContext, run_id: str, current: Attempt) -> tuple[Attempt, list[dict]]:
-    """(``current`` with its verdict, evidence and modelled or measured times; its checks): the sandboxed
+    """(``current`` with its verdict, target report and modelled or measured times; its checks): the sandboxed
     verification runs on the executor, this thread waits for it and records the result."""
     current = Attempt(**current)
     opts = ctx.options
@@ -194,11 +194,11 @@ def verify_on_executor(ctx: PortContext, run_id: str, current: Attempt) -> tuple
                                  seeds=opts.seeds, backend=ctx.backend, timeout_s=opts.timeout_s,
                                  targets=opts.targets, forward_only=opts.forward_only)
     records.record_verification(ctx.engine, current["candidate_id"], result)
-    evidence = result.evidence()
+    target_report = result.target_report()
     modelled = modelled_summary(ctx.spec.name, suite_shapes(ctx.spec, "model"), result.builds, result.targets,
                                 backward=not ctx.options.forward_only) if result.passed else {}
     current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
-                   evidence=evidence, modelled=modelled)
+                   target_report=target_report, modelled=modelled)
     if result.passed and ctx.measures:
         current["measured"] = ctx.executor.measure(
             current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
@@ -207,7 +207,7 @@ def verify_on_executor(ctx: PortContext, run_id: str, current: Attempt) -> tuple
         ctx.emit(run_id, "measure", f"#{current['iteration']} " + (
             f"{figure['time_ms']:.3f} ms measured on {figure['device']} ({figure['shapes']} shapes, median of "
             f"{MEASURE_TRIALS})" if "time_ms" in figure else f"not measured: {figure['error']}"), figure)
-    where = f"; compiles on {len(evidence['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
+    where = f"; compiles on {len(target_report['compiles_on'])}/{len(result.targets)} targets" if result.targets else ""
     spills = f"; {len([f for f in result.findings if f.startswith('spills:')])} spill findings" \
         if any(f.startswith("spills:") for f in result.findings) else ""
     ctx.emit(run_id, "verify", f"{result.verdict}: {result.message} ({result.seconds:.1f} s){where}{spills}",
@@ -216,12 +216,12 @@ def verify_on_executor(ctx: PortContext, run_id: str, current: Attempt) -> tuple
 
 
 def diagnosis_of(ctx: PortContext, run_id: str, current: Attempt, checks: list[dict]) -> dict:
-    """{"class", "reason", "evidence"} of a failed ``current`` (``checks``: its verification's checks)."""
+    """{"class", "reason", "symptoms"} of a failed ``current`` (``checks``: its verification's checks)."""
     template = ctx.templates.get(current["template"])
     if current["verdict"] == Verdict.LLM_ERROR:
-        d = {"class": Verdict.LLM_ERROR, "reason": current["message"], "evidence": {}}
+        d = {"class": Verdict.LLM_ERROR, "reason": current["message"], "symptoms": {}}
     elif current["verdict"] == Verdict.TEMPLATE_ERROR or (template is None and current["template"] != LLM_TEMPLATE):
-        d = {"class": Verdict.TEMPLATE_ERROR, "reason": current["message"], "evidence": {}}
+        d = {"class": Verdict.TEMPLATE_ERROR, "reason": current["message"], "symptoms": {}}
     else:
         checks = checks if current["verdict"] in (*NUMERIC_VERDICTS, Verdict.RUNTIME_ERROR, Verdict.CONSTANT_OUTPUT) \
             else []
@@ -314,7 +314,7 @@ def revise(state: PortState, runtime: Runtime[PortContext]) -> dict:
                  + "; ".join(f"{p['template']} {format_point(p['params'])}" for p in batch), {"batch": batch})
         return {"proposal": None, "batch": batch, "reason": ""}
     d = {"class": "explore", "reason": f"{len(state['passing'])} passing of {state['explore']} wanted",
-         "evidence": {}} if passed else state["diagnosis"]
+         "symptoms": {}} if passed else state["diagnosis"]
     proposal, trace = split_trace(ctx.proposer.propose(current, d, state["history"]))
     message = f"next: {describe(proposal)}" if proposal else "every covering point of every template has been tried"
     shown = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
@@ -374,7 +374,7 @@ def promote(state: PortState, runtime: Runtime[PortContext]) -> dict:
                          "seeds": ctx.options.seeds, "verdict": best["verdict"], "message": best["message"],
                          "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.options.forward_only},
         "launch_settings": launch_settings(source),
-        "evidence": best.get("evidence", {}), "modelled": best.get("modelled", {}),
+        "target_report": best.get("target_report", {}), "modelled": best.get("modelled", {}),
         **({"measured": best["measured"]} if best.get("measured") else {}),
         "replay": {k: v for k, v in state.get("gate", {}).items() if k != "candidate_id"},
     }

@@ -24,7 +24,7 @@ def _modelled(attempt: Attempt, target: str | None) -> float:
 
 
 def rank_passing(passing: list[Attempt], targets: list[str]) -> tuple[list[Attempt], str]:
-    """(passing candidates, best first; why). A candidate is spill-free when its evidence lists every required
+    """(passing candidates, best first; why). A candidate is spill-free when its target report lists every required
     target in spill_free_on. Where any candidate was measured, measured times rank (one that was not, or whose
     timing failed, after those that were); the modelled ones never mix with them."""
     target = rank_target(targets)
@@ -42,7 +42,7 @@ def rank_passing(passing: list[Attempt], targets: list[str]) -> tuple[list[Attem
         return f"{t:.3f} ms modelled on {target}" if target and t != float("inf") else "no modelled time"
 
     def spill_free(a: Attempt) -> bool:
-        return set(targets) <= set(a.get("evidence", {}).get("spill_free_on", []))
+        return set(targets) <= set(a.get("target_report", {}).get("spill_free_on", []))
 
     ranked = sorted(passing, key=lambda a: (not spill_free(a), time_of(a), a["worst_ratio"]))
     if len(ranked) < 2:

@@ -109,11 +109,11 @@ class SearchProposer:
             return None
         changes = ", ".join(f"{k} {params[k]} -> {v}" for k, v in fixed.items() if params[k] != v)
         return Proposal(template=template.name, params=fixed,
-                        reason=f"coverage repair: '{diagnosis['evidence']['requirement']}' broken on "
-                               f"[{diagnosis['evidence']['failing_shapes'][0]}]; {changes}")
+                        reason=f"coverage repair: '{diagnosis['symptoms']['requirement']}' broken on "
+                               f"[{diagnosis['symptoms']['failing_shapes'][0]}]; {changes}")
 
     def _repair_precision(self, template: Template, params: dict, diagnosis: dict, tried: set[str]) -> Proposal | None:
-        param = diagnosis["evidence"].get("param")
+        param = diagnosis["symptoms"].get("param")
         if param is None or "float32" not in template.params[param]["choices"]:
             return None
         fixed = {**params, param: "float32"}

@@ -72,7 +72,7 @@ class Attempt(TypedDict, total=False):
     verdict: str
     message: str
     worst_ratio: float
-    evidence: dict[str, Any]                       # the verification's targets, spills and findings
+    target_report: dict[str, Any]                  # the verification's targets, spills and findings
     modelled: dict[str, Any]                       # per target, the cost model's time at the model suite
     measured: dict[str, Any]                       # the model suite timed on the backend's GPU (perf.measure)
     diagnosis: dict[str, Any]
@@ -88,7 +88,7 @@ class PortState(TypedDict, total=False):
     batch: list[Proposal]                          # the points to verify side by side next (explore branches)
     current: Attempt                               # the iteration in flight
     last_checks: list[dict[str, Any]]              # the checks of the last verification, for diagnose
-    diagnosis: dict[str, Any]                      # {"class", "reason", "evidence"} of the last failure
+    diagnosis: dict[str, Any]                      # {"class", "reason", "symptoms"} of the last failure
     history: Annotated[list[Attempt], operator.add]
     passing: Annotated[list[Attempt], operator.add]
     gate: dict[str, Any]                           # {"candidate_id" (None: every candidate failed), "replay_id"}

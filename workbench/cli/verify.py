@@ -152,7 +152,7 @@ def targets(
     builds = [{**b, "operator": r.block} for r in results for b in r.builds]
     if as_json:
         _emit_json([{"block": r.block, "candidate": r.candidate, "verdict": r.verdict, "message": r.message,
-                     "findings": r.findings, "builds": r.builds, **r.evidence()} for r in results])
+                     "findings": r.findings, "builds": r.builds, **r.target_report()} for r in results])
     else:
         console.print(_builds_table("target matrix at the model suite (compiled ahead of time, no GPU)", builds))
         for r in results:

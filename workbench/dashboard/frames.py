@@ -63,7 +63,7 @@ def _process_state(status: str, host: str, pid: int | None) -> str:
 
 
 def model_plan(engine: Engine, operators_dir: str | Path, model: str) -> pd.DataFrame:
-    """workbench.status.model_plan as a DataFrame (block, role, status, evidence, detail, sizes)."""
+    """workbench.status.model_plan as a DataFrame (block, role, status, evidence_level, detail, sizes)."""
     return _frame(plan_rows(engine, operators_dir, model), PLAN_COLUMNS)
 
 

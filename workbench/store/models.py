@@ -69,7 +69,7 @@ class Candidate(SQLModel, table=True):
     message: str = ""
     worst_ratio: float | None = None
     verify_seconds: float | None = None
-    evidence: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    target_report: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))  # VerificationResult's
     created_at: datetime = Field(default_factory=utcnow)
 
 

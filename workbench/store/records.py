@@ -42,7 +42,7 @@ class Verification(Protocol):
 
     def worst_ratio(self) -> float: ...
 
-    def evidence(self) -> dict[str, Any]: ...
+    def target_report(self) -> dict[str, Any]: ...
 
 
 def new_run_id() -> str:
@@ -90,7 +90,7 @@ def set_candidate_status(engine: Engine, candidate_id: int, status: str, message
 
 
 def record_verification(engine: Engine, candidate_id: int, result: Verification) -> None:
-    """The verdict and evidence on the candidate row, one VerificationCheck row per check and one KernelBuild row
+    """The verdict and target report on the candidate row, one VerificationCheck row per check and one KernelBuild row
     per kernel x target build, in one transaction; what an earlier verification of the same candidate recorded is
     replaced."""
     with session_scope(engine) as s:
@@ -101,7 +101,7 @@ def record_verification(engine: Engine, candidate_id: int, result: Verification)
         ratio = result.worst_ratio()
         row.worst_ratio = ratio if ratio != float("inf") else None
         row.verify_seconds = result.seconds
-        row.evidence = result.evidence()
+        row.target_report = result.target_report()
         s.add_all(VerificationCheck(candidate_id=candidate_id, backend=result.backend, **vars(c))
                   for c in result.checks)
         s.add_all(KernelBuild(candidate_id=candidate_id, **{k: v for k, v in b.items() if k != "cached"})

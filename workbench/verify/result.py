@@ -60,9 +60,10 @@ class VerificationResult:
     forward_only: bool = False  # only the outputs were verified: the backward was not
     isolation: str = ""  # the sandbox's isolation in force: "bwrap" or "audit" (workbench.verify.sandbox)
 
-    def evidence(self) -> dict:
-        """What this verification showed, and where: the backend's suites and dtypes are in the checks; the
-        targets each kernel compiled on, and those without spills at the model suite."""
+    def target_report(self) -> dict:
+        """Where this verification showed the candidate to work: the backend (its suites and dtypes are in the
+        checks), the targets each kernel compiled on and those without spills at the model suite, the static findings,
+        whether the backward was verified, the sandbox's isolation."""
         report = {t: [b for b in self.builds if b["target"] == t] for t in self.targets}
         compiled = [t for t, bs in report.items() if bs and all(b["ok"] for b in bs)]
         spill_free = [t for t in compiled if not any(b["suite"] == "model" and b["spilled_bytes"]
@@ -98,7 +99,7 @@ class VerificationResult:
             "compile_seconds": round(self.compile_seconds, 2),
             "backend": self.backend,
             "base_seed": self.base_seed,
-            **{k: v for k, v in self.evidence().items() if k != "backend"},
+            **{k: v for k, v in self.target_report().items() if k != "backend"},
         }
 
     def to_dict(self) -> dict:

@@ -9,7 +9,7 @@ import streamlit as st
 
 from workbench.dashboard import board
 from workbench.models import DEFAULT_MODEL, list_models
-from workbench.operators import EVIDENCE
+from workbench.operators import EVIDENCE_LEVELS
 from workbench.status import STATUSES
 
 settings = board.settings()
@@ -25,12 +25,12 @@ model = st.selectbox("Model card", names, index=names.index(DEFAULT_MODEL) if DE
 plan: pd.DataFrame = board.read("model_plan", str(settings.operators_dir), model)
 
 counts = plan["status"].value_counts()
-levels = plan["evidence"].value_counts()
+levels = plan["evidence_level"].value_counts()
 total = len(plan)
-on_targets = sum(int(levels.get(level, 0)) for level in EVIDENCE[1:])  # counted by their strongest evidence
+on_targets = sum(int(levels.get(level, 0)) for level in EVIDENCE_LEVELS[1:])  # counted by their strongest evidence
 st.progress(on_targets / total if total else 0.0,
             text=f"{on_targets} of {total} blocks compile on every target · "
-                 + " · ".join(f"{int(levels.get(level, 0))} {level}" for level in reversed(EVIDENCE)) + " · "
+                 + " · ".join(f"{int(levels.get(level, 0))} {level}" for level in reversed(EVIDENCE_LEVELS)) + " · "
                  f"{int(counts.get('numerics pass', 0))} numerics pass · "
                  f"{int(counts.get('in progress', 0))} in progress · "
                  f"{int(counts.get('blocked', 0) + counts.get('failed', 0))} blocked or failed · "
@@ -61,7 +61,7 @@ with ci_col:
 
 st.subheader("Blocks")
 st.dataframe(board.style_status(plan), hide_index=True, key="plan_table", height=38 + 35 * len(plan),
-             column_order=["block", "status", "evidence", "detail", "sizes", "role"],
+             column_order=["block", "status", "evidence_level", "detail", "sizes", "role"],
              column_config={"block": st.column_config.TextColumn("block", width=150),
                             "status": st.column_config.TextColumn("status", width=100),
                             "detail": st.column_config.TextColumn("detail", width=220),
