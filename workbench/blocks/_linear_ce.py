@@ -26,6 +26,7 @@ Conventions, decided once for both blocks:
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.blocks._config import Found, ModelConfig
-from workbench.blocks.base import BF16, I64, Peer, Shape, Work
+from workbench.blocks.base import BF16, I64, BlockSpec, Peer, Shape, Work
 from workbench.numerics import compute_dtype
 
 IGNORE_INDEX = -100
@@ -167,3 +168,13 @@ def linear_ce_found(model: ModelConfig, role: str) -> list[Found]:
         return []
     return [Found(role, None, [{"N": model.tokens, "V": model.vocab, "D": model.hidden}],
                   [model.vocab_field, model.hidden_field])]
+
+
+def linear_ce_spec(name: str, summary: str, role: str) -> BlockSpec:
+    """The BlockSpec of a linear + cross-entropy loss head: every form shares this module's reference, inputs,
+    suites, work, peers and onboarding (``role``: its words in a model card); a form's module adds its own way of
+    computing it."""
+    return BlockSpec(name=name, family="loss", summary=summary, reference=reference, make_inputs=make_inputs,
+                     abstract_inputs=abstract_inputs, grad_inputs=("h", "W"), outputs=("loss",), shapes=SUITES,
+                     hidden_shapes=hidden_shapes, work=linear_ce_work, abstract_outputs=linear_ce_abstract_outputs,
+                     peers=LINEAR_CE_PEERS, onboard=functools.partial(linear_ce_found, role=role), replay="loss")

@@ -49,7 +49,6 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     return {"gate_up": gate_up.to(device, dtype), "beta": BETA, "linear_beta": LINEAR_BETA}
 
 
-
 def onboard(model: ModelConfig) -> list[Found]:
     """The shared experts' and the dense layers' activation when hidden_act is situ, with its two constants."""
     beta, beta_field = model.field("activation_situ_beta")

@@ -23,21 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.blocks._config import Found, ModelConfig
-from workbench.blocks._linear_ce import (
-    LINEAR_CE_PEERS,
-    REDUCTIONS,
-    SUITES,
-    abstract_inputs,
-    hidden_shapes,
-    linear_ce_abstract_outputs,
-    linear_ce_found,
-    linear_ce_work,
-    loss_scale,
-    make_inputs,
-    reference,
-)
-from workbench.blocks.base import BlockSpec
+from workbench.blocks._linear_ce import REDUCTIONS, linear_ce_spec, loss_scale
 from workbench.numerics import compute_dtype
 
 
@@ -96,26 +82,8 @@ def blockwise_loss(h: torch.Tensor, W: torch.Tensor, y: torch.Tensor, ignore_ind
     return _VocabBlockwiseLoss.apply(h, W, y, ignore_index, reduction, block)
 
 
-
-def onboard(model: ModelConfig) -> list[Found]:
-    """The model's loss head over its vocabulary."""
-    return linear_ce_found(model, "vocabulary-blockwise (CCE) linear + cross-entropy head")
-
-
-SPEC = BlockSpec(
-    name="vocab_blockwise_ce",
-    family="loss",
-    summary="linear + cross-entropy with an online logsumexp over vocabulary blocks, recomputed backward (CCE)",
-    reference=reference,
-    make_inputs=make_inputs,
-    abstract_inputs=abstract_inputs,
-    grad_inputs=("h", "W"),
-    outputs=("loss",),
-    shapes=SUITES,
-    hidden_shapes=hidden_shapes,
-    work=linear_ce_work,
-    abstract_outputs=linear_ce_abstract_outputs,
-    peers=LINEAR_CE_PEERS,
-    onboard=onboard,
-    replay="loss",
+SPEC = linear_ce_spec(
+    "vocab_blockwise_ce",
+    "linear + cross-entropy with an online logsumexp over vocabulary blocks, recomputed backward (CCE)",
+    "vocabulary-blockwise (CCE) linear + cross-entropy head",
 )
