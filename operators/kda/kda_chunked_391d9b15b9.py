@@ -202,8 +202,8 @@ def kda_chunk_solve_kernel(v, beta, ks, gc, aa, mm, w, u, T, H, HV, V, TP, NV, B
 # The state passes carry the state (or its gradient) from chunk to chunk through memory: hs [B*HV, NT + 1, BK, V]
 # holds the state before every chunk and, at NT, the final one (dhs likewise the gradients), float32, zero past K.
 # Each chunk reads the state KB key rows at a time in a loop over key blocks and writes the next state block by
-# block, so one block's tiles are live at a time (up to four register-resident blocks with their float32-accurate dot
-# operands overflowed the registers). A barrier makes each chunk's writes by every thread of the program visible to
+# block, so one block's tiles are live at a time (several register-resident blocks with their float32-accurate dot
+# operands would overflow the registers). A barrier makes each chunk's writes by every thread of the program visible to
 # the next chunk's reads; the state block (KB x BV floats) stays in the cache. Every product that does not feed the
 # next state is left to kernels parallel over chunks that read the stored states, as fla's chunk_fwd_o and
 # chunk_bwd_dqkwg.

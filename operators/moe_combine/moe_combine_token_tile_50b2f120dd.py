@@ -35,8 +35,8 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps per target, from the compiled model-suite launches: on NVIDIA 4 warps need 158 registers a thread in the
-# backward, 3 CTAs (12 warps) per SM; 8 warps halve that.
+# Warps per target: over 4 warps the backward's tiles take so many registers a thread that an NVIDIA SM holds too few
+# warps to keep HBM busy; 8 warps halve the registers a thread. `workbench targets` shows each launch's registers.
 LAUNCH_SETTINGS = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}}
 
 
