@@ -43,6 +43,7 @@ class Verdict(StrEnum):
     TENSOR_SUBCLASS = "tensor_subclass"
     ALIASING = "aliasing"
     INPUT_MUTATION = "input_mutation"
+    NOT_IN_PLACE = "not_in_place"  # a cache the block updates in place came back in new memory
     UNWRITTEN_OUTPUT = "unwritten_output"
     CACHED_RESULT = "cached_result"
     CONSTANT_OUTPUT = "constant_output"
@@ -59,8 +60,9 @@ ERROR_VERDICTS = (Verdict.COMPILE_ERROR, Verdict.RUNTIME_ERROR, Verdict.TIMEOUT,
 INTEGRITY_VERDICTS = (
     Verdict.INSTRUMENTATION_ACCESS, Verdict.FORGED_REPORT, Verdict.FORBIDDEN_IMPORT, Verdict.INTROSPECTION,
     Verdict.FORBIDDEN_CALL, Verdict.MONKEYPATCH, Verdict.TORCH_FALLBACK, Verdict.NO_KERNEL, Verdict.TENSOR_SUBCLASS,
-    Verdict.ALIASING, Verdict.INPUT_MUTATION, Verdict.UNWRITTEN_OUTPUT, Verdict.CACHED_RESULT,
-    Verdict.CONSTANT_OUTPUT, Verdict.NONDETERMINISTIC, Verdict.CAPTURE_DIVERGENCE, Verdict.OVERFIT_SHAPES)
+    Verdict.ALIASING, Verdict.INPUT_MUTATION, Verdict.NOT_IN_PLACE, Verdict.UNWRITTEN_OUTPUT,
+    Verdict.CACHED_RESULT, Verdict.CONSTANT_OUTPUT, Verdict.NONDETERMINISTIC, Verdict.CAPTURE_DIVERGENCE,
+    Verdict.OVERFIT_SHAPES)
 """The integrity verdicts in priority order: workbench.verify.integrity.PRIORITY (its table of checks) names them so,
 and a test holds the two equal."""
 RUN_VERDICTS = (Verdict.COMPILE_ERROR, Verdict.OOM, Verdict.INTERPRETER_UNSUPPORTED, Verdict.RUNTIME_ERROR)

@@ -35,9 +35,15 @@ def test_every_block_of_the_catalog_has_its_op_and_a_registered_schema():
         schema = getattr(torch.ops.workbench, block).default._schema
         names = list(inspect.signature(get_block(block).reference).parameters)
         assert [a.name for a in schema.arguments] == names, block
-        assert len(schema.returns) == len(get_block(block).outputs), block
-        backward = getattr(torch.ops.workbench, f"{block}_backward").default._schema
-        assert [a.name for a in backward.arguments] == ["grads", "needs", *names], block
+        spec = get_block(block)
+        assert len(schema.returns) == len(spec.outputs) - len(spec.updated_in_place), block  # caches: arguments
+        assert {a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write} == \
+            set(spec.updated_in_place), block
+        if spec.grad_inputs:
+            backward = getattr(torch.ops.workbench, f"{block}_backward").default._schema
+            assert [a.name for a in backward.arguments] == ["grads", "needs", *names], block
+        else:  # a block without gradients (a decode step) has no backward op
+            assert not hasattr(torch.ops.workbench, f"{block}_backward"), block
     types = {a.name: str(a.type) for a in torch.ops.workbench.moe_router.default._schema.arguments}
     assert types == {"x": "Tensor", "weight": "Tensor", "bias": "Tensor", "topk": "int", "score_func": "str",
                      "norm_lambda": "Optional[float]", "renormalize": "bool", "route_scale": "float",

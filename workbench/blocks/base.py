@@ -100,6 +100,10 @@ class BlockSpec:
     onboard(model) -> list[Found]: the block's entries in the card of a model whose config calls for it (none when it
         does not), from the shared reading of the config (workbench.blocks._config.ModelConfig); workbench.onboard
         runs every block's rule, family by family in FAMILIES order.
+    updated_in_place: inputs the block updates in place (a serving cache), each also an output of the same name:
+        ``run`` returns that very tensor, its contents after the call are compared like any output, and it is exempt
+        from the input-mutation and aliasing checks (a copy returned instead is the verdict not_in_place); the
+        reference returns an updated copy and leaves its input alone.
     replay: the part of the replay model (workbench.replay.arch) that calls the block: "layer" (every layer),
         "moe" (every MoE layer), "shared_expert" (the shared expert's activation: one of these), "loss" (the loss
         head: one of these), or the letter of the attention layers that call it ("K" linear, "D" gated DSA, "M"
@@ -125,6 +129,7 @@ class BlockSpec:
     peers: tuple[Peer, ...] = ()
     not_compiled: str = ""
     onboard: Callable[[ModelConfig], list[Found]] | None = None
+    updated_in_place: tuple[str, ...] = ()
     replay: str = ""
 
     def meta_inputs(self, shape: Shape, dtype: torch.dtype) -> dict[str, Any]:
@@ -138,6 +143,11 @@ class BlockSpec:
     def arg_names(self) -> tuple[str, ...]:
         """The positional signature that ``run`` must have."""
         return tuple(inspect.signature(self.reference).parameters)
+
+    @property
+    def in_place_outputs(self) -> dict[str, int]:
+        """{updated input: its position among the outputs}."""
+        return {name: self.outputs.index(name) for name in self.updated_in_place}
 
     def reference_source(self) -> str:
         return inspect.getsource(inspect.getmodule(self.reference))

@@ -204,7 +204,10 @@ def _fresh(outputs: Sequence[torch.Tensor], inputs: Sequence[Any]) -> list[torch
 class BlockOp:
     """A block's promoted operator as custom ops. Call it like the block's reference (same arguments, same outputs);
     ``op`` is ``torch.ops.workbench.<block>``. Its fake implementation is the block's ``abstract_outputs`` where the
-    reference cannot run on fake tensors (data-dependent sizes or values), else the reference."""
+    reference cannot run on fake tensors (data-dependent sizes or values), else the reference. A cache the block
+    updates in place (``BlockSpec.updated_in_place``) is a mutated argument of the op (``Tensor(a!)``), not one of
+    its returns: calling the BlockOp gives it back in its place among the outputs, as the reference does. A block
+    without gradients has no autograd formula (calling it on tensors that require grad gives outputs that do not)."""
 
     def __init__(self, block: str, forward_only: bool = False):
         self.spec = get_block(block)
@@ -215,16 +218,21 @@ class BlockOp:
         params = inspect.signature(self.spec.reference).parameters
         self.arg_names = tuple(params)
         self.grad_positions = tuple(self.arg_names.index(name) for name in self.spec.grad_inputs)
-        args = ", ".join(f"{self._schema_type(p)} {name}{self._schema_default(p)}" for name, p in params.items())
-        outputs = ", ".join(["Tensor"] * len(self.spec.outputs))
-        returns = outputs if len(self.spec.outputs) == 1 else f"({outputs})"
+        # updated input's position among the arguments -> its position among the reference's outputs
+        self.in_place = {self.arg_names.index(name): pos for name, pos in self.spec.in_place_outputs.items()}
+        mutated = {name: f"Tensor({chr(ord('a') + i)}!)" for i, name in enumerate(self.spec.updated_in_place)}
+        args = ", ".join(f"{mutated.get(name) or self._schema_type(p)} {name}{self._schema_default(p)}"
+                         for name, p in params.items())
+        returned = len(self.spec.outputs) - len(self.in_place)
+        outputs = ", ".join(["Tensor"] * returned)
+        returns = outputs if returned == 1 else f"({outputs})"
         qualified = f"{NAMESPACE}::{self.name}"
-        self.custom_op = torch.library.custom_op(qualified, self._forward, mutates_args=(),
+        self.custom_op = torch.library.custom_op(qualified, self._forward, mutates_args=tuple(mutated),
                                                  schema=f"({args}) -> {returns}")
         self.custom_op.register_fake(self._fake)
         self.op = getattr(getattr(torch.ops, NAMESPACE), self.name)
         self.backward_op = None
-        if not forward_only:
+        if not forward_only and self.grad_positions:
             backward = torch.library.custom_op(f"{qualified}_backward", self._backward, mutates_args=(),
                                                schema=f"(Tensor?[] grads, bool[] needs, {args}) -> Tensor[]")
             backward.register_fake(self._backward_fake)
@@ -252,7 +260,12 @@ class BlockOp:
         return "=" + {None: "None", True: "True", False: "False"}.get(param.default, repr(param.default))
 
     def __call__(self, *args: Any) -> Any:
-        return self.op(*args)
+        returned = self.op(*args)
+        if not self.in_place:
+            return returned
+        rest = iter(_as_tuple(returned))
+        by_position = {pos: args[arg] for arg, pos in self.in_place.items()}
+        return tuple(by_position[pos] if pos in by_position else next(rest) for pos in range(len(self.spec.outputs)))
 
     def operator_path(self) -> str:
         """The operator file backing this op (resolved in the operators folder at the first call)."""
@@ -336,8 +349,17 @@ class BlockOp:
             if want is not None and want[0] is self:
                 return self._returned(self._forward_keeping(args, want[1], want[2]))
             with torch.no_grad():
-                outputs = _fresh(_as_tuple(self.operator().run(*args)), args)
+                outputs = _fresh(self._updated(args, _as_tuple(self.operator().run(*args))), args)
         return self._returned(outputs)
+
+    def _updated(self, args: Sequence[Any], outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The operator's outputs less the caches it updates in place: each is its argument's memory (verified so;
+        a copy it returned instead is written back into the argument)."""
+        positions = set(self.in_place.values())
+        for arg, pos in self.in_place.items():
+            if outputs[pos] is not args[arg]:
+                args[arg].copy_(outputs[pos])
+        return [o for pos, o in enumerate(outputs) if pos not in positions]
 
     def _forward_keeping(self, args: Sequence[Any], include: Any, exclude: Any) -> list[torch.Tensor]:
         """Run the operator with grad on detached leaf copies of the grad inputs that require grad, with the
@@ -357,7 +379,8 @@ class BlockOp:
     def _fake(self, *args: Any) -> Any:
         reference = self.spec.abstract_outputs or self.spec.reference
         with torch.no_grad():
-            outputs = [o.new_empty(o.shape) for o in _as_tuple(reference(*args))]
+            outputs = [o.new_empty(o.shape) for pos, o in enumerate(_as_tuple(reference(*args)))
+                       if pos not in self.in_place.values()]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     @staticmethod

@@ -270,11 +270,13 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     targets of workbench.backends; [] for none); a failure there is the verdict target_compile_error.
     compile_cache: where compile results are kept by source hash x specialization x target.
     forward_only: verify the outputs only (inference kernels with no backward); the result says the backward was
-    not verified, and the model-suite capture runs the forward only."""
+    not verified, and the model-suite capture runs the forward only. A block without gradients (a decode step) is
+    verified so whatever this says."""
     started = time.monotonic()
     path = Path(path).resolve()
     named_block, source = read_candidate(path)
     spec = get_block(block or named_block)
+    forward_only = forward_only or not spec.grad_inputs
     backend = backend or get_backend()
     suites, dtypes = select_suites(backend, suites, dtypes)
     if seeds < 1:
@@ -305,8 +307,8 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
         raise WorkbenchError(f"nothing to verify: block {spec.name} has no shapes in suites {', '.join(suites)}")
     captures, result.findings = build_captures(spec, required) if required else ([], [])
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
-           "trials": trials, "captures": captures, "device": backend.device, "token": secrets.token_hex(16),
-           "forward_only": forward_only}
+           "in_place": spec.in_place_outputs, "trials": trials, "captures": captures, "device": backend.device,
+           "token": secrets.token_hex(16), "forward_only": forward_only}
     job_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=work_dir))
     try:
         # RLIMIT_AS caps host memory; CUDA maps far more address space than it uses, so no cap there.
@@ -385,14 +387,15 @@ def target_report(path: str | Path, *, block: str | None = None, targets: list[s
     path = Path(path).resolve()
     named_block, source = read_candidate(path)
     spec = get_block(block or named_block)
+    forward_only = forward_only or not spec.grad_inputs
     required = get_targets(default_target_names() if targets is None else targets)
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
                                 backend="capture", verdict="pass", message="", targets=[t.name for t in required],
                                 forward_only=forward_only)
     captures, result.findings = build_captures(spec, required)
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
-           "trials": [], "captures": captures, "device": "cpu", "token": secrets.token_hex(16),
-           "forward_only": forward_only}
+           "in_place": spec.in_place_outputs, "trials": [], "captures": captures, "device": "cpu",
+           "token": secrets.token_hex(16), "forward_only": forward_only}
     job_dir = Path(tempfile.mkdtemp(prefix="capture-"))
     try:
         outcome = run_job(job_dir, job, INTERPRETER.env, timeout_s, DEFAULT_MEMORY_BYTES)

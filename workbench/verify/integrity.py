@@ -207,6 +207,7 @@ CHECKS: tuple[tuple[Verdict, Callable[[Run], list[str]]], ...] = (
     (Verdict.TENSOR_SUBCLASS, _reported("subclass", "returned tensor subclasses: {}")),
     (Verdict.ALIASING, _reported("aliasing", "outputs share memory with {}")),
     (Verdict.INPUT_MUTATION, _reported("mutated", "inputs modified: {}")),
+    (Verdict.NOT_IN_PLACE, _reported("not_in_place", "caches updated in place came back in new memory: {}")),
     (Verdict.UNWRITTEN_OUTPUT, _unwritten_output),
     (Verdict.CACHED_RESULT, _one(lambda run: _cached(run.expected, run.by_id))),
     (Verdict.CONSTANT_OUTPUT, _constant_output),

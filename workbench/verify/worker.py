@@ -22,7 +22,8 @@ After the trials it runs the job's captures: the candidate called at the model c
 the host code reads back (``.item()``, ``.tolist()``, ``.cpu()``) answered with zeros of the right type.
 
 Reads JOB_DIR/job.pt; writes the result as one torch.save blob to RESULT_FD (a pipe): ``{"load_error",
-"trials": [{id, outputs, grads, error, launches_fwd, launches_bwd, ops, aliasing, mutated, subclass, seconds}],
+"trials": [{id, outputs, grads, error, launches_fwd, launches_bwd, ops, aliasing, mutated, not_in_place, subclass,
+seconds}],
 "captures": [{id, suite, target, error}], "launches": [{kernel, module, file, suite, target, signature, constexprs,
 options}], "events", "patched"}`` (a launch's target: the GPU target its capture recorded it for, None in the trials).
 """
@@ -409,6 +410,14 @@ def _storages(tensors) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
 
 
+def _same_memory(a, b) -> bool:
+    """Whether ``a`` is ``b``'s memory as ``b`` lays it out (an in-place update returned as its input)."""
+    if not b.numel():
+        return a.shape == b.shape
+    return (a.untyped_storage().data_ptr(), a.storage_offset(), a.shape, a.stride()) == \
+        (b.untyped_storage().data_ptr(), b.storage_offset(), b.shape, b.stride())
+
+
 @contextlib.contextmanager
 def _profiled(safe):
     """torch's profiler around the trial; its start and stop lines on stderr (kineto's) go to /dev/null, the
@@ -478,7 +487,13 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
     tensors_out = [o for o in outputs if isinstance(o, torch.Tensor)]
     entry["subclass"] = [type(t).__name__ for t in tensors_out + [g for g in grads.values() if g is not None]
                          if type(t) is not torch.Tensor]
-    out_storages = [t.untyped_storage().data_ptr() for t in tensors_out if t.numel()]
+    # a cache the block updates in place (job["in_place"]: input name -> output position) comes back as its input
+    in_place = {pos: args[arg_names.index(name)] for name, pos in job["in_place"].items()}
+    entry["not_in_place"] = [name for name, pos in job["in_place"].items()
+                             if not (pos < len(outputs) and isinstance(outputs[pos], torch.Tensor)
+                                     and _same_memory(outputs[pos], in_place[pos]))]
+    out_storages = [t.untyped_storage().data_ptr() for i, t in enumerate(outputs)
+                    if isinstance(t, torch.Tensor) and t.numel() and i not in in_place]
     entry["aliasing"] = sorted(
         {"an input" for p in out_storages if p in input_storages}
         | {"an earlier call's output" for p in out_storages if p in previous}
@@ -492,8 +507,8 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
             return safe.equal(safe.view(flat_a, torch.uint8), safe.view(flat_b, torch.uint8))
         return safe.equal(a, b)
 
-    entry["mutated"] = [name for name, value in pristine.items()
-                        if not same(value, safe.detach(args[arg_names.index(name)]))]
+    entry["mutated"] = [name for name, value in pristine.items() if name not in job["in_place"]
+                        and not same(value, safe.detach(args[arg_names.index(name)]))]
     entry["mutated"] += [f"grad_output[{i}]" for i, (g, h) in enumerate(zip(trial["grad_outputs"], grad_outputs,
                                                                            strict=True))
                          if g is not None and not same(g, h)]
