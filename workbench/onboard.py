@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from workbench.blocks import REGISTRY
-from workbench.blocks._config import LORA_RANK, TOKENS, Config, Found, ModelConfig
+from workbench.blocks._config import DECODE_BATCH, LORA_RANK, TOKENS, Config, Found, ModelConfig
 from workbench.blocks.base import FAMILIES
 from workbench.errors import WorkbenchError
 
@@ -141,6 +141,7 @@ def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
     card.fact("head_dim", head_dim, head_dim_field, "" if head_dim_field else "hidden_size / num_attention_heads")
     card.fact("context_length", *cfg.integer("max_position_embeddings"))
     card.fact("tokens_per_step", TOKENS, None, "the model suite's tokens per step (batch x sequence)")
+    card.fact("decode_batch", DECODE_BATCH, None, "the model suite's sequences decoded at once (the serving forms)")
 
     kda_layers, kda_field = _layer_list(cfg, "linear_attn_config", "kda_layers")
     full_layers, full_field = _layer_list(cfg, "linear_attn_config", "full_attn_layers")

@@ -1,8 +1,8 @@
 """Reward hacks as source edits of correct operators (tests/integrity/test_adversarial.py runs them).
 
-Each cheat starts from a correct candidate, the rmsnorm row_block or swiglu flat template rendered at its first
-point, and changes a few lines of text. Every edit asserts that the text it replaces is still in the template, so a
-template change cannot silently turn a cheat back into the correct operator.
+Each cheat starts from a correct candidate, the rmsnorm row_block, swiglu flat or kda_decode v_tiled template
+rendered at its first point, and changes a few lines of text. Every edit asserts that the text it replaces is still
+in the template, so a template change cannot silently turn a cheat back into the correct operator.
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ def swiglu_source() -> str:
     return template.render(next(template.points()))
 
 
-BASES = {"rmsnorm": rmsnorm_source, "swiglu": swiglu_source}
+@functools.cache
+def kda_decode_source() -> str:
+    """kda_decode v_tiled at its first point (a block whose state cache is updated in place)."""
+    template = load_template("kda_decode", "v_tiled")
+    return template.render(next(template.points()))
+
+
+BASES = {"rmsnorm": rmsnorm_source, "swiglu": swiglu_source, "kda_decode": kda_decode_source}
 
 
 def edit(source: str, old: str, new: str) -> str:
@@ -60,6 +67,7 @@ R_RUN = "    return RMSNormFunction.apply(x, weight, eps)\n"
 S_STORE_Y = "    tl.store(Y + offs, (a * s * b).to(Y.dtype.element_ty), mask=mask)\n"
 S_STORE_DB = "    tl.store(DB + offs, (dy * a * s).to(DB.dtype.element_ty), mask=mask)\n"
 S_SAVE = "        ctx.save_for_backward(a_c, b_c)\n"
+D_EMPTY_O = "    o = torch.empty(n, hv, vd, dtype=v.dtype, device=v.device)\n"
 
 # rmsnorm in torch, on forward()'s local names
 TORCH_RMSNORM = "((x2.float() * torch.rsqrt(x2.float().pow(2).mean(-1, keepdim=True) + eps)) * weight.float())" \
@@ -301,6 +309,9 @@ CHEATS = [
          "            _BUFFERS[x2.shape, x2.dtype] = torch.empty_like(x2)\n"
          "        y = _BUFFERS[x2.shape, x2.dtype]\n")],
         "aliasing", "outputs share memory with an earlier call's output", numbers_pass=True),
+    Cheat("steps a copy of the state cache and returns it, the served cache left stale", "kda_decode", [(D_EMPTY_O,
+        "    state_cache = state_cache.clone()  # a functional update\n" + D_EMPTY_O)],
+        "not_in_place", "caches updated in place came back in new memory: state_cache", numbers_pass=True),
     Cheat("zeroes the input after reading it", "rmsnorm", [(R_SAVE,
         "        ctx.save_for_backward(x2.clone(), weight, rstd)\n"
         "        x2.zero_()\n")],

@@ -9,6 +9,7 @@ the Triton interpreter, which must be selected before triton is first imported, 
     launches Triton launches of forward and backward through the op, the operator's run and the backward op
     kept     what the eager forward keeps for its backward, and when it is let go (no_grad, backward, in place)
     bf16     bfloat16 on the interpreter: refused in one line where a kernel's tl.dot gets bfloat16, right elsewhere
+    in_place a cache updated in place through its op (kda_decode): the argument itself comes back, updated
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import workbench.kernels as wk
 from workbench.blocks import get_block
 
 OPERATORS = Path(__file__).resolve().parents[2] / "operators"
-OPCHECK_BLOCKS = ("rmsnorm", "situ", "vocab_blockwise_ce", "moe_router", "kda")
+OPCHECK_BLOCKS = ("rmsnorm", "situ", "vocab_blockwise_ce", "moe_router", "kda", "kda_decode")
 
 
 def _tensors(outputs) -> list[torch.Tensor]:
@@ -55,12 +56,13 @@ def check_fake() -> dict:
         real = _tensors(op(*args))
         grads = _grads_like(real, 0)
         needs = [True] * len(op.spec.grad_inputs)
-        real_grads = op.backward_op(grads, needs, *args)
+        backward = op.backward_op or (lambda *_: [])  # a block without gradients has no backward op
+        real_grads = backward(grads, needs, *args)
         with FakeTensorMode() as mode:
             fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
             fake_grads_in = [mode.from_tensor(g) if g is not None else None for g in grads]
             fake = _tensors(op(*fake_args))
-            fake_grads = op.backward_op(fake_grads_in, needs, *fake_args)
+            fake_grads = backward(fake_grads_in, needs, *fake_args)
         found[block] = {"real": _meta(real), "fake": _meta(fake), "real_grads": _meta(real_grads),
                         "fake_grads": _meta(fake_grads)}
     return found
@@ -309,8 +311,22 @@ def check_bf16() -> dict:
     return found
 
 
+def check_in_place() -> dict:
+    """kda_decode's op on its first smoke shape: whether the cache it gives back is its argument, how far o and the
+    updated argument are from the reference's (which updates a copy), and how many tensors the op itself returns."""
+    spec = get_block("kda_decode")
+    args = _inputs("kda_decode")
+    expected_o, expected_cache = spec.reference(**{k: v.clone() if isinstance(v, torch.Tensor) else v
+                                                   for k, v in args.items()})
+    cache = args["state_cache"]
+    o, returned = wk.kda_decode(*args.values())
+    raw = wk.kda_decode.op(*_inputs("kda_decode").values())
+    return {"is_argument": returned is cache, "o": float((o - expected_o).abs().max()),
+            "cache": float((cache - expected_cache).abs().max()), "op_returns": len(_tensors(raw))}
+
+
 CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
-          "launches": check_launches, "kept": check_kept, "bf16": check_bf16}
+          "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place}
 
 
 if __name__ == "__main__":

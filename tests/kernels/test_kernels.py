@@ -53,11 +53,19 @@ def test_ops_pass_torch_library_opcheck():
     """torch's own checks of a custom op: schema, autograd registration, fake tensors and AOT dispatch with dynamic
     shapes (forward and backward traced, run and compared with eager)."""
     found = run_child("opcheck")
-    assert set(found) == {"rmsnorm", "situ", "vocab_blockwise_ce", "moe_router", "kda"}
+    assert set(found) == {"rmsnorm", "situ", "vocab_blockwise_ce", "moe_router", "kda", "kda_decode"}
     for block, results in found.items():
         assert set(results) == {"test_schema", "test_autograd_registration", "test_faketensor",
                                 "test_aot_dispatch_dynamic"}, block
         assert set(results.values()) == {"SUCCESS"}, (block, results)
+
+
+def test_a_cache_updated_in_place_comes_back_as_the_argument_itself():
+    """kda_decode's op mutates its state_cache argument (Tensor(a!) in its schema) and returns o alone; the BlockOp
+    gives the argument back in its place among the outputs, updated as the reference updates its copy."""
+    found = run_child("in_place")
+    assert found["is_argument"] and found["op_returns"] == 1
+    assert found["o"] <= 1e-5 and found["cache"] <= 1e-5, found
 
 
 def test_compiled_layers_with_fullgraph_match_eager():
