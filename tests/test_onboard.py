@@ -77,7 +77,8 @@ def test_kimi_k3_from_its_published_config():
     assert card["facts"]["hidden_size"]["field"] == "text_config.hidden_size"  # read from the nested text_config
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
-                               "kda_short_conv", "kda_gate", "kda_decode", "mla"}
+                               "kda_short_conv", "kda_gate", "kda_decode",
+                               "kda_short_conv_decode", "mla"}
     assert gaps(card) == {"quantized_weights", "vision_tower", "KimiLinearRMSNormGated"}
     assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
     assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
@@ -257,6 +258,6 @@ def test_name_and_out_options(tmp_path):
     result = runner.invoke(app, ["onboard", str(SHARED / "kimi-linear-48b-a3b.config.json"), "--name", "kl",
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    # kda_gate, kda_short_conv (the class's default kernel) and kda_decode with a spec, the class's gated output norm
-    # without
-    assert (tmp_path / "kl.yaml").is_file() and "14 blocks with a spec, 1 without" in result.output
+    # kda_gate, kda_short_conv (the class's default kernel) and both decode forms with a spec, the class's gated
+    # output norm without
+    assert (tmp_path / "kl.yaml").is_file() and "15 blocks with a spec, 1 without" in result.output

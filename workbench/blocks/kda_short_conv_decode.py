@@ -1,0 +1,117 @@
+"""kda_short_conv_decode: KDA's short convolution for serving, one token per sequence against a conv-state cache
+addressed by slot (the semantics of Tri Dao's ``causal_conv1d_update`` with ``conv_state_indices``, which vLLM
+calls; transformers' Kimi Linear runs the same update on its own cache):
+
+    state = conv_cache[slots[n]]                                  [D, L]: the last L inputs, oldest first
+    pre[d] = sum_{i < W - 1} weight[d, i] * state[d, L - (W - 1) + i] + weight[d, W - 1] * x[n, d]
+    y[n] = silu(pre)
+    conv_cache[slots[n]] = [state[:, 1:], x[n]]                    shifted by one token, in place
+
+kda_short_conv's output for the newest token of a sequence whose earlier tokens are in the state. Math in float32
+(float64 for float64 inputs), y in x.dtype.
+
+Layout: conv_cache [SLOTS, D, L], channel-major with time last, as causal-conv1d's conv_state: any L >= W - 1 (vLLM
+keeps W - 1, transformers' Kimi Linear keeps W); the convolution reads the last W - 1 columns and the whole state
+shifts. The cache holds inputs in x's dtype.
+
+Shapes: x [N, D]; weight [D, W]; conv_cache [SLOTS, D, L] in x.dtype; slots [N] int64, distinct, in [0, SLOTS).
+Outputs: y [N, D] in x.dtype, and conv_cache itself (``updated_in_place``). Forward only.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+
+from workbench.blocks._config import Found, ModelConfig
+from workbench.blocks.base import BF16, I64, BlockSpec, Shape, Work
+from workbench.blocks.kda_short_conv import onboard as prefill_onboard
+from workbench.numerics import compute_dtype
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The convolution's newest output per sequence from the states in ``slots``. Returns (y [N, D] in x.dtype, an
+    updated copy of conv_cache); the input cache is left alone."""
+    ct, w = compute_dtype(x), weight.shape[1]
+    window = torch.cat([conv_cache[slots].to(ct), x.to(ct)[:, :, None]], dim=-1)  # [N, D, L + 1]
+    pre = (window[:, :, -w:] * weight.to(ct)).sum(-1)
+    cache = conv_cache.clone()
+    cache[slots] = window[:, :, 1:].to(cache.dtype)
+    return F.silu(pre).to(x.dtype), cache
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """x [N, D] ~ N(0, 1); weight [D, W] as kda_short_conv draws it (every 7th channel 4x stronger); every slot's L
+    past inputs ~ N(0, 1); slots a random choice of N distinct slots of SLOTS."""
+    g = torch.Generator().manual_seed(seed)
+    n, slots, d, w, length = (shape[k] for k in ("N", "SLOTS", "D", "W", "L"))
+    if n > slots or length < w - 1:
+        raise ValueError(f"kda_short_conv_decode: N={n} must be at most SLOTS={slots} and L={length} at least W - 1")
+    x = torch.randn(n, d, generator=g)
+    weight = torch.randn(d, w, generator=g) / w ** 0.5
+    weight[::7] *= 4
+    cache = torch.randn(slots, d, length, generator=g)
+    chosen = torch.randperm(slots, generator=g)[:n]
+    return {"x": x.to(device, dtype), "weight": weight.to(device, dtype), "conv_cache": cache.to(device, dtype),
+            "slots": chosen.to(device)}
+
+
+SHAPES = {
+    "smoke": [{"N": 2, "SLOTS": 4, "D": 32, "W": 4, "L": 3}, {"N": 4, "SLOTS": 6, "D": 64, "W": 4, "L": 4}],
+    # one sequence; one channel; odd channels in a larger cache; a two-tap kernel with a longer state
+    "edge": [
+        {"N": 1, "SLOTS": 1, "D": 8, "W": 4, "L": 3},
+        {"N": 3, "SLOTS": 5, "D": 1, "W": 4, "L": 4},
+        {"N": 5, "SLOTS": 9, "D": 123, "W": 4, "L": 3},
+        {"N": 2, "SLOTS": 2, "D": 40, "W": 2, "L": 5},
+    ],
+}
+
+
+def hidden_shapes(rng: random.Random) -> list[Shape]:
+    """Two shapes drawn at verification time: batches up to 9 in caches up to twice as large, 1-200 channels, the
+    state W - 1 or W long."""
+    shapes = []
+    for _ in range(2):
+        n = rng.randint(1, 9)
+        shapes.append({"N": n, "SLOTS": rng.randint(n, 2 * n), "D": rng.randint(1, 200), "W": 4,
+                       "L": rng.choice([3, 4])})
+    return shapes
+
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """Per sequence: the [D, L] state read and written back, x in, y out, the [D, W] taps; 2 W flops per channel.
+    No backward."""
+    n, d = s["N"], s["D"]
+    moved = BF16 * (2 * n * d * s["L"] + 2 * n * d + d * s["W"]) + I64 * n
+    return Work(moved, vector_flops=2 * n * d * s["W"]), Work(0.0)
+
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """Every KDA layer with a short convolution (kda_short_conv in the card) decodes through this update, at the
+    model suite's decode batch with causal-conv1d's state of W - 1 inputs."""
+    batch = model.decode_batch
+    return [Found("KDA's short convolution decode update over the conv-state cache (serving)", prefill.layers,
+                  [{"N": batch, "SLOTS": batch, "D": shape["D"], "W": shape["W"], "L": shape["W"] - 1}],
+                  prefill.fields)
+            for prefill in prefill_onboard(model) for shape in prefill.shapes]
+
+
+SPEC = BlockSpec(
+    name="kda_short_conv_decode",
+    family="linear_attention",
+    summary="KDA's short convolution for serving: one token per sequence, the conv-state cache shifted in place by "
+            "slot",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=(),
+    outputs=("y", "conv_cache"),
+    shapes=SHAPES,
+    hidden_shapes=hidden_shapes,
+    work=work,
+    onboard=onboard,
+    updated_in_place=("conv_cache",),
+)
