@@ -36,11 +36,16 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert m["kl"] < 1e-8 and m["top1"] == 1.0 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5
     assert 0 < m["logits_rel"] < 1e-5, "the kernels ran (a difference of summation order), and agree"
     assert m["grad_rel_worst"] < 1e-3 and m["grad_params"] > 50 and m["first_divergence"] is None
-    assert report["patch"]["blocks"] == ["kda", "kda_gate", "kda_short_conv", "mla", "moe_combine",
-                                         "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "swiglu"]
+    assert report["patch"]["blocks"] == ["kda", "kda_decode", "kda_gate", "kda_short_conv", "kda_short_conv_decode",
+                                         "mla", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router",
+                                         "rmsnorm", "swiglu"]
     # every swapped-in op ran (the model builds a DynamicCache even in training: the ops write it as shipped)
     assert m["idle_blocks"] == [] and m["op_runs"]["kda"] == 3 and m["op_runs"]["mla"] == 1
-    # and the shipped decode reads the cache the patched prefill wrote: the same next-token logits
+    # and generation reads the cache the patched prefill wrote (the prefill: kda in 3 layers, mla in 1); each of the 4
+    # decode steps runs the 3 KDA layers' decode ops, which update the cache's states in place as the shipped step
+    # does (MLA decodes in its shipped forward: no decode form yet)
+    decode = m["decode_op_runs"]
+    assert (decode["kda"], decode["mla"], decode["kda_decode"], decode["kda_short_conv_decode"]) == (3, 1, 12, 12)
     assert m["decode_steps"] == 4 and m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0
     (row,) = parity_runs(get_engine(settings.db_url))
     assert row.status == "pass" and row.metrics["kl"] == m["kl"] and row.id == report["id"]

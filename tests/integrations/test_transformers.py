@@ -46,7 +46,8 @@ def test_kimi_linear_swaps_every_module_a_block_computes_and_names_the_rest(prom
     assert found["KimiLinearRMSNorm"] == ("rmsnorm",) and found["KimiLinearMLP"] == ("swiglu",)
     assert found["KimiLinearTopkRouter"] == ("moe_router",) and found["KimiLinearAttention"] == ("mla",)
     assert found["KimiLinearExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
-    assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda")
+    # its prefill by kda_short_conv and kda, its decode steps by their serving forms (all four are promoted)
+    assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda", "kda_short_conv_decode", "kda_decode")
     assert found["KimiLinearForgetGate"] == ("kda_gate",)
     assert "no block" in found["KimiLinearRMSNormGated"]
     assert model.config._experts_implementation == "workbench"
@@ -83,6 +84,9 @@ def test_only_the_requested_blocks_and_only_promoted_ones(tmp_path):
         found = outcome(apply_workbench_kernels(tiny_kimi(), blocks=["mla"]))
         assert found["KimiLinearAttention"] == ("mla",)
         assert found["KimiLinearRMSNorm"] == "not requested (rmsnorm not in --blocks)"
+        # the prefill's blocks without the decode forms: decode steps keep the shipped forward
+        found = outcome(apply_workbench_kernels(tiny_kimi(), blocks=["kda_short_conv", "kda"]))
+        assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda")
     finally:
         wk.set_operators_dir(None)
 

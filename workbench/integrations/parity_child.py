@@ -143,9 +143,10 @@ def decode_logits(model, ids, tokens=None):
 
 
 def decode_metrics(shipped, patched, ids) -> dict[str, Any]:
-    """Generation through the cache the patched prefill wrote (decode runs each layer's shipped forward over it):
-    the shipped model's greedy tokens fed to both models, so the inputs are the same; KL, top-1 agreement and the
-    largest relative difference of the decode logits, as ``logit_metrics``."""
+    """Generation through the cache the patched prefill wrote (a decode step runs the ops where a family has decode
+    forms promoted, the layer's shipped forward elsewhere): the shipped model's greedy tokens fed to both models, so
+    the inputs are the same; KL, top-1 agreement and the largest relative difference of the decode logits, as
+    ``logit_metrics``."""
     a, tokens = decode_logits(shipped, ids)
     b, _ = decode_logits(patched, ids, tokens)
     found = logit_metrics(a, b)
@@ -246,8 +247,6 @@ def run(job: dict) -> dict:
         outputs[name] = (out, recorder, RUNS - before)
     (out_s, rec_s, _), (out_p, rec_p, runs) = outputs["shipped"], outputs["patched"]
     metrics: dict[str, Any] = logit_metrics(out_s.logits.detach(), out_p.logits.detach())
-    metrics["op_runs"] = dict(sorted(runs.items()))
-    metrics["idle_blocks"] = sorted(set(report.blocks) - set(runs))
     metrics["loss_shipped"], metrics["loss_patched"] = out_s.loss.item(), out_p.loss.item()
     metrics["loss_rel"] = abs(metrics["loss_patched"] - metrics["loss_shipped"]) / abs(metrics["loss_shipped"])
     routers = router_match(rec_s.choices, rec_p.choices)
@@ -255,7 +254,12 @@ def run(job: dict) -> dict:
         metrics["router_match_per_layer"] = routers
         metrics["router_match"] = min(routers.values())
     metrics.update(grad_metrics(shipped, patched))
+    before = collections.Counter(RUNS)
     metrics.update(decode_metrics(shipped, patched, ids))
+    decode_runs = RUNS - before  # the shipped model runs no op: the patched model's prefill and decode steps'
+    metrics["op_runs"] = dict(sorted(runs.items()))
+    metrics["decode_op_runs"] = dict(sorted(decode_runs.items()))
+    metrics["idle_blocks"] = sorted(set(report.blocks) - set(runs) - set(decode_runs))
     bound = THRESHOLDS[job["dtype"]]["module_rel_max"]
     modules = {path: rel(rec_s.outputs[path], rec_p.outputs[path]) for path in rec_s.order
                if path in rec_p.outputs and rec_s.outputs[path].shape == rec_p.outputs[path].shape}

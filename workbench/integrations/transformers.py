@@ -120,6 +120,11 @@ class Patcher:
             self.report.leave(path, module, f"no promoted operator for {', '.join(unported)} in {self.folder}")
         return not unported
 
+    def may(self, *blocks: str) -> bool:
+        """Whether every block in ``blocks`` may be used (requested and promoted), reporting nothing: for an optional
+        form of a module's computation (a decode step beside its prefill)."""
+        return all((self.allowed is None or b in self.allowed) and b in self.promoted for b in blocks)
+
     def set_forward(self, path: str, module: nn.Module, forward: Callable[..., Any], *blocks: str) -> None:
         """Replace ``module``'s forward by ``forward(module, *args, **kwargs)`` and report it replaced by ``blocks``."""
         if not hasattr(module, "original_forward"):

@@ -8,8 +8,9 @@ a sigmoid MoE with a shared expert, RMSNorm.
     KimiLinearTopkRouter              moe_router (group-limited where n_group > 1)
     KimiLinearExperts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
     KimiLinearAttention (MLA)         mla (projections and the latent's RMSNorm around it)
-    KimiLinearDeltaAttention (KDA)    kda_short_conv, kda; the l2norm of q and k and beta's sigmoid stay in torch
-                                      (see LEFT_IN_TORCH)
+    KimiLinearDeltaAttention (KDA)    kda_short_conv, kda; its decode steps (one token over the cache) by
+                                      kda_short_conv_decode and kda_decode where both are promoted; the l2norm of q
+                                      and k and beta's sigmoid stay in torch (see LEFT_IN_TORCH)
     KimiLinearForgetGate              kda_gate, softplus form -exp(A_log) * softplus(f + dt_bias) (projections in torch)
     KimiLinearRMSNormGated            left alone: rmsnorm(o) * sigmoid(gate), no block
 """
@@ -33,7 +34,7 @@ from workbench.integrations.families._common import (
     sigmoid_router_forward,
 )
 from workbench.integrations.transformers import Patcher
-from workbench.kernels import kda, kda_short_conv
+from workbench.kernels import kda, kda_decode, kda_short_conv, kda_short_conv_decode
 
 MODEL_CLASS = "KimiLinearForCausalLM"
 ROUTER = shipped.KimiLinearTopkRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
@@ -44,6 +45,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "kv_a_proj_with_mqa", "g
 """The projections a parity run's LoRA adapts (workbench parity --lora): attention, MLA's latent, the MLPs."""
 
 LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
+DECODE_BLOCKS = ("kda_short_conv_decode", "kda_decode")
 
 
 def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
@@ -76,6 +78,34 @@ def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params
     return self.o_proj(self.o_norm(o, gate).reshape(b, t, -1))
 
 
+def kda_layer_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
+                                  attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """kda_layer_forward, and a decode step (one token of each sequence over a cache that holds this layer's past)
+    through workbench::kda_short_conv_decode and workbench::kda_decode: the cache's conv states [B, 3 x qkv, W] and
+    recurrent states [B, HV, K, V] float32 are the ops' caches, sequence b in slot b, updated in place as the
+    shipped causal_conv1d_update and recurrent step update them."""
+    decode = hidden_states.shape[1] == 1 and not empty_cache(cache_params, self.layer_idx)
+    if not decode or kwargs.get("cu_seqlens") is not None or type(self.conv1d) is not nn.Conv1d:
+        return kda_layer_forward(self, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                                 **kwargs)
+    conv_state = cache_params.get_conv_state(self.layer_idx, state_idx=0)
+    recurrent_state = cache_params.get_recurrent_state(self.layer_idx, state_idx=0)
+    hidden_states = shipped.apply_mask_to_padding_states(hidden_states, attention_mask)
+    b = hidden_states.shape[0]
+    x = hidden_states[:, 0]
+    slots = torch.arange(b, device=x.device)
+    mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+    mixed, _ = kda_short_conv_decode(mixed, self.conv1d.weight.squeeze(1), conv_state, slots)
+    q, k, v = (part.reshape(b, -1, self.head_dim) for part in mixed.split(self.qkv_dim, dim=-1))
+    g = self.forget_gate(hidden_states)[:, 0]
+    beta = torch.sigmoid(self.b_proj(hidden_states))[:, 0]
+    q = shipped.l2norm(q.float(), dim=-1, eps=1e-6).to(v.dtype)
+    k = shipped.l2norm(k.float(), dim=-1, eps=1e-6).to(v.dtype)
+    o, _ = kda_decode(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, recurrent_state, slots)
+    gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(b, 1, -1, self.head_dim)
+    return self.o_proj(self.o_norm(o[:, None], gate).reshape(b, 1, -1))
+
+
 SHARED = SharedModules(rmsnorm=shipped.KimiLinearRMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.KimiLinearMLP,
                        router=shipped.KimiLinearTopkRouter, router_forward=sigmoid_router_forward,
                        experts=shipped.KimiLinearExperts)
@@ -100,7 +130,11 @@ def apply(patcher: Patcher) -> None:
             if why:
                 report.leave(path, module, why)
             elif patcher.wants(path, module, "kda_short_conv", "kda"):
-                patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
+                if patcher.may(*DECODE_BLOCKS):
+                    patcher.set_forward(path, module, kda_layer_forward_with_decode, "kda_short_conv", "kda",
+                                        *DECODE_BLOCKS)
+                else:
+                    patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
         elif isinstance(module, shipped.KimiLinearForgetGate):
             if patcher.wants(path, module, "kda_gate"):
                 patcher.set_forward(path, module, forget_gate_forward, "kda_gate")
