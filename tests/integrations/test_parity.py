@@ -28,7 +28,7 @@ def parity(*args: str):
 
 def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(settings):
     shutil.copytree(OPERATORS, settings.operators_dir)
-    result, report = parity()
+    result, report = parity("--generate", "6")
     assert result.exit_code == 0, result.output
     m = report["metrics"]
     assert report["status"] == "pass" and report["model_class"] == "KimiLinearForCausalLM"
@@ -47,6 +47,11 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     decode = m["decode_op_runs"]
     assert (decode["kda"], decode["mla"], decode["kda_decode"], decode["kda_short_conv_decode"]) == (3, 1, 12, 12)
     assert m["decode_steps"] == 4 and m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0
+    # greedy generate() of 6 tokens on two left-padded prompts (16 and 8 tokens): the same tokens; after the prefill
+    # every one of the 5 decode steps ran the 3 KDA layers' decode ops
+    assert m["generate_prompts"] == [16, 8] and m["generate_match"] == 1.0 and m["generate_first_mismatch"] is None
+    assert m["generate_kl"] < 1e-8 and len(m["generate_rel_per_step"]) == 6 and 0 < max(m["generate_rel_per_step"])
+    assert m["generate_op_runs"]["kda_decode"] == m["generate_op_runs"]["kda_short_conv_decode"] == 5 * 3
     (row,) = parity_runs(get_engine(settings.db_url))
     assert row.status == "pass" and row.metrics["kl"] == m["kl"] and row.id == report["id"]
 

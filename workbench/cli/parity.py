@@ -26,11 +26,15 @@ def parity(
     lora: Annotated[int, typer.Option(min=0, help="LoRA rank through PEFT on both models, then --steps fine-tuning "
                                                   "steps compared (0: no LoRA)")] = 0,
     steps: Annotated[int, typer.Option(min=1, help="fine-tuning steps with --lora")] = 4,
+    generate: Annotated[int, typer.Option(min=0, help="new tokens of a greedy generate() with the model's cache on "
+                                                      "two left-padded prompts, compared token by token (0: none)")]
+    = 0,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Run the model's published transformers code as shipped and with the promoted operators swapped in
     (apply_workbench_kernels) on a tiny random-weight instance; compare logits (KL, cosine, top-1/top-5), router
-    choices, loss and gradients; exit 1 when a metric is outside its dtype's bound."""
+    choices, loss, gradients and decode steps (with --generate, a greedy generate()); exit 1 when a metric is outside
+    its dtype's bound."""
     from workbench.backends import get_backend
     from workbench.integrations.parity import run_parity
     from workbench.store import records
@@ -38,7 +42,8 @@ def parity(
     settings = Settings.load(db, operators)
     chosen = [b.strip() for b in blocks.split(",") if b.strip()] if blocks else None
     result = run_parity(source, layers=layers, tokens=tokens, blocks=chosen, dtype=dtype, seed=seed,
-                        backend=get_backend(backend), operators_dir=settings.operators_dir, lora=lora, steps=steps)
+                        backend=get_backend(backend), operators_dir=settings.operators_dir, lora=lora, steps=steps,
+                        generate=generate)
     parity_id = records.record_parity(_engine(settings), result.as_dict())
     if as_json:
         _emit_json({"id": parity_id, **result.as_dict()})
@@ -68,6 +73,13 @@ def print_parity(result) -> None:
                  ("grad worst parameter", str(m.get("grad_worst_param"))),
                  ("worst module", "-" if not m.get("worst_module") else
                   f"{m['worst_module']['module']} ({m['worst_module']['rel']:.3g})")]
+        if m.get("generate_tokens"):
+            mismatch = m["generate_first_mismatch"]
+            extra += [(f"generate {m['generate_tokens']} tokens, prompts {'/'.join(map(str, m['generate_prompts']))}",
+                       "identical" if mismatch is None else f"first differing token at step {mismatch}"),
+                      ("generate logits max rel diff per step",
+                       " ".join(f"{v:.2g}" for v in m["generate_rel_per_step"])),
+                      ("generate op runs", ", ".join(f"{k} {v}" for k, v in m["generate_op_runs"].items()))]
         if m.get("lora"):
             extra += [(f"LoRA r{m['lora']['rank']} curve, {name}", " ".join(f"{v:.6g}" for v in curve))
                       for name, curve in m["lora"]["curves"].items()]

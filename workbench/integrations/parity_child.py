@@ -154,6 +154,42 @@ def decode_metrics(shipped, patched, ids) -> dict[str, Any]:
             "decode_steps": DECODE_STEPS}
 
 
+def generate_metrics(shipped, patched, vocab: int, prompt: int, new_tokens: int, seed: int, device: str
+                     ) -> dict[str, Any]:
+    """Both models' greedy generate() of ``new_tokens`` tokens, with their caches, on a left-padded batch of two
+    prompts (``prompt`` tokens and half as many): the share of sequences whose new tokens are all the shipped model's,
+    the first step where any differs (None), the logits compared as ``logit_metrics`` up to that step, the largest
+    relative logits difference per step, and the ops the patched generate() ran."""
+    import torch
+
+    from workbench.kernels._ops import RUNS
+
+    lengths = [prompt, max(1, prompt // 2)]
+    g = torch.Generator().manual_seed(seed + 2)
+    ids = torch.zeros(2, prompt, dtype=torch.long)
+    mask = torch.zeros(2, prompt, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, prompt - length:] = torch.randint(1, vocab, (length,), generator=g)
+        mask[row, prompt - length:] = 1
+    found = {}
+    for name, model in (("shipped", shipped), ("patched", patched)):
+        before = collections.Counter(RUNS)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new_tokens,
+                                 do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+        found[name] = (out.sequences[:, prompt:].cpu(), torch.stack(out.logits, dim=1).cpu(), RUNS - before)
+    (tokens_s, logits_s, _), (tokens_p, logits_p, runs) = found["shipped"], found["patched"]
+    same = tokens_s == tokens_p
+    first = None if same.all() else int((~same).any(0).nonzero()[0])
+    upto = new_tokens if first is None else first + 1  # the inputs are the same up to the first differing token
+    compared = logit_metrics(logits_s[:, :upto], logits_p[:, :upto])
+    return {"generate_tokens": new_tokens, "generate_prompts": lengths,
+            "generate_match": same.all(1).double().mean().item(), "generate_first_mismatch": first,
+            "generate_kl": compared["kl"], "generate_rel": compared["logits_rel"],
+            "generate_rel_per_step": [rel(logits_s[:, i].double(), logits_p[:, i].double()) for i in range(upto)],
+            "generate_op_runs": dict(sorted(runs.items()))}
+
+
 def grad_metrics(shipped, patched) -> dict[str, Any]:
     """Every parameter's gradient: relative error |g - g'| / |g| (norms), the worst with its name, the median."""
     import statistics
@@ -259,7 +295,11 @@ def run(job: dict) -> dict:
     decode_runs = RUNS - before  # the shipped model runs no op: the patched model's prefill and decode steps'
     metrics["op_runs"] = dict(sorted(runs.items()))
     metrics["decode_op_runs"] = dict(sorted(decode_runs.items()))
-    metrics["idle_blocks"] = sorted(set(report.blocks) - set(runs) - set(decode_runs))
+    if job["generate"]:
+        metrics.update(generate_metrics(shipped, patched, config.vocab_size, job["tokens"], job["generate"],
+                                        job["seed"], device))
+    metrics["idle_blocks"] = sorted(set(report.blocks) - set(runs) - set(decode_runs)
+                                    - set(metrics.get("generate_op_runs", ())))
     bound = THRESHOLDS[job["dtype"]]["module_rel_max"]
     modules = {path: rel(rec_s.outputs[path], rec_p.outputs[path]) for path in rec_s.order
                if path in rec_p.outputs and rec_s.outputs[path].shape == rec_p.outputs[path].shape}
