@@ -92,10 +92,14 @@ def test_kimi_k3_from_its_published_config():
                                         "gated": 1}]
     assert "no rotary embedding" in blocks["mla"]["role"]  # mla_use_nope
     assert {"rows": 8192, "N": 1536} in blocks["rmsnorm"]["shapes"]  # MLA's q latent norm (its kv one is 512)
-    assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, "k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0,
-                                                     "drop": 0, "act": 1}]  # SiTU experts
+    gemm = {"k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0, "drop": 0, "act": 1}  # SiTU experts
+    # a training step's 8192 tokens, and a decode step's 128 (one per sequence: most experts get no row or one)
+    assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, **gemm}, {"N": 128, **gemm}]
+    assert [s["N"] for s in blocks["moe_permute"]["shapes"]] == [s["N"] for s in blocks["moe_combine"]["shapes"]] \
+        == [8192, 128]
     assert "differs" not in blocks["moe_grouped_gemm"]  # it differed while the grouped GEMM was SwiGLU only
-    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 7168, "E": 896, "k": 16, "mode": 0, "scale": 1.0}]
+    assert blocks["moe_router"]["shapes"] == [{"N": n, "D": 7168, "E": 896, "k": 16, "mode": 0, "scale": 1.0}
+                                              for n in (8192, 128)]
     assert "differs" not in blocks["moe_router"]  # the config's route scale is an argument of the block
     assert blocks["situ"]["shapes"] == [{"rows": 8192, "N": 6144}, {"rows": 8192, "N": 33792}]  # shared, dense
     assert blocks["situ"]["layers"] == 93  # 92 MoE layers' shared experts and the one dense layer
@@ -137,8 +141,8 @@ def test_deepseek_v3_style_mla_and_moe(tmp_path):
     assert gaps(card) == {"mtp_head"}
     assert blocks["mla"]["shapes"][0]["DR"] == 64 and "no rotary" not in blocks["mla"]["role"]  # RoPE kept
     assert blocks["mla"]["layers"] == 61 and blocks["moe_router"]["layers"] == 58  # first 3 layers dense
-    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 7168, "E": 256, "k": 8, "mode": 0, "scale": 2.5,
-                                               "G": 8, "kg": 4}]  # group-limited: the best 4 of 8 groups
+    assert blocks["moe_router"]["shapes"][0] == {"N": 8192, "D": 7168, "E": 256, "k": 8, "mode": 0, "scale": 2.5,
+                                                 "G": 8, "kg": 4}  # group-limited: the best 4 of 8 groups
     assert "differs" not in blocks["moe_router"] and "best 4 of 8 groups" in blocks["moe_router"]["role"]
     assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 2048}, {"rows": 8192, "N": 18432}]
     assert "head_dim" not in card["facts"]  # MLA's head sizes are its own, not hidden / heads
@@ -166,7 +170,7 @@ def test_a_dense_llama_has_one_gap_its_attention(tmp_path):
 def test_mixtral_routes_with_softmax(tmp_path):
     card = onboard(write(tmp_path, MIXTRAL))
     blocks = card["blocks"]
-    assert blocks["moe_router"]["shapes"] == [{"N": 8192, "D": 4096, "E": 8, "k": 2, "mode": 1}]
+    assert blocks["moe_router"]["shapes"] == [{"N": n, "D": 4096, "E": 8, "k": 2, "mode": 1} for n in (8192, 128)]
     assert blocks["moe_grouped_gemm"]["shapes"][0]["F"] == 14336  # Mixtral's experts are intermediate_size wide
     assert blocks["moe_router"]["layers"] == 32 and "swiglu" not in blocks  # no dense layers, no shared experts
     assert blocks["moe_grouped_gemm"]["shapes"][0]["act"] == 0 and "differs" not in blocks["moe_grouped_gemm"]

@@ -102,6 +102,12 @@ class ModelConfig:
     decode_batch: int = DECODE_BATCH
 
     @property
+    def step_tokens(self) -> tuple[int, int]:
+        """The tokens of a training step and of a decode step (one per sequence of the decode batch): the sizes of a
+        block every token of both passes through (the MoE path)."""
+        return self.tokens, self.decode_batch
+
+    @property
     def dense_layers(self) -> int:
         return self.layers - self.moe_layers
 

@@ -130,7 +130,8 @@ def abstract_outputs(x, offsets, w1, w3, w2, activation, beta, linear_beta):
 
 def onboard(model: ModelConfig) -> list[Found]:
     """Every MoE layer's routed experts, at their width (expert_width under latent MoE) and FFN size, with the
-    config's hidden_act; an activation the grouped GEMM does not compute is marked ``differs``."""
+    config's hidden_act, at a training step's tokens and a decode step's (most experts then get no row or one); an
+    activation the grouped GEMM does not compute is marked ``differs``."""
     if not model.experts:
         return []
     act, act_field = model.field("hidden_act")
@@ -138,9 +139,10 @@ def onboard(model: ModelConfig) -> list[Found]:
     known = activation in ACTIVATIONS
     differs = "" if known else f"the catalog's grouped GEMM computes {' or '.join(ACTIVATIONS)}; the config's " \
                                f"experts use {act} ({act_field})"
-    shape = {"N": model.tokens, "k": model.active, "D": model.expert_width or model.hidden, "F": model.expert_ffn,
-             "E": model.experts, "hot": 0, "drop": 0, "act": ACTIVATIONS.index(activation) if known else 0}
-    return [Found(f"per-expert gated FFN ({act or 'silu'}) over contiguous row groups", model.moe_layers, [shape],
+    shape = {"k": model.active, "D": model.expert_width or model.hidden, "F": model.expert_ffn, "E": model.experts,
+             "hot": 0, "drop": 0, "act": ACTIVATIONS.index(activation) if known else 0}
+    return [Found(f"per-expert gated FFN ({act or 'silu'}) over contiguous row groups", model.moe_layers,
+                  [{"N": n, **shape} for n in model.step_tokens],
                   [model.experts_field, model.active_field, model.expert_ffn_field, model.expert_width_field,
                    act_field], differs=differs)]
 

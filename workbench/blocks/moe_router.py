@@ -280,7 +280,8 @@ def abstract_outputs(x, weight, bias, topk, score_func, norm_lambda, renormalize
 def onboard(model: ModelConfig) -> list[Found]:
     """Every MoE layer's router, in the mode whose score function (moe_router_activation_func or scoring_func, default
     softmax) and renormalization (moe_renormalize or norm_topk_prob, default on) the config names, with its route
-    scale and expert groups; a score function no mode computes is marked ``differs``."""
+    scale and expert groups, at a training step's and a decode step's tokens; a score function no mode computes is
+    marked ``differs``."""
     if not model.experts:
         return []
     func, func_field = model.field("moe_router_activation_func", "scoring_func")
@@ -297,13 +298,13 @@ def onboard(model: ModelConfig) -> list[Found]:
         computed = " or ".join(sorted({f for f, *_ in MODES.values()}))
         return [Found(role, model.moe_layers, [], fields, differs=f"the catalog's router scores with {computed}; the "
                       f"config's uses {func} scores (renormalize={renorm})")]
-    shape = {"N": model.tokens, "D": model.hidden, "E": model.experts, "k": model.active, "mode": mode}
+    shape = {"D": model.hidden, "E": model.experts, "k": model.active, "mode": mode}
     if scale is not None:
         shape["scale"] = float(scale)
     if groups and groups > 1:
         shape.update(G=groups, kg=kept or 1)
         role += f" in the best {kept or 1} of {groups} groups"
-    return [Found(role, model.moe_layers, [shape], fields)]
+    return [Found(role, model.moe_layers, [{"N": n, **shape} for n in model.step_tokens], fields)]
 
 
 SPEC = BlockSpec(
