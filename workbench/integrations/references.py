@@ -435,31 +435,64 @@ def moe_router() -> list[Comparison]:
 
     rows.append(_compare("moe_router", "Qwen3NextTopKRouter (softmax, renormalized)", softmax_ours,
                          _routed(router, x), [x, router.weight]))
+    from transformers.models.inkling2 import modeling_inkling2 as ink
+
+    router, x = _router(ink.Inkling2TextConfig, ink.Inkling2TopKRouter, 17, route_scale=8.0)
+
+    def inkling2_ours():
+        weights, ids, _ = block.reference(x, router.weight, router.e_score_correction_bias, router.top_k, "sigmoid",
+                                          None, True, router.routed_scaling_factor)
+        order = ids.argsort(-1)
+        return weights.gather(-1, order), ids.gather(-1, order).to(F64)
+
+    rows.append(_compare("moe_router", "Inkling2TopKRouter (sigmoid, renormalized, route_scale 8)", inkling2_ours,
+                         _routed(router, x), [x, router.weight]))
     return rows
 
 
-def moe_experts() -> Comparison:
+def situ() -> Comparison:
+    """Inkling2's softcapped SwiGLU: the sigmoid sees the raw gate, the caps bound the gate factor and up."""
+    from transformers.models.inkling2 import modeling_inkling2 as ink
+
+    g = torch.Generator().manual_seed(18)
+    act = ink.Inkling2SoftcappedSwiGLU(ink.Inkling2TextConfig(mlp_gate_softcap=3.0, mlp_up_softcap=20.0))
+    gate_up = _leaf(6, 40, g=g, scale=12.0)  # past both caps
+    return _compare("situ", "Inkling2SoftcappedSwiGLU (caps 3 and 20)",
+                    lambda: get_block("situ").reference(gate_up, 3.0, 20.0), lambda: act(*gate_up.chunk(2, dim=-1)),
+                    [gate_up])
+
+
+def moe_experts() -> list[Comparison]:
+    """The three MoE blocks against the eager experts: Kimi Linear's (SwiGLU) and Inkling2's (SiTU, its caps)."""
+    from transformers.models.inkling2 import modeling_inkling2 as ink
     from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
     from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearExperts
 
-    g = torch.Generator().manual_seed(9)
-    cfg = KimiLinearConfig(hidden_size=16, moe_intermediate_size=12, num_local_experts=6)
-    experts = KimiLinearExperts(cfg).to(F64)
-    experts.gate_up_proj.data = torch.randn(6, 24, 16, generator=g, dtype=F64) * 0.25
-    experts.down_proj.data = torch.randn(6, 16, 12, generator=g, dtype=F64) * 0.3
-    x = _leaf(20, 16, g=g)
-    ids = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(20)])
-    weights = torch.rand(20, 2, generator=g, dtype=F64).requires_grad_(True)
+    rows = []
+    for name, experts, activation in (
+            ("KimiLinearExperts (eager)", KimiLinearExperts(KimiLinearConfig(
+                hidden_size=16, moe_intermediate_size=12, num_local_experts=6)), ("swiglu", 4.0, 25.0)),
+            ("Inkling2Experts (eager, softcapped SwiGLU 3 / 20)", ink.Inkling2Experts(ink.Inkling2TextConfig(
+                hidden_size=16, moe_intermediate_size=12, n_routed_experts=6, mlp_gate_softcap=3.0,
+                mlp_up_softcap=20.0)), ("situ", 3.0, 20.0))):
+        g = torch.Generator().manual_seed(9)
+        experts = experts.to(F64)
+        experts.gate_up_proj.data = torch.randn(6, 24, 16, generator=g, dtype=F64) * 1.5  # gates past the cap
+        experts.down_proj.data = torch.randn(6, 16, 12, generator=g, dtype=F64) * 0.3
+        x = _leaf(20, 16, g=g)
+        ids = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(20)])
+        weights = torch.rand(20, 2, generator=g, dtype=F64).requires_grad_(True)
 
-    def ours():
-        x_perm, _, row_of_slot, _, offsets = get_block("moe_permute").reference(x, ids, 6)
-        y = get_block("moe_grouped_gemm").reference(x_perm, offsets, experts.gate_up_proj[:, :12],
-                                                    experts.gate_up_proj[:, 12:], experts.down_proj, "swiglu", 4.0,
-                                                    25.0)
-        return get_block("moe_combine").reference(y, weights, row_of_slot)
+        def ours(experts=experts, x=x, ids=ids, weights=weights, activation=activation):
+            x_perm, _, row_of_slot, _, offsets = get_block("moe_permute").reference(x, ids, 6)
+            y = get_block("moe_grouped_gemm").reference(x_perm, offsets, experts.gate_up_proj[:, :12],
+                                                        experts.gate_up_proj[:, 12:], experts.down_proj, *activation)
+            return get_block("moe_combine").reference(y, weights, row_of_slot)
 
-    return _compare("moe_permute + moe_grouped_gemm + moe_combine", "KimiLinearExperts (eager)", ours,
-                    lambda: experts(x, ids, weights), [x, weights, experts.gate_up_proj, experts.down_proj])
+        rows.append(_compare("moe_permute + moe_grouped_gemm + moe_combine", name, ours,
+                             lambda experts=experts, x=x, ids=ids, weights=weights: experts(x, ids, weights),
+                             [x, weights, experts.gate_up_proj, experts.down_proj]))
+    return rows
 
 
 def lora_linear() -> Comparison:
@@ -478,8 +511,8 @@ def lora_linear() -> Comparison:
 
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
-    rmsnorm, zero_centred_rmsnorm, swiglu, kda_short_conv, kda, gated_delta_rule, kda_gate, mla, mla_rope, attnres,
-    dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    rmsnorm, zero_centred_rmsnorm, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla, mla_rope,
+    attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 
