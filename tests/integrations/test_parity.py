@@ -143,3 +143,38 @@ def test_glm_moe_dsa_sparse_attention_with_shared_selections_computes_the_shippe
     assert {"dsa_indexer", "dsa_sparse_attention", "moe_router"} <= set(report["patch"]["blocks"])
     assert m["op_runs"]["dsa_indexer"] == 2 and m["op_runs"]["dsa_sparse_attention"] == 4  # 2 full, 2 shared
     assert m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0  # the latents and index keys cached as shipped
+
+
+def test_inkling2_residual_mixes_and_situ_experts_compute_the_shipped_model(settings):
+    """Inkling2's text model shrunk to a sliding and a full layer: the block attention residuals (one query, and the
+    full layer's three for q, k and v) as attnres with normalised values, the sigmoid router, the experts' softcapped
+    SwiGLU as moe_grouped_gemm's SiTU; its attention and residual convolutions run as shipped."""
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    result = runner.invoke(app, ["parity", "inkling2", "--layers", "2", "--tokens", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    m = report["metrics"]
+    assert report["model_class"] == "Inkling2ForCausalLM" and report["layers"] == ["hybrid_sliding", "hybrid"]
+    assert m["kl"] < 1e-8 and m["top1"] == 1.0 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5
+    assert 0 < m["logits_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3 and m["first_divergence"] is None
+    # the residual mixes: the sliding layer's MLP input (layer 0 has no attention input), the full layer's three
+    # attention inputs and its MLP input, and the final one
+    assert m["op_runs"]["attnres"] == 6 and m["op_runs"]["moe_grouped_gemm"] == 2 and m["idle_blocks"] == []
+
+
+def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(settings):
+    """GLM-5-Next's published class (vision-language, text fed) shrunk to a KDA layer and a DSA one: the KDA layer
+    as kda_short_conv + kda with the bounded forget gate (lower bound -5, Kimi K3's form) as kda_gate, the norms and
+    the group-limited router; the clamped SwiGLU, the k-pool indexer's attention and the hyper-connections run as
+    shipped."""
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    result = runner.invoke(app, ["parity", "glm5_next", "--layers", "2", "--tokens", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    m = report["metrics"]
+    assert report["model_class"] == "Glm5NextForConditionalGeneration" and report["config"]["linear_lower_bound"] == -5
+    assert report["layers"] == ["linear_attention", "indexed_attention"]
+    assert m["kl"] < 1e-8 and m["top1"] == 1.0 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5
+    assert 0 < m["logits_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3 and m["first_divergence"] is None
+    assert m["op_runs"]["kda_gate"] == 1 and m["op_runs"]["kda"] == 1 and m["idle_blocks"] == []
+    assert m["decode_kl"] < 1e-8  # the KDA decode steps through kda_short_conv_decode and kda_decode

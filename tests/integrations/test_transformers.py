@@ -13,7 +13,7 @@ from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
 import workbench.kernels as wk
 from workbench.errors import WorkbenchError
-from workbench.integrations.parity import config_fields, load_config, pick_layers, tiny_config
+from workbench.integrations.parity import config_fields, load_config, pick_layers, schedules, tiny_config
 from workbench.integrations.transformers import apply_workbench_kernels
 
 OPERATORS = Path(__file__).parents[2] / "operators"
@@ -198,6 +198,65 @@ def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_atte
     kept = {r.path: r for r in only.rows if r.cls == "GlmMoeDsaAttention"}
     assert "dsa_indexer not in --blocks" in kept["model.layers.0.self_attn"].reason
     assert kept["model.layers.1.self_attn"].blocks == ("dsa_sparse_attention",)
+
+
+def test_inkling2_swaps_the_residual_mixes_router_and_situ_experts_and_leaves_its_attention_alone(promoted):
+    from transformers.models.inkling2 import modeling_inkling2 as ink
+
+    from workbench.integrations.families import inkling2
+
+    full = ink.Inkling2TextConfig(mlp_gate_softcap=3.0)
+    attention, mlp = schedules(full)
+    fields = inkling2.tiny(full, pick_layers(attention, 2), mlp[:2], 16, 2)
+    assert fields["layer_types"] == ["hybrid_sliding", "hybrid"] and fields["n_layers_per_attn_res_block"] == 2
+    model = ink.Inkling2ForCausalLM(ink.Inkling2TextConfig(**fields))
+    found = outcome(apply_workbench_kernels(model))
+    assert found["Inkling2BlockAttentionResidual"] == ("attnres",) and found["Inkling2RMSNorm"] == ("rmsnorm",)
+    assert found["Inkling2TopKRouter"] == ("moe_router",)
+    assert found["Inkling2Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
+    assert model.model.layers[0].mlp.experts.workbench_activation == ("situ", 3.0, 25.0)  # the config's soft caps
+    assert "no block" in found["Inkling2SlidingAttention"] and "no block" in found["Inkling2FullAttention"]
+    assert "silu(conv(x))" in found["Inkling2ShortConvolution"]
+    other = ink.Inkling2ForCausalLM(ink.Inkling2TextConfig(**{**fields, "scoring_func": "tanh"}))
+    assert "sigmoid scores" in outcome(apply_workbench_kernels(other))["Inkling2TopKRouter"]
+
+
+def test_glm5_next_swaps_its_kda_layers_and_bounded_gate_and_leaves_the_clamped_swiglu_alone(promoted):
+    """GLM-5-Next's class (vision-language; its text model patched, its vision tower not reported)."""
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    from workbench.integrations.families import glm5_next
+
+    full, _ = load_config({"model_type": "glm5_next"})
+    fields, schedule = tiny_config(full, 4)
+    assert schedule == ["linear_attention"] * 3 + ["indexed_attention"] and fields["linear_lower_bound"] == -5.0
+    config = glm.Glm5NextConfig(**fields)
+    assert config.get_text_config().num_hidden_layers == 4 and config.vision_config.depth == 1
+    model = glm.Glm5NextForConditionalGeneration(config)
+    report = apply_workbench_kernels(model)
+    found = outcome(report)
+    assert found["Glm5NextTextLinearAttention"] == ("kda_short_conv", "kda", "kda_short_conv_decode", "kda_decode")
+    assert found["Glm5NextTextForgetGate"] == ("kda_gate",) and found["Glm5NextTextRMSNorm"] == ("rmsnorm",)
+    assert found["Glm5NextTextTopkRouter"] == ("moe_router",)
+    assert "unclamped" in found["Glm5NextTextMLP"] and "unclamped" in found["Glm5NextTextExperts"]
+    assert "k-pools" in found["Glm5NextTextAttention"] and "no block" in found["Glm5NextTextHyperConnection"]
+    assert not any(row.path.startswith("model.visual") for row in report.rows)
+    assert glm5_next.MODEL_CLASS == type(model).__name__
+    assert model.config._experts_implementation != "workbench"  # the shipped experts keep their clamp
+
+
+def test_a_multimodal_source_gives_its_text_model_where_that_is_registered(tmp_path):
+    fields, _, notes = config_fields("inkling2")
+    assert fields == {"model_type": "inkling2_text"} and "inkling2_text" in notes[0]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "inkling2", "text_config": {"model_type": "inkling2_text",
+                                                                            "num_hidden_layers": 12}}))
+    fields, _, _ = config_fields(str(config))
+    assert fields == {"model_type": "inkling2_text", "num_hidden_layers": 12}
+    from workbench.integrations.class_view import class_view
+
+    view = class_view(json.loads(config.read_text()))  # onboarding reads it as parity does
+    assert view.model_class == "Inkling2ForCausalLM" and view.prefix == "text_config."
 
 
 def test_a_dsa_selection_converts_to_transformers_top_k_form_and_back():

@@ -58,11 +58,11 @@ class ClassView:
 def _family_fields(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     from workbench.integrations.transformers import FAMILIES
 
-    if data.get("model_type") in FAMILIES:
-        return data, ""
-    text = data.get("text_config")
+    text = data.get("text_config")  # a multimodal config: its text model where that is registered (as parity's)
     if isinstance(text, dict) and text.get("model_type") in FAMILIES:
         return text, "text_config."
+    if data.get("model_type") in FAMILIES:
+        return data, ""
     return None
 
 

@@ -129,8 +129,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
     """The config fields a parity source names, the label of the source, and notes: a config.json (its nested
-    ``text_config`` when the top level is not a registered family), a model card (the config it, or the card it is
-    derived from, was onboarded from), or a bare model_type (the class's defaults)."""
+    ``text_config`` where that is a registered family or the top level is not), a model card (the config it, or
+    the card it is derived from, was onboarded from), or a bare model_type (the class's defaults; a multimodal
+    class's text model where that is registered)."""
     from workbench.models import get_model
 
     notes: list[str] = []
@@ -140,6 +141,12 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
             raise WorkbenchError(f"no config file {source}")
         data, label = _read_json(path), str(path)
     elif source in _families():
+        from transformers import CONFIG_MAPPING
+
+        text = getattr(CONFIG_MAPPING[source](), "text_config", None)  # a multimodal class: its text model's
+        if text is not None and text.model_type in _families() and text.model_type != source:
+            return {"model_type": text.model_type}, source, [f"the class's default config, its text model "
+                                                             f"({text.model_type})"]
         return {"model_type": source}, source, ["the class's default config"]
     else:
         card = get_model(source)
@@ -157,7 +164,8 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
 
             config_path = package_dir(*config_path.parts[1:])  # the package's own configs, installed or not
         data, label = _read_json(config_path), f"{source} ({onboarded['file']})"
-    if data.get("model_type") not in _families() and isinstance(data.get("text_config"), dict):
+    text = data.get("text_config")
+    if isinstance(text, dict) and (text.get("model_type") in _families() or data.get("model_type") not in _families()):
         notes.append(f"the text model of {data.get('model_type')} (text_config, model_type "
                      f"{data['text_config'].get('model_type')})")
         data = data["text_config"]
@@ -229,6 +237,7 @@ def schedules(full) -> tuple[list[str], list[str]]:
     """The config's attention schedule (``layer_types``, else full attention everywhere) and its MLP schedule
     (``mlp_layer_types``; else Qwen's ``mlp_only_layers`` and ``decoder_sparse_step``; else
     ``first_k_dense_replace`` dense layers, then sparse ones)."""
+    full = full.get_text_config()  # a multimodal class's text model
     count = full.num_hidden_layers
     attention = list(getattr(full, "layer_types", None) or ["full_attention"] * count)
     mlp = getattr(full, "mlp_layer_types", None)
@@ -248,13 +257,14 @@ def tiny_config(full, layers: int) -> tuple[dict[str, Any], list[str]]:
     from workbench.integrations.transformers import family
 
     fam = family(full.model_type)
-    attention_full, mlp_full = schedules(full)
+    text = full.get_text_config()  # a multimodal class's text model (the family's tiny adds a tiny vision tower)
+    attention_full, mlp_full = schedules(text)
     attention = pick_layers(attention_full, layers)
-    mlp = [mlp_full[0]] + pick_layers(mlp_full[1:] or mlp_full, layers - 1) if layers > 1 else mlp_full[:1]
-    total = getattr(full, "num_local_experts", None) or full.num_experts  # (Qwen names it num_experts)
+    mlp = pick_layers(mlp_full, layers) if layers > 1 else mlp_full[:1]
+    total = getattr(text, "num_local_experts", None) or text.num_experts  # (Qwen names it num_experts)
     experts = min(total, MAX_EXPERTS)
-    top_k = max(min(2, experts), min(full.num_experts_per_tok, round(full.num_experts_per_tok * experts / total) or 1))
-    return fam.tiny(full, attention, mlp, experts, top_k), attention
+    top_k = max(min(2, experts), min(text.num_experts_per_tok, round(text.num_experts_per_tok * experts / total) or 1))
+    return fam.tiny(text, attention, mlp, experts, top_k), attention
 
 
 def run_parity(source: str, layers: int = 4, tokens: int = 32, blocks: list[str] | None = None,

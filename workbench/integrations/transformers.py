@@ -136,7 +136,10 @@ class Patcher:
 FAMILIES: dict[str, str] = {
     "deepseek_v3": "workbench.integrations.families.deepseek_v3",
     "deepseek_v32": "workbench.integrations.families.deepseek_v32",
+    "glm5_next": "workbench.integrations.families.glm5_next",
     "glm_moe_dsa": "workbench.integrations.families.glm_moe_dsa",
+    "inkling2": "workbench.integrations.families.inkling2",
+    "inkling2_text": "workbench.integrations.families.inkling2",
     "kimi_linear": "workbench.integrations.families.kimi_linear",
     "qwen3_next": "workbench.integrations.families.qwen3_next",
 }

@@ -69,15 +69,22 @@ def forget_gate_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.T
                     getattr(self, "safe_gate_lower_bound", None))
 
 
+SWIGLU = ("swiglu", BETA, LINEAR_BETA)
+"""moe_grouped_gemm's activation of the experts most families use (silu(gate) * up; the caps unused)."""
+
+
 def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' experts interface (``ALL_EXPERTS_FUNCTIONS``): hidden_states [N, D], top_k_index [N, k],
-    top_k_weights [N, k] -> [N, D], through workbench::moe_permute, moe_grouped_gemm (SwiGLU over the concatenated
-    gate_up_proj [E, 2F, D] and down_proj [E, D, F]) and moe_combine."""
+    top_k_weights [N, k] -> [N, D], through workbench::moe_permute, moe_grouped_gemm over the concatenated
+    gate_up_proj [E, 2F, D] (gate first) and down_proj [E, D, F] and moe_combine. The activation is SwiGLU, or what
+    the family set as the module's ``workbench_activation`` (("situ", beta, linear_beta): Inkling2's softcapped
+    SwiGLU)."""
     f = self.intermediate_dim
+    activation, beta, linear_beta = getattr(self, "workbench_activation", SWIGLU)
     x_perm, _, row_of_slot, _, offsets = moe_permute(hidden_states, top_k_index, self.num_experts)
     y = moe_grouped_gemm(x_perm, offsets, self.gate_up_proj[:, :f], self.gate_up_proj[:, f:], self.down_proj,
-                         "swiglu", BETA, LINEAR_BETA)
+                         activation, beta, linear_beta)
     return moe_combine(y, top_k_weights.float(), row_of_slot)
 
 
@@ -205,14 +212,15 @@ def lora_forward(self: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Ten
 @dataclass(frozen=True)
 class SharedModules:
     """A family's classes of the modules every family patches alike, with the forwards that compute its norm and
-    its router (the variant that family uses)."""
+    its router (the variant that family uses); None for a class the family does not have (Inkling2 has no dense
+    MLP) or patches its own way (Inkling2's SiTU experts)."""
 
     rmsnorm: type
     rmsnorm_forward: Callable
-    mlp: type
+    mlp: type | None
     router: type
     router_forward: Callable
-    experts: type
+    experts: type | None
 
 
 def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -> bool:
@@ -223,7 +231,7 @@ def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -
     if isinstance(module, shared.rmsnorm):
         if patcher.wants(path, module, "rmsnorm"):
             patcher.set_forward(path, module, shared.rmsnorm_forward, "rmsnorm")
-    elif isinstance(module, shared.mlp):
+    elif shared.mlp is not None and isinstance(module, shared.mlp):
         if config.hidden_act != "silu":
             report.leave(path, module, f"hidden_act '{config.hidden_act}': swiglu computes silu(a) * b")
         elif patcher.wants(path, module, "swiglu"):
@@ -231,7 +239,7 @@ def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -
     elif isinstance(module, shared.router):
         if patcher.wants(path, module, "moe_router"):
             patcher.set_forward(path, module, shared.router_forward, "moe_router")
-    elif isinstance(module, shared.experts):
+    elif shared.experts is not None and isinstance(module, shared.experts):
         why = experts_supported(module, config.hidden_act)
         if why:
             report.leave(path, module, why)

@@ -50,11 +50,11 @@ DECODE_BLOCKS = ("kda_short_conv_decode", "kda_decode")
 
 def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
                       attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
-    """KimiLinearDeltaAttention.forward with the short convolution as workbench::kda_short_conv and the delta rule
-    as workbench::kda (no initial state); into an empty cache (a prefill from the first token) it writes the conv
-    input's tail and the final state as the shipped forward does. A cache holding this layer's past (decode),
-    packed sequences (cu_seqlens) or an adapted conv1d (its weight alone is not what it computes) run the shipped
-    forward."""
+    """KimiLinearDeltaAttention.forward (and GLM-5-Next's, the same code) with the short convolution as
+    workbench::kda_short_conv and the delta rule as workbench::kda (no initial state); into an empty cache (a
+    prefill from the first token) it writes the conv input's tail and the final state as the shipped forward does.
+    A cache holding this layer's past (decode), packed sequences (cu_seqlens) or an adapted conv1d (its weight alone
+    is not what it computes) run the shipped forward."""
     if not empty_cache(cache_params, self.layer_idx) or kwargs.get("cu_seqlens") is not None \
             or type(self.conv1d) is not nn.Conv1d:
         return self.original_forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask,
@@ -126,22 +126,28 @@ def apply(patcher: Patcher) -> None:
             elif patcher.wants(path, module, "mla"):
                 patcher.set_forward(path, module, mla_forward, "mla")
         elif isinstance(module, shipped.KimiLinearDeltaAttention):
-            why = short_conv_supported(module)
-            if why:
-                report.leave(path, module, why)
-            elif patcher.wants(path, module, "kda_short_conv", "kda"):
-                if patcher.may(*DECODE_BLOCKS):
-                    patcher.set_forward(path, module, kda_layer_forward_with_decode, "kda_short_conv", "kda",
-                                        *DECODE_BLOCKS)
-                else:
-                    patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
+            patch_kda_layer(patcher, path, module)
         elif isinstance(module, shipped.KimiLinearForgetGate):
             if patcher.wants(path, module, "kda_gate"):
                 patcher.set_forward(path, module, forget_gate_forward, "kda_gate")
     finish_shared(patcher)
-    if any(r.cls == "KimiLinearDeltaAttention" and r.replaced for r in report.rows):
-        report.notes.append(LEFT_IN_TORCH)
     report.notes.append("plain projections (nn.Linear) run in torch")
+
+
+def patch_kda_layer(patcher: Patcher, path: str, module: nn.Module) -> None:
+    """A KDA layer (Kimi Linear's KimiLinearDeltaAttention, GLM-5-Next's Glm5NextTextLinearAttention: the same
+    forward) by kda_short_conv + kda, and its decode steps by their serving forms where both are promoted and
+    requested; or left alone with the reason."""
+    why = short_conv_supported(module)
+    if why:
+        patcher.report.leave(path, module, why)
+    elif patcher.wants(path, module, "kda_short_conv", "kda"):
+        if patcher.may(*DECODE_BLOCKS):
+            patcher.set_forward(path, module, kda_layer_forward_with_decode, "kda_short_conv", "kda", *DECODE_BLOCKS)
+        else:
+            patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
+        if LEFT_IN_TORCH not in patcher.report.notes:
+            patcher.report.notes.append(LEFT_IN_TORCH)
 
 
 def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:

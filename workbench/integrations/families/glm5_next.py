@@ -1,0 +1,102 @@
+"""GLM-5-Next (transformers ``glm5_next``, GLM-5.3-Flash; a vision-language class whose text model is built from
+the config's text fields): KDA layers with the bounded forget gate (Kimi K3's), DSA layers with a k-pool compressed
+indexer and no rotary embedding, manifold-constrained hyper-connections around every sublayer, a group-limited
+sigmoid MoE with a shared expert, SwiGLU with clamped inputs, RMSNorm.
+
+    module                            computed by
+    Glm5NextTextRMSNorm               rmsnorm
+    Glm5NextTextTopkRouter            moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
+    Glm5NextTextLinearAttention       kda_short_conv, kda (Kimi Linear's KDA layer: the same forward); its decode
+                                      steps by kda_short_conv_decode and kda_decode where both are promoted
+    Glm5NextTextForgetGate            kda_gate, bounded form lower_bound * sigmoid(exp(A_log) * (f + dt_bias))
+    Glm5NextTextMLP, Glm5NextTextExperts
+                                      left alone: silu(min(a, L)) * clamp(b, -L, L) with L = swiglu_limit (swiglu
+                                      and moe_grouped_gemm compute SwiGLU unclamped)
+    Glm5NextTextAttention             left alone: its indexer scores k-pools of index_kpool keys (dsa_indexer scores
+                                      every key)
+    Glm5NextTextHyperConnection       left alone: Sinkhorn-normalised stream mixing, no block
+    Glm5NextTextRMSNormGated          left alone: rmsnorm(o) * sigmoid(gate), no block
+"""
+
+from __future__ import annotations
+
+from transformers.models.glm5_next import modeling_glm5_next as shipped
+
+from workbench.integrations.families import kimi_linear
+from workbench.integrations.families._common import (
+    SharedModules,
+    finish_shared,
+    forget_gate_forward,
+    patch_shared,
+    rmsnorm_forward,
+    sigmoid_router_forward,
+)
+from workbench.integrations.transformers import Patcher
+
+MODEL_CLASS = "Glm5NextForConditionalGeneration"
+ROUTER = shipped.Glm5NextTextTopkRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
+HUB_BOUND = kimi_linear.HUB_BOUND
+LORA_TARGETS = kimi_linear.LORA_TARGETS
+
+SHARED = SharedModules(rmsnorm=shipped.Glm5NextTextRMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=None,
+                       router=shipped.Glm5NextTextTopkRouter, router_forward=sigmoid_router_forward, experts=None)
+"""The MLPs and experts are not shared: the class always clamps their SwiGLU's inputs (swiglu_limit, a float)."""
+
+LEFT_ALONE = {
+    shipped.Glm5NextTextAttention: "DSA whose indexer scores k-pools of index_kpool keys and keeps the tail pool: "
+                                   "dsa_indexer scores every key",
+    shipped.Glm5NextTextHyperConnection: "manifold-constrained hyper-connections (Sinkhorn-normalised stream "
+                                         "mixing): no block",
+    shipped.Glm5NextTextRMSNormGated: "sigmoid-gated RMSNorm rmsnorm(o) * sigmoid(gate): no block",
+}
+
+
+def apply(patcher: Patcher) -> None:
+    """Swap the catalog's ops into every GLM-5-Next text module they compute; report each module."""
+    report = patcher.report
+    limit = patcher.model.config.get_text_config().swiglu_limit
+    for path, module in patcher.model.named_modules():
+        if path == "model.visual" or path.startswith("model.visual."):
+            continue  # the vision tower: no block computes its modules
+        if patch_shared(patcher, path, module, SHARED):
+            continue
+        if isinstance(module, (shipped.Glm5NextTextMLP, shipped.Glm5NextTextExperts)):
+            report.leave(path, module, f"SwiGLU with clamped inputs silu(min(a, {limit})) * clamp(b, -{limit}, "
+                                       f"{limit}) (swiglu_limit): swiglu and moe_grouped_gemm compute it unclamped")
+        elif isinstance(module, shipped.Glm5NextTextLinearAttention):
+            kimi_linear.patch_kda_layer(patcher, path, module)
+        elif isinstance(module, shipped.Glm5NextTextForgetGate):
+            if patcher.wants(path, module, "kda_gate"):
+                patcher.set_forward(path, module, forget_gate_forward, "kda_gate")
+        elif type(module) in LEFT_ALONE:
+            report.leave(path, module, LEFT_ALONE[type(module)])
+    finish_shared(patcher)
+    report.notes.append("the vision tower (model.visual) runs as shipped; plain projections (nn.Linear) run in "
+                        "torch")
+
+
+def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
+    """The text fields of a tiny GLM-5-Next (``full``: the text config) and a one-block vision tower: widths shrunk,
+    the layer and MLP schedules, the indexer schedule (its first layer full), a top 8 of pools of 4 keys, expert
+    counts and routing as chosen by the parity, the gate's lower bound, the clamp, the hyper-connection streams and
+    every switch kept."""
+    groups = full.n_group if experts % full.n_group == 0 and experts // full.n_group >= 2 else 1
+    return {
+        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "num_hidden_layers": len(layer_types), "layer_types": layer_types, "mlp_layer_types": mlp_layer_types,
+        "indexer_types": ["full", *list(full.indexer_types)[1:len(layer_types)]],
+        "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 0, "v_head_dim": 16,
+        "index_topk": 8, "index_kpool": 4, "index_n_heads": 4, "index_head_dim": 16,
+        "index_kpool_always_select_tail": full.index_kpool_always_select_tail,
+        "linear_num_heads": 4, "linear_head_dim": 16, "linear_conv_kernel_dim": full.linear_conv_kernel_dim,
+        "linear_lower_bound": full.linear_lower_bound, "swiglu_limit": full.swiglu_limit,
+        "hc_mult": full.hc_mult, "hc_eps": full.hc_eps, "hc_sinkhorn_iters": full.hc_sinkhorn_iters,
+        "n_routed_experts": experts, "num_experts_per_tok": top_k, "n_shared_experts": full.n_shared_experts,
+        "n_group": groups, "topk_group": min(full.topk_group, groups) if groups > 1 else 1,
+        "norm_topk_prob": full.norm_topk_prob, "routed_scaling_factor": full.routed_scaling_factor,
+        "hidden_act": full.hidden_act, "rms_norm_eps": full.rms_norm_eps, "attention_bias": full.attention_bias,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+        "vision_config": {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32,
+                          "out_hidden_size": 64, "projection_intermediate_size": 32},
+    }
