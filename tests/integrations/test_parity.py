@@ -98,11 +98,17 @@ def test_a_broken_operator_fails_parity_and_is_named_as_the_first_divergence(set
     source = path.read_text()
     assert "/ N + eps)" in source
     path.write_text(source.replace("/ N + eps)", "/ N + eps * 1000.0)"))  # eps 1e-5 -> 1e-2: activations ~4e-4
-    result, report = parity("--blocks", "rmsnorm,swiglu")
+    result, report = parity("--blocks", "rmsnorm,swiglu", "--generate", "3")
     assert result.exit_code == 1, result.output
     assert report["status"] == "fail" and {"kl", "loss_rel"} <= {c["metric"] for c in report["checks"] if not c["ok"]}
     assert report["metrics"]["first_divergence"]["module"] == "model.layers.0.input_layernorm"
     assert "first module past" in report["message"]
+    # generate() takes other tokens; the step where they first differ is replayed and its first module named
+    m = report["metrics"]
+    diverged = m["generate_divergence"]
+    assert m["generate_match"] < 1.0 and diverged["step"] == m["generate_first_mismatch"]
+    assert diverged["module"] == "model.layers.0.input_layernorm" and diverged["rel"] > 1e-4
+    assert f"generate() tokens differ from step {diverged['step']}" in report["message"]
 
 
 def test_bfloat16_needs_a_gpu_and_says_so(settings):

@@ -74,9 +74,10 @@ def print_parity(result) -> None:
                  ("worst module", "-" if not m.get("worst_module") else
                   f"{m['worst_module']['module']} ({m['worst_module']['rel']:.3g})")]
         if m.get("generate_tokens"):
-            mismatch = m["generate_first_mismatch"]
+            mismatch, diverged = m["generate_first_mismatch"], (m.get("generate_divergence") or {}).get("module")
             extra += [(f"generate {m['generate_tokens']} tokens, prompts {'/'.join(map(str, m['generate_prompts']))}",
-                       "identical" if mismatch is None else f"first differing token at step {mismatch}"),
+                       "identical" if mismatch is None else f"first differing token at step {mismatch}"
+                       + (f", first module past the bound there: {diverged}" if diverged else "")),
                       ("generate logits max rel diff per step",
                        " ".join(f"{v:.2g}" for v in m["generate_rel_per_step"])),
                       ("generate op runs", ", ".join(f"{k} {v}" for k, v in m["generate_op_runs"].items()))]

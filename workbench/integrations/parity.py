@@ -350,3 +350,8 @@ def judge(result: ParityResult) -> None:
         f"every check within the {result.dtype} bounds"
     if first:
         result.message += f"; first module past {bounds['module_rel_max']:.0e}: {first['module']} ({first['rel']:.2e})"
+    generated = result.metrics.get("generate_divergence")
+    if generated:
+        result.message += f"; generate() tokens differ from step {generated['step']}: " + (
+            f"first module there past {bounds['module_rel_max']:.0e}: {generated['module']} ({generated['rel']:.2e})"
+            if generated["module"] else "every module there within the bound (a near-tie flipped)")

@@ -42,12 +42,14 @@ def first_tensor(value: Any):
 
 class Recorder:
     """Forward hooks on every named module: each module's first output tensor (detached), in call order, and the
-    router choices (top_k_index) of the family's router modules."""
+    router choices (top_k_index) of the family's router modules; with ``last``, each module's output of its latest
+    call instead (a generate()'s last step)."""
 
-    def __init__(self, model, router_class: type | None):
+    def __init__(self, model, router_class: type | None, last: bool = False):
         self.outputs: dict[str, Any] = {}
         self.order: list[str] = []
         self.choices: dict[str, Any] = {}
+        self.last = last
         self.handles = []
         for path, module in model.named_modules():
             if not path:
@@ -60,10 +62,24 @@ class Recorder:
             if is_router:
                 self.choices[path] = output[2].detach().clone()
             tensor = first_tensor(output)
-            if tensor is not None and path not in self.outputs:
+            if tensor is not None and (self.last or path not in self.outputs):
+                if path in self.order:
+                    self.order.remove(path)
                 self.outputs[path] = tensor.detach().clone()
                 self.order.append(path)
         return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def first_past(shipped: Recorder, patched: Recorder, bound: float) -> tuple[dict[str, float], str | None]:
+    """Each module's output relative difference (the modules both recorded, same shapes) and the first module, in
+    the shipped model's call order, past ``bound`` (None when none is)."""
+    modules = {path: rel(shipped.outputs[path], patched.outputs[path]) for path in shipped.order
+               if path in patched.outputs and shipped.outputs[path].shape == patched.outputs[path].shape}
+    return modules, next((p for p in shipped.order if modules.get(p, 0.0) > bound), None)
 
 
 def torch_paths_without_driver(fam) -> list[str]:
@@ -154,12 +170,14 @@ def decode_metrics(shipped, patched, ids) -> dict[str, Any]:
             "decode_steps": DECODE_STEPS}
 
 
-def generate_metrics(shipped, patched, vocab: int, prompt: int, new_tokens: int, seed: int, device: str
-                     ) -> dict[str, Any]:
+def generate_metrics(shipped, patched, vocab: int, prompt: int, new_tokens: int, seed: int, device: str,
+                     bound: float) -> dict[str, Any]:
     """Both models' greedy generate() of ``new_tokens`` tokens, with their caches, on a left-padded batch of two
     prompts (``prompt`` tokens and half as many): the share of sequences whose new tokens are all the shipped model's,
     the first step where any differs (None), the logits compared as ``logit_metrics`` up to that step, the largest
-    relative logits difference per step, and the ops the patched generate() ran."""
+    relative logits difference per step, and the ops the patched generate() ran. At a mismatch, both generate()
+    again up to that step (the same tokens in, so far) and the first module whose output there leaves ``bound`` is
+    named (None: every module within it, a near-tie the rounding flipped)."""
     import torch
 
     from workbench.kernels._ops import RUNS
@@ -171,23 +189,35 @@ def generate_metrics(shipped, patched, vocab: int, prompt: int, new_tokens: int,
     for row, length in enumerate(lengths):
         ids[row, prompt - length:] = torch.randint(1, vocab, (length,), generator=g)
         mask[row, prompt - length:] = 1
+    def run(model, steps: int):
+        with torch.no_grad():
+            return model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=steps,
+                                  do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+
     found = {}
     for name, model in (("shipped", shipped), ("patched", patched)):
         before = collections.Counter(RUNS)
-        with torch.no_grad():
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new_tokens,
-                                 do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+        out = run(model, new_tokens)
         found[name] = (out.sequences[:, prompt:].cpu(), torch.stack(out.logits, dim=1).cpu(), RUNS - before)
     (tokens_s, logits_s, _), (tokens_p, logits_p, runs) = found["shipped"], found["patched"]
     same = tokens_s == tokens_p
     first = None if same.all() else int((~same).any(0).nonzero()[0])
     upto = new_tokens if first is None else first + 1  # the inputs are the same up to the first differing token
     compared = logit_metrics(logits_s[:, :upto], logits_p[:, :upto])
+    divergence = None
+    if first is not None:
+        recorders = [Recorder(model, None, last=True) for model in (shipped, patched)]
+        for model in (shipped, patched):
+            run(model, first + 1)
+        modules, module = first_past(*recorders, bound)
+        divergence = {"step": first, "module": module, "rel": modules[module] if module else None}
+        for recorder in recorders:
+            recorder.remove()
     return {"generate_tokens": new_tokens, "generate_prompts": lengths,
             "generate_match": same.all(1).double().mean().item(), "generate_first_mismatch": first,
             "generate_kl": compared["kl"], "generate_rel": compared["logits_rel"],
             "generate_rel_per_step": [rel(logits_s[:, i].double(), logits_p[:, i].double()) for i in range(upto)],
-            "generate_op_runs": dict(sorted(runs.items()))}
+            "generate_divergence": divergence, "generate_op_runs": dict(sorted(runs.items()))}
 
 
 def grad_metrics(shipped, patched) -> dict[str, Any]:
@@ -280,6 +310,7 @@ def run(job: dict) -> dict:
         before = collections.Counter(RUNS)
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
+        recorder.remove()
         outputs[name] = (out, recorder, RUNS - before)
     (out_s, rec_s, _), (out_p, rec_p, runs) = outputs["shipped"], outputs["patched"]
     metrics: dict[str, Any] = logit_metrics(out_s.logits.detach(), out_p.logits.detach())
@@ -295,15 +326,13 @@ def run(job: dict) -> dict:
     decode_runs = RUNS - before  # the shipped model runs no op: the patched model's prefill and decode steps'
     metrics["op_runs"] = dict(sorted(runs.items()))
     metrics["decode_op_runs"] = dict(sorted(decode_runs.items()))
+    bound = THRESHOLDS[job["dtype"]]["module_rel_max"]
     if job["generate"]:
         metrics.update(generate_metrics(shipped, patched, config.vocab_size, job["tokens"], job["generate"],
-                                        job["seed"], device))
+                                        job["seed"], device, bound))
     metrics["idle_blocks"] = sorted(set(report.blocks) - set(runs) - set(decode_runs)
                                     - set(metrics.get("generate_op_runs", ())))
-    bound = THRESHOLDS[job["dtype"]]["module_rel_max"]
-    modules = {path: rel(rec_s.outputs[path], rec_p.outputs[path]) for path in rec_s.order
-               if path in rec_p.outputs and rec_s.outputs[path].shape == rec_p.outputs[path].shape}
-    first = next((p for p in rec_s.order if modules.get(p, 0.0) > bound), None)
+    modules, first = first_past(rec_s, rec_p, bound)
     metrics["first_divergence"] = {"module": first, "rel": modules[first]} if first else None
     worst = max(modules, key=modules.get) if modules else None
     metrics["worst_module"] = {"module": worst, "rel": modules[worst]} if worst else None
