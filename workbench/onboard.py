@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from workbench.blocks import REGISTRY
-from workbench.blocks._config import DECODE_BATCH, LORA_RANK, TOKENS, Config, Found, ModelConfig
+from workbench.blocks._config import DECODE_BATCH, DECODE_CONTEXT, LORA_RANK, TOKENS, Config, Found, ModelConfig
 from workbench.blocks.base import FAMILIES
 from workbench.errors import WorkbenchError
 
@@ -142,6 +142,8 @@ def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
     card.fact("context_length", *cfg.integer("max_position_embeddings"))
     card.fact("tokens_per_step", TOKENS, None, "the model suite's tokens per step (batch x sequence)")
     card.fact("decode_batch", DECODE_BATCH, None, "the model suite's sequences decoded at once (the serving forms)")
+    card.fact("decode_context", DECODE_CONTEXT, None, "tokens each decoded sequence holds in its cache (the "
+              "attention decode forms)")
 
     kda_layers, kda_field = _layer_list(cfg, "linear_attn_config", "kda_layers")
     full_layers, full_field = _layer_list(cfg, "linear_attn_config", "full_attn_layers")
