@@ -37,21 +37,23 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert 0 < m["logits_rel"] < 1e-5, "the kernels ran (a difference of summation order), and agree"
     assert m["grad_rel_worst"] < 1e-3 and m["grad_params"] > 50 and m["first_divergence"] is None
     assert report["patch"]["blocks"] == ["kda", "kda_decode", "kda_gate", "kda_short_conv", "kda_short_conv_decode",
-                                         "mla", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router",
-                                         "rmsnorm", "swiglu"]
+                                         "mla", "mla_decode", "moe_combine", "moe_grouped_gemm", "moe_permute",
+                                         "moe_router", "rmsnorm", "swiglu"]
     # every swapped-in op ran (the model builds a DynamicCache even in training: the ops write it as shipped)
     assert m["idle_blocks"] == [] and m["op_runs"]["kda"] == 3 and m["op_runs"]["mla"] == 1
     # and generation reads the cache the patched prefill wrote (the prefill: kda in 3 layers, mla in 1); each of the 4
     # decode steps runs the 3 KDA layers' decode ops, which update the cache's states in place as the shipped step
-    # does (MLA decodes in its shipped forward: no decode form yet)
+    # does, and the MLA layer's mla_decode over its cached latents laid out in pages
     decode = m["decode_op_runs"]
     assert (decode["kda"], decode["mla"], decode["kda_decode"], decode["kda_short_conv_decode"]) == (3, 1, 12, 12)
+    assert decode["mla_decode"] == 4
     assert m["decode_steps"] == 4 and m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0
     # greedy generate() of 6 tokens on two left-padded prompts (16 and 8 tokens): the same tokens; after the prefill
-    # every one of the 5 decode steps ran the 3 KDA layers' decode ops
+    # every one of the 5 decode steps ran the 3 KDA layers' decode ops and mla_decode (the padding never read)
     assert m["generate_prompts"] == [16, 8] and m["generate_match"] == 1.0 and m["generate_first_mismatch"] is None
     assert m["generate_kl"] < 1e-8 and len(m["generate_rel_per_step"]) == 6 and 0 < max(m["generate_rel_per_step"])
     assert m["generate_op_runs"]["kda_decode"] == m["generate_op_runs"]["kda_short_conv_decode"] == 5 * 3
+    assert m["generate_op_runs"]["mla_decode"] == 5
     (row,) = parity_runs(get_engine(settings.db_url))
     assert row.status == "pass" and row.metrics["kl"] == m["kl"] and row.id == report["id"]
 
@@ -68,8 +70,9 @@ def test_deepseek_v3_with_group_limited_routing_and_rotary_mla_computes_the_ship
     assert report["config"]["first_k_dense_replace"] == 3 and report["config"]["topk_group"] == 4
     assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3
     assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
-    assert report["patch"]["blocks"] == ["mla", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router",
-                                         "rmsnorm", "swiglu"]
+    assert report["patch"]["blocks"] == ["mla", "mla_decode", "moe_combine", "moe_grouped_gemm", "moe_permute",
+                                         "moe_router", "rmsnorm", "swiglu"]
+    assert m["decode_op_runs"]["mla_decode"] == 4 * 4 and m["decode_kl"] < 1e-8  # 4 MLA layers x 4 rotary steps
 
 
 def test_qwen3_next_gated_delta_net_through_kda_matches_but_for_the_decay_rate_gradient(settings):

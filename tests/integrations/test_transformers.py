@@ -44,7 +44,7 @@ def test_kimi_linear_swaps_every_module_a_block_computes_and_names_the_rest(prom
     report = apply_workbench_kernels(model)
     found = outcome(report)
     assert found["KimiLinearRMSNorm"] == ("rmsnorm",) and found["KimiLinearMLP"] == ("swiglu",)
-    assert found["KimiLinearTopkRouter"] == ("moe_router",) and found["KimiLinearAttention"] == ("mla",)
+    assert found["KimiLinearTopkRouter"] == ("moe_router",) and found["KimiLinearAttention"] == ("mla", "mla_decode")
     assert found["KimiLinearExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     # its prefill by kda_short_conv and kda, its decode steps by their serving forms (all four are promoted)
     assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda", "kda_short_conv_decode", "kda_decode")
@@ -156,7 +156,7 @@ def test_deepseek_v3_swaps_mla_with_its_rotary_embedding_and_group_limited_route
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**fields))
     report = apply_workbench_kernels(model)
     found = outcome(report)
-    assert found["DeepseekV3Attention"] == ("mla",) and found["DeepseekV3TopkRouter"] == ("moe_router",)
+    assert found["DeepseekV3Attention"] == ("mla", "mla_decode") and found["DeepseekV3TopkRouter"] == ("moe_router",)
     assert found["DeepseekV3Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert found["DeepseekV3MLP"] == ("swiglu",) and found["DeepseekV3RMSNorm"] == ("rmsnorm",)
     assert any("apply_rotary_pos_emb_interleave" in note for note in report.notes)  # rope_interleave: True

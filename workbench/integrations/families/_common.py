@@ -17,6 +17,7 @@ from workbench.kernels import (
     kda_gate,
     lora_linear,
     mla,
+    mla_decode,
     moe_combine,
     moe_grouped_gemm,
     moe_permute,
@@ -143,12 +144,11 @@ def mla_runs_shipped(self: nn.Module, hidden_states: torch.Tensor, attention_mas
         or bool(self.training and self.attention_dropout) or (plain_kv_b and type(self.kv_b_proj) is not nn.Linear)
 
 
-def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None, cache=None) -> torch.Tensor:
-    """MLA from its latents (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa,
-    kv_a_layernorm, kv_b_proj, o_proj) with the attention as workbench::mla: W_uk and W_uv are views of kv_b_proj's
-    weight [H * (DN + DV), R]. ``rotate(q_rope [B, H, T, DR], k_rope [B, 1, T, DR])`` -> both rotated: the family's
-    rotary embedding, in torch (None: no rotary embedding, Kimi's mla_use_nope). ``cache`` (empty for this layer):
-    the latents c_kv [B, 1, T, R] and k_rope [B, 1, T, DR] written to it, as the shipped forward does. -> [B, T, D]."""
+def mla_latents(self: nn.Module, hidden_states: torch.Tensor, rotate=None):
+    """An MLA module's projections (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj,
+    kv_a_proj_with_mqa, kv_a_layernorm): q [B, T, H, DN + DR], c_kv [B, T, R] (normalised), k_rope [B, T, DR].
+    ``rotate(q_rope [B, H, T, DR], k_rope [B, 1, T, DR])`` -> both rotated: the family's rotary embedding, in torch
+    (None: no rotary embedding, Kimi's mla_use_nope)."""
     b, t = hidden_states.shape[:2]
     if self.q_lora_rank is None:
         q = self.q_proj(hidden_states)
@@ -161,12 +161,69 @@ def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None, cac
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         q_rope, k_rope = rotate(q_rope.transpose(1, 2), k_rope.view(b, 1, t, self.qk_rope_head_dim))
         q, k_rope = torch.cat([q_nope, q_rope.transpose(1, 2)], dim=-1), k_rope.view(b, t, self.qk_rope_head_dim)
+    return q, c_kv, k_rope
+
+
+def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None, cache=None) -> torch.Tensor:
+    """MLA from its latents (``mla_latents``) with the attention as workbench::mla: W_uk and W_uv are views of
+    kv_b_proj's weight [H * (DN + DV), R]. ``cache`` (empty for this layer): the latents c_kv [B, 1, T, R] and
+    k_rope [B, 1, T, DR] written to it, as the shipped forward does. -> [B, T, D]."""
+    b, t = hidden_states.shape[:2]
+    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate)
     if cache is not None:
         cache.update(c_kv.view(b, 1, t, self.kv_lora_rank), k_rope.view(b, 1, t, self.qk_rope_head_dim), self.layer_idx)
     w_kv = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
     out = mla(q, c_kv.contiguous(), k_rope.contiguous(), w_kv[:, :self.qk_nope_head_dim],
               w_kv[:, self.qk_nope_head_dim:], None, self.scaling)
     return self.o_proj(out.reshape(b, t, -1))
+
+
+DECODE_PAGE = 16
+"""Rows per page of the paged latent cache an MLA decode step is given (``mla_decode_attention``)."""
+
+
+def mla_decodes(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache) -> bool:
+    """Whether an MLA call is a decode step workbench::mla_decode computes: one token per sequence over a cache that
+    holds this layer's past, a mask (if any) over the cached keys and the token, kv_b_proj a plain weight, no
+    attention dropout in training."""
+    if hidden_states.shape[1] != 1 or empty_cache(cache, self.layer_idx) or type(self.kv_b_proj) is not nn.Linear:
+        return False
+    past = cache.layers[self.layer_idx].get_seq_length()
+    fits = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[-1] == past + 1)
+    return fits and not (self.training and self.attention_dropout)
+
+
+def mla_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache,
+                         rotate=None) -> torch.Tensor:
+    """A decode step (``mla_decodes``) as workbench::mla_decode: the cache updated as shipped (its latents c_kv and
+    k_rope); each sequence's cached latents at the positions the mask lets the token see laid out in pages of
+    DECODE_PAGE rows with a block table, as a serving engine keeps them (copied here from transformers' contiguous
+    cache, which an engine's paged cache makes unnecessary); W_uk absorbed into the query and W_uv applied to the
+    latent output in torch. -> [B, 1, D]."""
+    b, width = hidden_states.shape[0], self.kv_lora_rank + self.qk_rope_head_dim
+    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate)
+    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
+                                self.layer_idx)
+    past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L, R + DR]
+    if attention_mask is None:
+        visible = torch.ones(past.shape[:2], dtype=torch.bool, device=past.device)
+    else:
+        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        visible = allowed[:, 0, -1, :-1]
+    lengths = visible.sum(dim=1)
+    pages = -(-(int(lengths.max()) + 1) // DECODE_PAGE)
+    pool = past.new_zeros(b * pages, DECODE_PAGE, width)
+    rows = pool.view(b, pages * DECODE_PAGE, width)
+    for n in range(b):
+        rows[n, :int(lengths[n])] = past[n, visible[n]]
+    table = torch.arange(b * pages, dtype=torch.int32, device=past.device).view(b, pages)
+    w_kv = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+    q_abs = torch.cat([torch.einsum("bhd,hdr->bhr", q[:, 0, :, :self.qk_nope_head_dim],
+                                    w_kv[:, :self.qk_nope_head_dim]), q[:, 0, :, self.qk_nope_head_dim:]], dim=-1)
+    o_lat, _ = mla_decode(q_abs.contiguous(), c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table,
+                          lengths.to(torch.int32), self.scaling)
+    out = torch.einsum("bhr,hdr->bhd", o_lat, w_kv[:, self.qk_nope_head_dim:])
+    return self.o_proj(out.reshape(b, 1, -1))
 
 
 def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -176,6 +233,14 @@ def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: to
     if mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
         return self.original_forward(hidden_states, attention_mask, past_key_values=past_key_values, **kwargs)
     return mla_attention(self, hidden_states, None, past_key_values), None
+
+
+def mla_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                            past_key_values=None, **kwargs):
+    """``mla_forward``, and its decode steps (``mla_decodes``) as ``mla_decode_attention``."""
+    if mla_decodes(self, hidden_states, attention_mask, past_key_values):
+        return mla_decode_attention(self, hidden_states, attention_mask, past_key_values), None
+    return mla_forward(self, hidden_states, attention_mask, past_key_values, **kwargs)
 
 
 def lora_supported(module: nn.Module) -> str:
@@ -256,10 +321,11 @@ def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -
 
 
 def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Callable, blocks: Callable,
-                    plain_kv_b: bool = True) -> None:
+                    plain_kv_b: bool = True, decode_forward: Callable | None = None) -> None:
     """The walk of an MLA family (DeepSeek's naming): the shared modules, then every ``attention`` module's forward
-    replaced by ``forward`` with the blocks ``blocks(module)`` names; with ``plain_kv_b`` a module whose kv_b_proj
-    is adapted is left alone (its weight alone is not what it computes)."""
+    replaced by ``forward`` with the blocks ``blocks(module)`` names (by ``decode_forward``, with mla_decode, where
+    that is given, promoted and requested); with ``plain_kv_b`` a module whose kv_b_proj is adapted is left alone
+    (its weight alone is not what it computes)."""
     for path, module in patcher.model.named_modules():
         if patch_shared(patcher, path, module, shared) or not isinstance(module, attention):
             continue
@@ -267,7 +333,10 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
             patcher.report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla "
                                                "takes W_uk and W_uv as plain weights")
         elif patcher.wants(path, module, *blocks(module)):
-            patcher.set_forward(path, module, forward, *blocks(module))
+            if decode_forward is not None and patcher.may("mla_decode"):
+                patcher.set_forward(path, module, decode_forward, *blocks(module), "mla_decode")
+            else:
+                patcher.set_forward(path, module, forward, *blocks(module))
     finish_shared(patcher)
     patcher.report.notes.append("plain projections (nn.Linear) run in torch")
 

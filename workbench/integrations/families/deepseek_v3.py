@@ -8,7 +8,8 @@
     DeepseekV3TopkRouter              moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     DeepseekV3Experts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
     DeepseekV3Attention (MLA)         mla; the projections, the latents' RMSNorm (as rmsnorm) and the rotary embedding
-                                      of q's and k's rope parts (transformers' own functions) around it
+                                      of q's and k's rope parts (transformers' own functions) around it; its decode
+                                      steps by mla_decode (W_uk, W_uv in torch) where promoted
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as shipped
 from workbench.integrations.families._common import (
     SharedModules,
     mla_attention,
+    mla_decode_attention,
+    mla_decodes,
     mla_runs_shipped,
     patch_mla_model,
     rmsnorm_forward,
@@ -41,9 +44,24 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
     if position_embeddings is None or mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
         return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                      attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+    return mla_attention(self, hidden_states, rotation(self, position_embeddings), past_key_values), None
+
+
+def rotation(self: nn.Module, position_embeddings):
+    """The module's rotary embedding of q's and k's rope parts on its position embeddings (cos, sin), as
+    transformers applies it (interleaved pairs where rope_interleave)."""
     cos, sin = position_embeddings
     apply = shipped.apply_rotary_pos_emb_interleave if self.config.rope_interleave else shipped.apply_rotary_pos_emb
-    return mla_attention(self, hidden_states, lambda q, k: apply(q, k, cos, sin), past_key_values), None
+    return lambda q, k: apply(q, k, cos, sin)
+
+
+def attention_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
+                                  attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs):
+    """``attention_forward``, and its decode steps (``mla_decodes``) as ``mla_decode_attention``."""
+    if position_embeddings is not None and mla_decodes(self, hidden_states, attention_mask, past_key_values):
+        return mla_decode_attention(self, hidden_states, attention_mask, past_key_values,
+                                    rotation(self, position_embeddings)), None
+    return attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
 
 
 SHARED = SharedModules(rmsnorm=shipped.DeepseekV3RMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.DeepseekV3MLP,
@@ -53,7 +71,8 @@ SHARED = SharedModules(rmsnorm=shipped.DeepseekV3RMSNorm, rmsnorm_forward=rmsnor
 
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every DeepSeek-V3 module they compute; report each module."""
-    patch_mla_model(patcher, SHARED, shipped.DeepseekV3Attention, attention_forward, lambda module: ("mla",))
+    patch_mla_model(patcher, SHARED, shipped.DeepseekV3Attention, attention_forward, lambda module: ("mla",),
+                    decode_forward=attention_forward_with_decode)
     if any(r.cls == "DeepseekV3Attention" and r.replaced for r in patcher.report.rows):
         patcher.report.notes.append("inside each MLA layer the rotary embedding of the rope parts stays in torch "
                                     "(transformers' apply_rotary_pos_emb"

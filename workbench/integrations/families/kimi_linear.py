@@ -7,7 +7,8 @@ a sigmoid MoE with a shared expert, RMSNorm.
     KimiLinearMLP (silu)              swiglu (projections in torch)
     KimiLinearTopkRouter              moe_router (group-limited where n_group > 1)
     KimiLinearExperts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
-    KimiLinearAttention (MLA)         mla (projections and the latent's RMSNorm around it)
+    KimiLinearAttention (MLA)         mla (projections and the latent's RMSNorm around it); its decode steps by
+                                      mla_decode (W_uk, W_uv in torch) where promoted
     KimiLinearDeltaAttention (KDA)    kda_short_conv, kda; its decode steps (one token over the cache) by
                                       kda_short_conv_decode and kda_decode where both are promoted; the l2norm of q
                                       and k and beta's sigmoid stay in torch (see LEFT_IN_TORCH)
@@ -27,6 +28,7 @@ from workbench.integrations.families._common import (
     finish_shared,
     forget_gate_forward,
     mla_forward,
+    mla_forward_with_decode,
     patch_shared,
     qualified,
     rmsnorm_forward,
@@ -124,7 +126,10 @@ def apply(patcher: Patcher) -> None:
                 report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla takes "
                                            "W_uk and W_uv as plain weights")
             elif patcher.wants(path, module, "mla"):
-                patcher.set_forward(path, module, mla_forward, "mla")
+                if patcher.may("mla_decode"):
+                    patcher.set_forward(path, module, mla_forward_with_decode, "mla", "mla_decode")
+                else:
+                    patcher.set_forward(path, module, mla_forward, "mla")
         elif isinstance(module, shipped.KimiLinearDeltaAttention):
             patch_kda_layer(patcher, path, module)
         elif isinstance(module, shipped.KimiLinearForgetGate):
