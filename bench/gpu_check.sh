@@ -2,7 +2,8 @@
 # GPU check, for a machine with one CUDA GPU: verify every promoted operator on the cuda backend in bfloat16 at the
 # model card's sizes (the `model` suite), with its kernels compiled for the default targets, and print one table;
 # then time each verified operator against the eager reference, torch.compile of it and installed peers
-# (BENCH_SECONDS, default 300); parity of each registered transformers family in bfloat16 and float32; with two GPUs
+# (BENCH_SECONDS, default 300); the decode step of the serving forms at batch 1, 32 and 128 (bench/decode.py);
+# parity of each registered transformers family in bfloat16 and float32; with two GPUs
 # or more, a 2-step replay on 2 ranks (NCCL, FSDP2 + expert parallel).
 # Under 10 minutes on one H200.
 #
@@ -95,6 +96,14 @@ for block in sorted(b for b in newest if b in verified and (not wanted or b in w
 print("\nmeasured on this GPU: median of 10 calls (L2 flushed, fresh inputs, outputs checked), bfloat16, model suite")
 print(text_table(rows))
 EOF
+# The serving forms' decode step at batch 1, 32 and 128 (Kimi K3's sizes): modelled on the five targets and measured
+# here (the operator, the eager reference, fla's fused_recurrent_kda where installed). Needs the workbench's own
+# dependencies (the model cards); said and skipped otherwise.
+if "$PY" -c "import workbench.models, yaml" 2>/dev/null; then
+  "$PY" bench/decode.py --measure --trials 10 || verified=1
+else
+  echo "decode bench: skipped, the workbench's dependencies are not installed here"
+fi
 # Parity in the published code: each registered transformers family's tiny model as shipped and with the promoted
 # operators, in bfloat16 (and float32) on the GPU: KL, top-1/top-5, router choices, gradients (THRESHOLDS per dtype).
 # Needs transformers and the workbench's own dependencies; said and skipped otherwise.

@@ -90,9 +90,10 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     n, h, r, dr, page = (shape[d] for d in ("N", "H", "R", "DR", "PAGE"))
     lengths, table, pages = layout(shape, seed)
     cache = torch.full((pages, page, r + dr), UNWRITTEN)
-    for i, length in enumerate(lengths):
-        for j in range(length):
-            cache[table[i][j // page], j % page] = torch.randn(r + dr, generator=gen)
+    written = [(table[i][j // page], j % page) for i, length in enumerate(lengths) for j in range(length)]
+    if written:
+        where = torch.tensor(written)
+        cache[where[:, 0], where[:, 1]] = torch.randn(len(written), r + dr, generator=gen)
     return {"q": torch.randn(n, h, r + dr, generator=gen).to(device, dtype),
             "c_kv": torch.randn(n, r, generator=gen).to(device, dtype),
             "k_rope": torch.randn(n, dr, generator=gen).to(device, dtype),
