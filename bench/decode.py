@@ -1,4 +1,5 @@
-"""The serving forms' decode step at batch 1, 32 and 128, at Kimi K3's sizes (its card's entries, the batch replaced):
+"""The serving forms' decode step at batch 1, 32 and 128, at Kimi K3.1 Pro's sizes (its card's entries, the batch
+replaced):
 the time of one step (one token for each of the batch's sequences) and per token, for each promoted decode operator.
 
     python bench/decode.py                 # modelled on the five targets (CPU is enough)
@@ -10,7 +11,8 @@ penalties of the operator's kernels as compiled for the target at the model suit
 does not count how many programs a launch has, so at batch 1 (mla_decode's head_tiled launches cdiv(96, 16) = 6
 programs; kda_decode's v_tiled 96 x 4) it is a floor the kernel cannot reach on a GPU of 132 SMs. "measured": the
 median of timed calls with CUDA events (workbench.perf.timing), each call's outputs checked against the float64
-truth. mla_decode's sequences hold the card's decode context (4096 tokens, in pages of 64).
+truth. mla_decode's and dsa_decode's sequences hold the card's decode context (4096 tokens, in pages of 64);
+dsa_decode attends to 2048 of them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-BLOCKS = ("kda_decode", "kda_short_conv_decode", "mla_decode")
+BLOCKS = ("kda_decode", "kda_short_conv_decode", "mla_decode", "dsa_decode")
 BATCHES = (1, 32, 128)
 TARGETS = ("sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950")
 
@@ -37,7 +39,7 @@ def shapes_at(block: str, card) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measure", action="store_true", help="also time the operators on this machine's CUDA GPU")
-    parser.add_argument("--model", default="kimi-k3")
+    parser.add_argument("--model", default="kimi-k3.1-pro")
     parser.add_argument("--trials", type=int, default=20)
     args = parser.parse_args()
 
