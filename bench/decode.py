@@ -1,6 +1,6 @@
 """The serving forms' decode step at batch 1, 32 and 128, at Kimi K3.1 Pro's sizes (its card's entries, the batch
-replaced):
-the time of one step (one token for each of the batch's sequences) and per token, for each promoted decode operator.
+replaced): the time of one step (one token for each of the batch's sequences) and per token, for each promoted decode
+operator.
 
     python bench/decode.py                 # modelled on the five targets (CPU is enough)
     python bench/decode.py --measure       # and measured on this machine's CUDA GPU, bfloat16: the operator, the
