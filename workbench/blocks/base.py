@@ -31,7 +31,7 @@ SUITES = ("smoke", "edge", "model")
 """smoke: tiny, for the interpreter; edge: odd sizes and degenerate cases; model: the model card's sizes (GPU)."""
 
 
-BF16, F32, I64 = 2, 4, 8
+BF16, F32, I32, I64 = 2, 4, 4, 8
 """Bytes per element, for the cost model's work: bf16 tensors, float32 gates, states and scores, int64 indices."""
 
 

@@ -32,12 +32,10 @@ import torch
 
 from workbench.blocks import mla_decode
 from workbench.blocks._config import Found, ModelConfig
-from workbench.blocks.base import BF16, BlockSpec, Shape, Work
+from workbench.blocks.base import BF16, I32, BlockSpec, Shape, Work
 from workbench.blocks.dsa_sparse_attention import RECENCY
 from workbench.blocks.dsa_sparse_attention import onboard as dsa_onboard
 from workbench.numerics import compute_dtype
-
-I32 = mla_decode.I32
 
 
 def reference(q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor, latent_cache: torch.Tensor,
@@ -127,17 +125,10 @@ def onboard(model: ModelConfig) -> list[Found]:
     """Every DSA layer over an MLA latent (dsa_sparse_attention's rule finds them) serves its decode through this
     step: the model suite's decode batch, each sequence holding DECODE_CONTEXT tokens in pages of 64, selecting the
     layer's top-k."""
-    found = []
-    for entry in dsa_onboard(model):
-        shape = entry.shapes[0]
-        if "DV" not in shape:  # no latent: not the absorbed form
-            continue
-        mla = mla_decode.onboard(model)
-        if mla:
-            paged = mla[0].shapes[0]
-            found.append(Found(f"DSA decode over the paged latent cache (serving, top {shape['topk']})",
-                               entry.layers, [{**paged, "TOPK": shape["topk"]}], entry.fields))
-    return found
+    paged = [found.shapes[0] for found in mla_decode.onboard(model)]
+    return [Found(f"DSA decode over the paged latent cache (serving, top {entry.shapes[0]['topk']})", entry.layers,
+                  [{**paged[0], "TOPK": entry.shapes[0]["topk"]}], entry.fields)
+            for entry in dsa_onboard(model) if paged and "DV" in entry.shapes[0]]  # DV: over a latent (absorbed)
 
 
 SPEC = BlockSpec(

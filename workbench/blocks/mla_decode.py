@@ -36,11 +36,10 @@ import random
 import torch
 
 from workbench.blocks._config import DECODE_CONTEXT, Found, ModelConfig
-from workbench.blocks.base import BF16, BlockSpec, Shape, Work
+from workbench.blocks.base import BF16, I32, BlockSpec, Shape, Work
 from workbench.blocks.mla import onboard as mla_onboard
 from workbench.numerics import compute_dtype
 
-I32 = 4
 UNWRITTEN = 30.0  # every cache row no sequence has written: a key that dominates any softmax it leaks into
 PAGE = 64  # FlashMLA's page_block_size
 

@@ -46,8 +46,7 @@ class Recorder:
     call instead (a generate()'s last step)."""
 
     def __init__(self, model, router_class: type | None, last: bool = False):
-        self.outputs: dict[str, Any] = {}
-        self.order: list[str] = []
+        self.outputs: dict[str, Any] = {}  # in call order (of the latest call with ``last``)
         self.choices: dict[str, Any] = {}
         self.last = last
         self.handles = []
@@ -63,11 +62,14 @@ class Recorder:
                 self.choices[path] = output[2].detach().clone()
             tensor = first_tensor(output)
             if tensor is not None and (self.last or path not in self.outputs):
-                if path in self.order:
-                    self.order.remove(path)
+                self.outputs.pop(path, None)  # re-inserted last: the dict keeps the call order
                 self.outputs[path] = tensor.detach().clone()
-                self.order.append(path)
         return hook
+
+    @property
+    def order(self) -> list[str]:
+        """The recorded modules in call order."""
+        return list(self.outputs)
 
     def remove(self) -> None:
         for handle in self.handles:

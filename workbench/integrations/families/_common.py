@@ -55,9 +55,14 @@ def sigmoid_router_forward(self: nn.Module, hidden_states: torch.Tensor):
     weights, ids, _ = moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
                                  bool(self.norm_topk_prob), float(self.routed_scaling_factor), int(self.num_group),
                                  int(self.topk_group))
-    wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
-    logits = F.linear(x.float(), self.weight.float()) if wanted else None
-    return logits, weights, ids
+    return requested_logits(self, x), weights, ids
+
+
+def requested_logits(router: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """A router's logits x W^T [N, E] float32, computed in torch only when the model is asked for them
+    (config.output_router_logits), else None: moe_router never builds them."""
+    wanted = getattr(getattr(router, "config", None), "output_router_logits", False)
+    return F.linear(x.float(), router.weight.float()) if wanted else None
 
 
 def forget_gate_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from workbench.integrations.families._common import (
     SharedModules,
     finish_shared,
     patch_shared,
+    requested_logits,
     rmsnorm_forward,
 )
 from workbench.integrations.transformers import Patcher
@@ -46,9 +47,7 @@ def router_forward(self: nn.Module, hidden_states: torch.Tensor):
     x = hidden_states.reshape(-1, self.hidden_dim)
     weights, ids, _ = moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
                                  True, float(self.routed_scaling_factor), 1, 1)
-    wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
-    logits = torch.nn.functional.linear(x.float(), self.weight.float()) if wanted else None
-    return logits, weights, ids
+    return requested_logits(self, x), weights, ids
 
 
 def attention_residual_forward(self: nn.Module, block_states: torch.Tensor,
