@@ -37,7 +37,8 @@ def test_models_and_plan(settings):
     plan = json.loads(invoke("plan", "kimi-k3.1-pro", "--json").stdout)
     status = {b["block"]: b["status"] for b in plan["blocks"]}
     assert len(status) == 23 and status["rmsnorm"] == status["mla"] == "not started"
-    assert status["quantized_weights"] == "no spec" and "latent_moe" not in status  # latent MoE: facts, no block
+    assert status["moe_grouped_gemm_mxfp4"] == "not started" and "quantized_weights" not in status  # MXFP4 covered
+    assert "latent_moe" not in status  # latent MoE: facts, no block
     assert all((s == "no spec") == (name not in REGISTRY) for name, s in status.items())
     assert plan["facts"]["routed_experts"]["value"] == 896
     assert "assumed" in invoke("plan", "kimi-k3.1-pro").stdout.lower()

@@ -17,7 +17,7 @@ K3_BLOCKS = {
     "moe_router",
     "moe_permute", "moe_grouped_gemm", "moe_combine", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear",
     "rmsnorm",
-    "quantized_weights", "vision_tower",
+    "moe_grouped_gemm_mxfp4", "vision_tower",
     "KimiLinearRMSNormGated",  # a module of the transformers class (kimi_linear) no block computes
 }
 KIMI_BLOCKS = K3_BLOCKS | {"dsa_indexer", "dsa_sparse_attention", "dsa_decode"}

@@ -78,8 +78,8 @@ def test_kimi_k3_from_its_published_config():
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
                                "kda_short_conv", "kda_gate", "kda_decode",
-                               "kda_short_conv_decode", "mla", "mla_decode"}
-    assert gaps(card) == {"quantized_weights", "vision_tower", "KimiLinearRMSNormGated"}
+                               "kda_short_conv_decode", "mla", "mla_decode", "moe_grouped_gemm_mxfp4"}
+    assert gaps(card) == {"vision_tower", "KimiLinearRMSNormGated"}  # the MXFP4 weights: moe_grouped_gemm_mxfp4
     assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
     assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
     blocks = card["blocks"]
@@ -146,6 +146,15 @@ def test_deepseek_v3_style_mla_and_moe(tmp_path):
     assert "differs" not in blocks["moe_router"] and "best 4 of 8 groups" in blocks["moe_router"]["role"]
     assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 2048}, {"rows": 8192, "N": 18432}]
     assert "head_dim" not in card["facts"]  # MLA's head sizes are its own, not hidden / heads
+
+
+def test_a_weights_format_no_block_reads_stays_a_gap(tmp_path):
+    """DeepSeek-V3's published FP8 block quantization: no block reads it, so the card names it as a gap; only
+    compressed-tensors' MXFP4 packing is covered (by moe_grouped_gemm_mxfp4)."""
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    card = onboard(write(tmp_path, {**DEEPSEEK_V3, "quantization_config": fp8}))
+    assert gaps(card) == {"mtp_head", "quantized_weights"} and "moe_grouped_gemm_mxfp4" not in card["blocks"]
+    assert card["blocks"]["quantized_weights"]["gap"] == "no spec: fp8 weight dequantization / quantized GEMM"
 
 
 def test_deepseek_v32_adds_the_sparse_attention_blocks(tmp_path):
@@ -251,7 +260,7 @@ def test_the_written_card_is_planned_like_any_other(settings, tmp_path, monkeypa
     plan = runner.invoke(app, ["plan", "kimi-k3", "--json"])
     assert plan.exit_code == 0, plan.output
     rows = {r["block"]: r for r in json.loads(plan.output)["blocks"]}
-    assert rows["quantized_weights"]["status"] == "no spec" and "mxfp4" in rows["quantized_weights"]["detail"]
+    assert rows["moe_grouped_gemm_mxfp4"]["status"] == "not started" and rows["moe_grouped_gemm_mxfp4"]["layers"] == 92
     assert rows["mla"]["status"] == "not started" and rows["mla"]["layers"] == 24
     assert rows["kda"]["status"] == "not started" and rows["kda"]["layers"] == 69
     assert "differs" not in rows["moe_router"]["detail"]

@@ -268,7 +268,8 @@ UNCOVERED = {"linear_attention": _unrecognised_linear_attention, "attention": _u
 def _other_parts(model: ModelConfig, card: _Card) -> None:
     """Parts outside the decoder's blocks that a port still has to cover."""
     quant, q_field = model.field("quantization_config")
-    if isinstance(quant, dict):
+    covered = any(q_field in entry.get("fields", []) for entry in card.blocks.values())  # a block reads the format
+    if isinstance(quant, dict) and not covered:
         fmt = quant.get("format") or quant.get("quant_method") or "quantized"
         card.block("quantized_weights", Found(f"weights shipped as {fmt}", None, [], [q_field]),
                    gap=f"{fmt} weight dequantization / quantized GEMM")
