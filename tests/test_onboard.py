@@ -122,14 +122,18 @@ def test_kimi_linear_from_its_published_config():
     assert card["name"] == "kimi-linear-48b-a3b"
     blocks = card["blocks"]
     assert blocks["kda"]["layers"] == 20 and blocks["mla"]["layers"] == 7
-    assert blocks["kda"]["shapes"][0]["H"] == 32 and blocks["kda"]["shapes"][0]["K"] == 72  # head_dim 72
+    assert blocks["kda"]["shapes"][0]["H"] == 32
     assert gaps(card) == {"KimiLinearRMSNormGated"}  # the class's KDA output norm; SwiGLU experts, no latent MoE
     assert card["onboarded_from"]["class"] == "KimiLinearForCausalLM"
     # the json has no short_conv_kernel_size; the class fills in its default, as KimiLinearConfig does
     assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4
     assert blocks["kda_short_conv"]["fields"] == ["linear_conv_kernel_dim (KimiLinearConfig default)"]
     assert card["transformers"]["unread_fields"] == ["mla_use_nope", "moe_layer_freq", "moe_router_activation_func"]
-    assert blocks["kda_gate"]["shapes"] == [{"B": 1, "T": 8192, "H": 32, "K": 72, "form": 1}]  # softplus gate
+    assert blocks["kda_gate"]["shapes"] == [{"B": 1, "T": 8192, "H": 32, "K": 128, "form": 1}]  # softplus gate
+    # the json's head_dim (72) is not KDA's: the class's KDA heads are linear_head_dim wide, 128 by default (the
+    # weights of the class built from this config: tests/test_weights.py)
+    assert blocks["kda"]["shapes"][0]["K"] == blocks["kda"]["shapes"][0]["V"] == 128
+    assert "linear_head_dim (KimiLinearConfig default)" in blocks["kda"]["fields"]
     assert blocks["moe_router"]["shapes"][0]["mode"] == 0 and "G" not in blocks["moe_router"]["shapes"][0]
     assert blocks["swiglu"]["shapes"] == [{"rows": 8192, "N": 1024}, {"rows": 8192, "N": 9216}]
     assert blocks["moe_grouped_gemm"]["shapes"][0]["D"] == 2304 and "differs" not in blocks["moe_grouped_gemm"]

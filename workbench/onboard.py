@@ -156,10 +156,9 @@ def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
                         heads=heads, heads_field=heads_field, head_dim=head_dim, kda_layers=kda, full_layers=full,
                         linear=linear if isinstance(linear, dict) else {}, linear_field=linear_field, view=view)
     if kda:
-        given = model.linear
-        model.kda_heads, model.kda_head_dim = given.get("num_heads") or heads, given.get("head_dim") or head_dim
-        model.kda_fields = [kda_field, f"{linear_field}.num_heads" if given.get("num_heads") else "num_attention_heads",
-                            f"{linear_field}.head_dim" if given.get("head_dim") else "head_dim"]
+        model.kda_heads, heads_from = _kda_size(model, "num_heads", "linear_num_heads", heads, heads_field)
+        model.kda_head_dim, dim_from = _kda_size(model, "head_dim", "linear_head_dim", head_dim, head_dim_field)
+        model.kda_fields = [kda_field, heads_from, dim_from]
     if full:
         kv_rank, kv_rank_field = cfg.integer("kv_lora_rank")
         if kv_rank:
@@ -171,6 +170,17 @@ def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
     card.fact("attnres_block_size", *cfg.integer("attn_res_block_size"))
     card.fact("lora_rank", LORA_RANK, None, "not in a config: the fine-tuning recipe's choice")
     return model
+
+
+def _kda_size(model: ModelConfig, key: str, class_attr: str, fallback: int | None, fallback_field: str | None
+              ) -> tuple[int | None, str | None]:
+    """A KDA size and where it comes from: linear_attn_config's ``key``, else the transformers class's value (its
+    default where the config is silent: Kimi Linear's KDA heads are 128 wide whatever head_dim says), else the
+    attention's."""
+    if model.linear.get(key):
+        return model.linear[key], f"{model.linear_field}.{key}"
+    value, field = model.class_value(class_attr, "kda")
+    return (value, field) if value is not None else (fallback, fallback_field)
 
 
 def _class_view(data: dict):

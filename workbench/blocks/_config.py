@@ -87,7 +87,7 @@ class ModelConfig:
     linear_field: str | None
     kda_heads: int | None = None
     kda_head_dim: int | None = None
-    kda_fields: list[str | None] = field(default_factory=list)
+    kda_fields: list[str | None] = field(default_factory=list)  # where the KDA layers, heads, head size come from
     experts: int | None = None
     experts_field: str | None = None
     active: int | None = None

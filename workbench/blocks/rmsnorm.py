@@ -61,7 +61,7 @@ def onboard(model: ModelConfig) -> list[Found]:
         if value and (name != "routed_expert_hidden_size" or model.field("latent_moe_use_norm")[0]):
             widths.append((value, field))
     if model.kda_layers:
-        widths.append((model.kda_head_dim, next(f for f in model.kda_fields if f.endswith("head_dim"))))
+        widths.append((model.kda_head_dim, model.kda_fields[2]))
     return [Found("pre-norms, final norm, the latent and per-head norms", model.layers,
                   [{"rows": model.tokens, "N": w} for w, _ in dict.fromkeys(widths)], [f for _, f in widths])]
 
