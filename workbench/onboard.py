@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from workbench import weights
 from workbench.blocks import REGISTRY
 from workbench.blocks._config import DECODE_BATCH, DECODE_CONTEXT, LORA_RANK, TOKENS, Config, Found, ModelConfig
 from workbench.blocks.base import FAMILIES
@@ -108,7 +109,8 @@ def onboard(path: str | Path, name: str | None = None) -> dict:
     arch = ", ".join(data.get("architectures") or []) or str(data.get("model_type", "unknown family"))
     result = {"name": name, "title": f"{name} ({arch}, onboarded from {file.name})",
               "onboarded_from": {"file": str(file), "model_type": data.get("model_type")},
-              "facts": card.facts, "blocks": card.blocks, "unread_fields": model.cfg.unread()}
+              "facts": card.facts, "blocks": card.blocks, "weights": weights.summary(model),
+              "unread_fields": model.cfg.unread()}
     view = model.view
     if isinstance(view, str):
         result["transformers"] = {"error": view}

@@ -101,6 +101,16 @@ def onboard(
                   f"assumed: {', '.join(assumed) or 'nothing'}. `workbench plan {card['name']}` shows its status.")
 
 
+def weights_line(summary: dict) -> str:
+    """One line of a card's weights section: parameters, bytes in bfloat16 and as published (modelled)."""
+    quantized = {p["format"] for p in summary["parts"].values()} - {"bf16"}
+    published = f"{summary['bytes_published'] / 1e12:.2f} TB as published ({', '.join(sorted(quantized))} parts)" \
+        if quantized else "published in bfloat16"
+    left_out = f"; not counted: {'; '.join(summary['uncounted'])}" if summary.get("uncounted") else ""
+    return (f"Weights (modelled from the config): {summary['params'] / 1e9:,.0f}B parameters, "
+            f"{summary['bytes_bf16'] / 1e12:.2f} TB in bfloat16, {published}{left_out}")
+
+
 @command
 def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False) -> None:
     """Each block a model needs, its sizes and its port status."""
@@ -119,7 +129,7 @@ def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: 
         rows.append({"block": name, "role": info.get("role", ""), "shapes": card.block_shapes(name),
                      "layers": info.get("layers"), "status": status, "detail": detail})
     if as_json:
-        return _emit_json({"model": card.name, "facts": card.facts, "blocks": rows})
+        return _emit_json({"model": card.name, "facts": card.facts, "blocks": rows, "weights": card.weights})
     table = Table(title=f"Port plan: {card.title}")
     for col in ("block", "role", "model sizes", "status", "detail"):
         table.add_column(col)
@@ -130,3 +140,7 @@ def plan(model: str, db: DbOption = None, operators: OpsOption = None, as_json: 
     done = sum(r["status"] == BlockStatus.PROMOTED for r in rows)
     assumed = [k for k, v in card.facts.items() if v.get("source") == "assumption"]
     console.print(f"{done} of {len(rows)} blocks promoted. Assumed (not public) sizes: {', '.join(assumed)}")
+    if card.weights:
+        base = f" (the {card.derived_from} card's count: what {card.name} changes is not in it)" \
+            if card.derived_from else ""
+        console.print(weights_line(card.weights) + base)

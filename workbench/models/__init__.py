@@ -33,6 +33,7 @@ class ModelCard:
     differs: str = ""  # what it changes from that card
     onboarded_from: dict[str, Any] | None = None  # the config it came from: {file, model_type, class} (not inherited)
     transformers: dict[str, Any] | None = None  # its config as the transformers class reads it (onboarding)
+    weights: dict[str, Any] | None = None  # parameters and bytes by part (workbench.weights.summary; inherited)
 
     def block_shapes(self, block: str) -> list[Shape]:
         return [dict(s) for s in self.blocks.get(block, {}).get("shapes", [])]
@@ -53,7 +54,7 @@ def _card(data: dict, found: dict[str, dict], seen: tuple[str, ...] = ()) -> Mod
     """The card of ``data``, laid over its base card (from ``found``, by name) when it is derived."""
     name = data["name"]
     try:
-        facts, blocks = dict(data.get("facts") or {}), dict(data["blocks"])
+        facts, blocks, weights = dict(data.get("facts") or {}), dict(data["blocks"]), data.get("weights")
         base_name = data.get("derived_from")
         if base_name:
             if base_name in seen or base_name == name:
@@ -65,10 +66,12 @@ def _card(data: dict, found: dict[str, dict], seen: tuple[str, ...] = ()) -> Mod
             own = {b: {**info, "differs_from": base_name} for b, info in blocks.items() if info is not None}
             blocks = {b: info for b, info in {**base.blocks, **own}.items() if b not in dropped}
             facts = {**base.facts, **facts}
+            weights = weights or base.weights
         return ModelCard(name=name, title=data.get("title", name), facts=facts, blocks=blocks,
                          targets=list(data["targets"]) if data.get("targets") is not None else None,
                          derived_from=base_name, differs=str(data.get("differs", "")),
-                         onboarded_from=data.get("onboarded_from"), transformers=data.get("transformers"))
+                         onboarded_from=data.get("onboarded_from"), transformers=data.get("transformers"),
+                         weights=weights)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise WorkbenchError(f"model card {name} is malformed: {one_line(exc)}") from None
 
