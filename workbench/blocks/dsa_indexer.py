@@ -23,6 +23,8 @@ is the permutation's and distinct scores are at least ~W/20 apart: the top-k set
 Verification of the indices (compare_indices): padding positions exact; every selected entry a causal key, no repeats;
 set overlap with the truth >= 0.99; and, when the truth scores are at hand, every selected key scores within the score
 bound of the truth's k-th score (so a candidate cannot fill its 1% with garbage, and tie-free rows must match exactly).
+The decode step (dsa_indexer_decode) is verified by the same comparator: a row's causal keys end at its last finite
+truth score.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Mapping
 import torch
 
 from workbench.blocks._config import Found, ModelConfig
-from workbench.blocks._dsa import causal_mask, causal_topk, selection_counts
+from workbench.blocks._dsa import causal_mask, causal_topk
 from workbench.blocks.base import BF16, F32, I64, BlockSpec, Shape, Work
 from workbench.numerics import Tolerance, compute_dtype, contract_problem
 
@@ -80,13 +82,16 @@ def _tie_free_inputs(B: int, T: int, HI: int, DI: int, g: torch.Generator) -> tu
     return q, k, w
 
 
+def draw_inputs(B: int, T: int, HI: int, DI: int, tie_free: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """(q_idx [B,T,HI,DI], k_idx [B,T,DI], w [B,T,HI]) float32, random or tie-free (the module docstring)."""
+    return (_tie_free_inputs if tie_free else _random_inputs)(B, T, HI, DI, g)
+
+
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """q_idx [B,T,HI,DI], k_idx [B,T,DI], w [B,T,HI] in ``dtype``, topk an int; see the module docstring for the
     two distributions (random, the default, and ``tie_free: 1``)."""
     g = torch.Generator().manual_seed(seed)
-    dims = (shape["B"], shape["T"], shape["HI"], shape["DI"])
-    make = _tie_free_inputs if shape.get("tie_free", 0) else _random_inputs
-    q, k, w = make(*dims, g)
+    q, k, w = draw_inputs(shape["B"], shape["T"], shape["HI"], shape["DI"], shape.get("tie_free", 0), g)
     return {"q_idx": q.to(device, dtype), "k_idx": k.to(device, dtype), "w": w.to(device, dtype),
             "topk": int(shape["topk"])}
 
@@ -123,13 +128,13 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
 # --- verification of the discrete output -----------------------------------------------------------------------
 
 
-def _membership(indices: torch.Tensor, T: int) -> torch.Tensor:
-    """[B, T, T] int64: how many times each key appears in each query's row (padding and out-of-range dropped)."""
-    ok = (indices >= 0) & (indices < T)
-    slots = torch.where(ok, indices, T)  # a dummy column T absorbs padding and garbage
-    counts = torch.zeros(*indices.shape[:2], T + 1, dtype=torch.int64)
-    counts.scatter_add_(2, slots, torch.ones_like(slots))
-    return counts[..., :T]
+def _membership(indices: torch.Tensor, S: int) -> torch.Tensor:
+    """[..., S] int64: how many times each key appears in each row (padding and out-of-range dropped)."""
+    ok = (indices >= 0) & (indices < S)
+    slots = torch.where(ok, indices, S)  # a dummy column S absorbs padding and garbage
+    counts = torch.zeros(*indices.shape[:-1], S + 1, dtype=torch.int64)
+    counts.scatter_add_(-1, slots, torch.ones_like(slots))
+    return counts[..., :S]
 
 
 def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Tolerance,
@@ -137,37 +142,42 @@ def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: tor
                     lowp_outputs: Mapping[str, torch.Tensor] | None = None) -> dict:
     """Verdict and figures for the ``indices`` output (the keyword fields of a Check, like compare()).
 
+    Each row of ``truth`` [..., K] is one query at position t, whose keys are 0..t: with the float64 ``scores`` in
+    ``truth_outputs``, t is the row's last finite score (a decode step's row: its length L); without them, the rows
+    are the queries t of a [B, T, K] prefill.
     Always: the padding pattern exact, every other entry a causal key (0 <= s <= t) without repeats in its row, and
-    the selected (query, key) pairs overlapping the truth's by at least MIN_OVERLAP. When ``truth_outputs`` carries
-    the float64 ``scores``: every selected key's true score at least the row's true k-th score minus twice the
-    scores' own bound (tol on the reference's low-precision scores from ``lowp_outputs`` when given), so a mismatch
-    is only allowed between keys that a correct kernel's rounding can reorder.
+    the selected (query, key) pairs overlapping the truth's by at least MIN_OVERLAP. With the truth scores: every
+    selected key's true score at least the row's true k-th score minus twice the scores' own bound (tol on the
+    reference's low-precision scores from ``lowp_outputs`` when given), so a mismatch is only allowed between keys
+    that a correct kernel's rounding can reorder.
     Figures: max_abs = the fraction of truth pairs missed, bound = 1 - MIN_OVERLAP, ref_err = the same fraction for
     the reference in the candidate's precision, max_rel = worst score deficit / its allowance.
     """
     problem = contract_problem(out, truth, expect_dtype, missing="no indices returned")
     if problem:
         return {"passed": False, "reason": problem}
-    B, T, K = truth.shape
     bound = 1.0 - MIN_OVERLAP
     if truth.numel() == 0:
         return {"passed": True, "max_abs": 0.0, "max_rel": 0.0, "err_ratio": 0.0, "ref_err": 0.0, "bound": bound}
     o, t, r = (x.detach().to("cpu", torch.int64) for x in (out, truth, ref_lowp))
+    scores = truth_outputs.get("scores") if truth_outputs is not None else None
+    s = None if scores is None else scores.detach().to("cpu", torch.float64)
+    query = (torch.isfinite(s).sum(-1) - 1 if s is not None
+             else torch.arange(t.shape[-2]).expand(t.shape[:-1]))  # [...]: each row's query position
+    K, S = t.shape[-1], int(query.max()) + 1
 
-    pad = torch.arange(K)[None, :] >= selection_counts(T, K)[:, None]  # [T, K]: where -1 belongs
+    pad = torch.arange(K) >= torch.clamp(query + 1, max=K)[..., None]  # [..., K]: where -1 belongs
     pad_wrong = int(((o == -1) != pad).sum())
-    query = torch.arange(T)[:, None]
-    bad_key = int((~pad & ((o < 0) | (o > query))).sum())  # not a causal key
-    got, want = _membership(o, T), _membership(t, T)
+    bad_key = int((~pad & ((o < 0) | (o > query[..., None]))).sum())  # not a causal key
+    got, want = _membership(o, S), _membership(t, S)
     repeats = int((got > 1).sum())
     missed = 1.0 - float(((got > 0) & (want > 0)).sum()) / max(1, int((want > 0).sum()))
-    ref_missed = 1.0 - float(((_membership(r, T) > 0) & (want > 0)).sum()) / max(1, int((want > 0).sum()))
+    ref_missed = 1.0 - float(((_membership(r, S) > 0) & (want > 0)).sum()) / max(1, int((want > 0).sum()))
     figures = {"max_abs": missed, "max_rel": 0.0, "err_ratio": missed, "ref_err": ref_missed, "bound": bound,
                "nonfinite": 0}
 
     deficit_reason = ""
-    if truth_outputs is not None and "scores" in truth_outputs:
-        s = truth_outputs["scores"].detach().to("cpu", torch.float64)
+    if s is not None:
         finite = torch.isfinite(s)
         scale = float(s[finite].abs().max()) if finite.any() else 0.0
         ref_err = 0.0
@@ -175,6 +185,7 @@ def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: tor
             diff = (lowp_outputs["scores"].detach().to("cpu", torch.float64) - s)[finite].abs()
             ref_err = float(diff.max()) if diff.numel() else 0.0
         allowance = 2.0 * tol.bound(ref_err, scale)
+        s = s[..., :S]
         kth = s.masked_fill(want == 0, float("inf")).amin(dim=-1, keepdim=True)  # the truth's k-th score per row
         chosen = (got > 0) & (want == 0)  # picks outside the truth's set
         deficit = (kth - s).masked_fill(~chosen, float("-inf"))
@@ -182,8 +193,8 @@ def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: tor
         figures["max_rel"] = max(0.0, worst) / allowance if allowance > 0 else 0.0
         if chosen.any() and worst > allowance:
             where = (deficit == deficit.max()).nonzero()[0].tolist()
-            deficit_reason = (f"key {where[2]} chosen for query {where[1]} (batch {where[0]}) scores {worst:.3g} "
-                              f"below the row's k-th score (allowed {allowance:.3g})")
+            deficit_reason = (f"key {where[-1]} chosen for query {int(query[tuple(where[:-1])])} (batch {where[0]}) "
+                              f"scores {worst:.3g} below the row's k-th score (allowed {allowance:.3g})")
 
     if pad_wrong:
         return {**figures, "passed": False, "reason": f"{pad_wrong} entries disagree with the -1 padding pattern"}

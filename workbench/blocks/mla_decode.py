@@ -84,15 +84,23 @@ def layout(shape: Shape, seed: int) -> tuple[list[int], list[list[int]], int]:
     return lengths, table, spare + 1
 
 
+def paged_cache(lengths: list[int], table: list[list[int]], pages: int, page: int, rows: torch.Tensor
+                ) -> torch.Tensor:
+    """[pages, page, width] float32: the rows [sum(lengths), width] (sequence by sequence, position by position) where
+    ``layout``'s table puts each sequence's cached tokens, UNWRITTEN everywhere else."""
+    cache = torch.full((pages, page, rows.shape[-1]), UNWRITTEN)
+    written = [(table[i][j // page], j % page) for i, length in enumerate(lengths) for j in range(length)]
+    if written:
+        where = torch.tensor(written)
+        cache[where[:, 0], where[:, 1]] = rows
+    return cache
+
+
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     gen = torch.Generator().manual_seed(seed)
     n, h, r, dr, page = (shape[d] for d in ("N", "H", "R", "DR", "PAGE"))
     lengths, table, pages = layout(shape, seed)
-    cache = torch.full((pages, page, r + dr), UNWRITTEN)
-    written = [(table[i][j // page], j % page) for i, length in enumerate(lengths) for j in range(length)]
-    if written:
-        where = torch.tensor(written)
-        cache[where[:, 0], where[:, 1]] = torch.randn(len(written), r + dr, generator=gen)
+    cache = paged_cache(lengths, table, pages, page, torch.randn(sum(lengths), r + dr, generator=gen))
     return {"q": torch.randn(n, h, r + dr, generator=gen).to(device, dtype),
             "c_kv": torch.randn(n, r, generator=gen).to(device, dtype),
             "k_rope": torch.randn(n, dr, generator=gen).to(device, dtype),
