@@ -136,12 +136,13 @@ def test_a_lora_fine_tune_through_peft_keeps_the_shipped_curve(settings):
 def test_glm_moe_dsa_sparse_attention_with_shared_selections_computes_the_shipped_model(settings, tmp_path):
     """GLM-MoE-DSA with cross-layer top-k sharing (F S S F), each query attending to the top 8 of 16 keys: the
     indexer as dsa_indexer, the attention as dsa_sparse_attention, the shared layers over the selection handed
-    down. (deepseek_v32 runs the same two ops with a half-split indexer rope.)"""
+    down; decode steps and generate() through dsa_indexer_decode and dsa_decode. (deepseek_v32 runs the same ops
+    with a half-split indexer rope.)"""
     shutil.copytree(OPERATORS, settings.operators_dir)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "glm_moe_dsa", "num_hidden_layers": 8,
                                   "indexer_types": ["full", "shared", "shared", "full"] * 2}))
-    result = runner.invoke(app, ["parity", str(config), "--tokens", "16", "--json"])
+    result = runner.invoke(app, ["parity", str(config), "--tokens", "16", "--generate", "4", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout[result.stdout.index("{"):])
     m = report["metrics"]
@@ -152,6 +153,12 @@ def test_glm_moe_dsa_sparse_attention_with_shared_selections_computes_the_shippe
     assert {"dsa_indexer", "dsa_sparse_attention", "moe_router"} <= set(report["patch"]["blocks"])
     assert m["op_runs"]["dsa_indexer"] == 2 and m["op_runs"]["dsa_sparse_attention"] == 4  # 2 full, 2 shared
     assert m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0  # the latents and index keys cached as shipped
+    # each decode step: the full layers' indexers as dsa_indexer_decode over paged index keys, every layer's
+    # attention as dsa_decode (the shared ones over the selection handed down, in cache positions)
+    assert m["decode_op_runs"]["dsa_indexer_decode"] == 2 * 4 and m["decode_op_runs"]["dsa_decode"] == 4 * 4
+    # generate() on two left-padded prompts: the same 4 tokens, its 3 decode steps through the decode forms
+    assert m["generate_match"] == 1.0 and m["generate_kl"] < 1e-8
+    assert m["generate_op_runs"]["dsa_indexer_decode"] == 3 * 2 and m["generate_op_runs"]["dsa_decode"] == 3 * 4
 
 
 def test_inkling2_residual_mixes_and_situ_experts_compute_the_shipped_model(settings):

@@ -190,8 +190,10 @@ def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_atte
     assert fields["indexer_types"] == ["full", "shared", "shared", "full"] and fields["index_topk"] == 8
     report = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)))
     rows = {r.path: r.blocks for r in report.rows if r.cls == "GlmMoeDsaAttention"}
-    assert rows["model.layers.0.self_attn"] == ("dsa_indexer", "dsa_sparse_attention")
-    assert rows["model.layers.1.self_attn"] == ("dsa_sparse_attention",)  # a shared layer: the selection handed down
+    assert rows["model.layers.0.self_attn"] == ("dsa_indexer", "dsa_sparse_attention", "dsa_indexer_decode",
+                                                "dsa_decode")
+    # a shared layer: the selection handed down, at a decode step too
+    assert rows["model.layers.1.self_attn"] == ("dsa_sparse_attention", "dsa_decode")
     assert outcome(report)["GlmMoeDsaTopkRouter"] == ("moe_router",)
     assert any("apply_rotary_pos_emb_interleave for the indexer" in note for note in report.notes)
     only = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)), blocks=["dsa_sparse_attention"])
@@ -278,6 +280,21 @@ def test_a_dsa_selection_converts_to_transformers_top_k_form_and_back():
     back = from_shipped(theirs)
     assert back.dtype == torch.int64 and ((back == -1) == (theirs.long() > rows)).all()
     assert causal(back) == causal(ours)
+
+
+def test_a_decode_selection_converts_to_cache_positions_and_back():
+    """A decode step's selection over its visible keys (0 .. L, this step's token L, -1 padded) and transformers'
+    top-k over the whole cache (positions the mask hides fill what the visible keys cannot), both ways."""
+    from workbench.integrations.families._dsa import from_cache_positions, to_cache_positions
+
+    visible = torch.tensor([[True] * 5, [False, False, True, True, True]])  # the second prompt left-padded by 2
+    ours = torch.tensor([[5, 0, 3, 1, 2, 4, -1], [3, 0, 2, 1, -1, -1, -1]], dtype=torch.int32)  # L = 5 and 3, top 7
+    cache = to_cache_positions(ours, visible, topk=7)
+    assert cache.dtype == torch.int32 and cache.shape == (2, 6)  # min(top 7, 6 cache positions)
+    assert cache.tolist() == [[5, 0, 3, 1, 2, 4], [5, 2, 4, 3, 0, 1]]  # the hidden positions fill the second row
+    assert from_cache_positions(cache, visible).tolist() == [[5, 0, 3, 1, 2, 4], [3, 0, 2, 1, -1, -1]]
+    top2 = to_cache_positions(ours[:, :2], visible, topk=2)
+    assert top2.tolist() == [[5, 0], [5, 2]] and from_cache_positions(top2, visible).tolist() == [[5, 0], [3, 0]]
 
 
 def test_a_block_swapped_in_that_never_ran_fails_the_parity():

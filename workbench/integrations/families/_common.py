@@ -149,16 +149,17 @@ def mla_runs_shipped(self: nn.Module, hidden_states: torch.Tensor, attention_mas
         or bool(self.training and self.attention_dropout) or (plain_kv_b and type(self.kv_b_proj) is not nn.Linear)
 
 
-def mla_latents(self: nn.Module, hidden_states: torch.Tensor, rotate=None):
+def mla_latents(self: nn.Module, hidden_states: torch.Tensor, rotate=None, q_resid: torch.Tensor | None = None):
     """An MLA module's projections (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj,
     kv_a_proj_with_mqa, kv_a_layernorm): q [B, T, H, DN + DR], c_kv [B, T, R] (normalised), k_rope [B, T, DR].
     ``rotate(q_rope [B, H, T, DR], k_rope [B, 1, T, DR])`` -> both rotated: the family's rotary embedding, in torch
-    (None: no rotary embedding, Kimi's mla_use_nope)."""
+    (None: no rotary embedding, Kimi's mla_use_nope). ``q_resid``: q_a_layernorm(q_a_proj(x)) where the caller has
+    it already (DSA's indexer reads it too)."""
     b, t = hidden_states.shape[:2]
     if self.q_lora_rank is None:
         q = self.q_proj(hidden_states)
     else:
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)) if q_resid is None else q_resid)
     q = q.view(b, t, self.num_heads, self.qk_head_dim)
     c_kv, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
     c_kv = self.kv_a_layernorm(c_kv)
@@ -198,23 +199,21 @@ def mla_decodes(self: nn.Module, hidden_states: torch.Tensor, attention_mask: to
     return fits and not (self.training and self.attention_dropout)
 
 
-def mla_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache,
-                         rotate=None) -> torch.Tensor:
-    """A decode step (``mla_decodes``) as workbench::mla_decode: the cache updated as shipped (its latents c_kv and
-    k_rope); each sequence's cached latents at the positions the mask lets the token see laid out in pages of
-    DECODE_PAGE rows with a block table, as a serving engine keeps them (copied here from transformers' contiguous
-    cache, which an engine's paged cache makes unnecessary); W_uk absorbed into the query and W_uv applied to the
-    latent output in torch. -> [B, 1, D]."""
-    b, width = hidden_states.shape[0], self.kv_lora_rank + self.qk_rope_head_dim
-    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate)
-    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
-                                self.layer_idx)
-    past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L, R + DR]
+def decode_visible(attention_mask: torch.Tensor | None, past: int, batch: int, device) -> torch.Tensor:
+    """[B, past] bool: the cached positions a decode step's mask lets its token see (all without a mask)."""
     if attention_mask is None:
-        visible = torch.ones(past.shape[:2], dtype=torch.bool, device=past.device)
-    else:
-        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        visible = allowed[:, 0, -1, :-1]
+        return torch.ones(batch, past, dtype=torch.bool, device=device)
+    allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    return allowed[:, 0, -1, :-1]
+
+
+def decode_pages(past: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's cached rows as a serving engine keeps them: each sequence's rows of ``past`` [B, L, W] at the
+    ``visible`` positions [B, L] (``decode_visible``: left padding skipped) laid out in pages of DECODE_PAGE rows with
+    a block table (copied here from transformers' contiguous cache, which an engine's paged cache makes unnecessary).
+    -> (pages [B * P, DECODE_PAGE, W], block_table [B, P] int32, lengths [B] int32); every table leaves room for
+    this step's row."""
+    b, width = past.shape[0], past.shape[-1]
     lengths = visible.sum(dim=1)
     pages = -(-(int(lengths.max()) + 1) // DECODE_PAGE)
     pool = past.new_zeros(b * pages, DECODE_PAGE, width)
@@ -222,13 +221,33 @@ def mla_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention
     for n in range(b):
         rows[n, :int(lengths[n])] = past[n, visible[n]]
     table = torch.arange(b * pages, dtype=torch.int32, device=past.device).view(b, pages)
+    return pool, table, lengths.to(torch.int32)
+
+
+def absorbed(self: nn.Module, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's query with W_uk absorbed, [B, H, R + DR] (from q [B, 1, H, DN + DR]), and W_uv [H, DV, R]:
+    views of kv_b_proj's weight [H * (DN + DV), R]."""
     w_kv = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
     q_abs = torch.cat([torch.einsum("bhd,hdr->bhr", q[:, 0, :, :self.qk_nope_head_dim],
                                     w_kv[:, :self.qk_nope_head_dim]), q[:, 0, :, self.qk_nope_head_dim:]], dim=-1)
-    o_lat, _ = mla_decode(q_abs.contiguous(), c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table,
-                          lengths.to(torch.int32), self.scaling)
-    out = torch.einsum("bhr,hdr->bhd", o_lat, w_kv[:, self.qk_nope_head_dim:])
-    return self.o_proj(out.reshape(b, 1, -1))
+    return q_abs.contiguous(), w_kv[:, self.qk_nope_head_dim:]
+
+
+def mla_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache,
+                         rotate=None) -> torch.Tensor:
+    """A decode step (``mla_decodes``) as workbench::mla_decode: the cache updated as shipped (its latents c_kv and
+    k_rope); the cached latents laid out in pages (``decode_pages``); W_uk absorbed into the query and W_uv applied to
+    the latent output in torch. -> [B, 1, D]."""
+    b = hidden_states.shape[0]
+    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate)
+    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
+                                self.layer_idx)
+    past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L, R + DR]
+    pool, table, lengths = decode_pages(past, decode_visible(attention_mask, past.shape[1], b, past.device))
+    q_abs, w_uv = absorbed(self, q)
+    o_lat, _ = mla_decode(q_abs, c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table, lengths,
+                          self.scaling)
+    return self.o_proj(torch.einsum("bhr,hdr->bhd", o_lat, w_uv).reshape(b, 1, -1))
 
 
 def mla_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -326,11 +345,12 @@ def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -
 
 
 def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Callable, blocks: Callable,
-                    plain_kv_b: bool = True, decode_forward: Callable | None = None) -> None:
+                    plain_kv_b: bool = True, decode_forward: Callable | None = None,
+                    decode_blocks: Callable = lambda module: ("mla_decode",)) -> None:
     """The walk of an MLA family (DeepSeek's naming): the shared modules, then every ``attention`` module's forward
-    replaced by ``forward`` with the blocks ``blocks(module)`` names (by ``decode_forward``, with mla_decode, where
-    that is given, promoted and requested); with ``plain_kv_b`` a module whose kv_b_proj is adapted is left alone
-    (its weight alone is not what it computes)."""
+    replaced by ``forward`` with the blocks ``blocks(module)`` names (by ``decode_forward``, with the blocks
+    ``decode_blocks(module)`` names, where that is given and they are promoted and requested); with ``plain_kv_b`` a
+    module whose kv_b_proj is adapted is left alone (its weight alone is not what it computes)."""
     for path, module in patcher.model.named_modules():
         if patch_shared(patcher, path, module, shared) or not isinstance(module, attention):
             continue
@@ -338,8 +358,8 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
             patcher.report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla "
                                                "takes W_uk and W_uv as plain weights")
         elif patcher.wants(path, module, *blocks(module)):
-            if decode_forward is not None and patcher.may("mla_decode"):
-                patcher.set_forward(path, module, decode_forward, *blocks(module), "mla_decode")
+            if decode_forward is not None and patcher.may(*decode_blocks(module)):
+                patcher.set_forward(path, module, decode_forward, *blocks(module), *decode_blocks(module))
             else:
                 patcher.set_forward(path, module, forward, *blocks(module))
     finish_shared(patcher)

@@ -9,6 +9,11 @@ attention over the decompressed heads as workbench::dsa_sparse_attention.
     attention           dsa_sparse_attention(q, k, v, indices, None, scaling): q, k = [nope | rope] (DN + DR wide),
                         v DV wide, one kv head per query head (MLA decompressed: kv_b_proj in torch), no gate
 
+    decode step         the latents and index keys the mask lets the token see laid out in pages
+                        (_common.decode_pages); dsa_indexer_decode(q_i, k_i, w, index pages) -> this step's top-k of
+                        its L + 1 keys; dsa_decode over the latent pages at those positions, W_uk absorbed into the
+                        query and W_uv applied to the latent output in torch
+
 transformers' own top-k returns int32 indices whose rows t < k - 1 run on into masked future positions; the forms
 convert both ways (``to_shipped``, ``from_shipped``) where a layer hands its selection to the next (GLM's shared
 indexer layers).
@@ -19,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.kernels import dsa_indexer, dsa_sparse_attention
+from workbench.integrations.families._common import absorbed, decode_pages, decode_visible, mla_latents
+from workbench.kernels import dsa_decode, dsa_indexer, dsa_indexer_decode, dsa_sparse_attention
 
 
 def index_inputs(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, rotate
@@ -86,3 +92,61 @@ def dsa_attention(self: nn.Module, hidden_states: torch.Tensor, rotate, rotate_i
         indices = select(self.indexer, hidden_states, q_resid, rotate_index, cache)
     out = dsa_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), indices, None, self.scaling)
     return self.o_proj(out.reshape(b, t, -1)), indices
+
+
+def dsa_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache,
+                         rotate, rotate_index, given: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DSA decode step (``_common.mla_decodes``: one token per sequence over a cache holding the layer's past) as
+    workbench::dsa_indexer_decode and workbench::dsa_decode: the latents (and, where the layer has an indexer, the
+    index keys) written to the cache as shipped, the visible ones laid out in pages with one block table
+    (``decode_pages``), the token's selection of its visible keys by the indexer (float32 scores, as shipped) or
+    ``given`` (a shared layer's: the previous layer's, in cache positions), then the sparse MQA over the selected
+    latents. ``rotate`` / ``rotate_index``: the attention's and the indexer's rotary embeddings.
+    -> (out [B, 1, D], the selection in cache positions as transformers hands it on: ``to_cache_positions``)."""
+    b = hidden_states.shape[0]
+    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate, q_resid)
+    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
+                                self.layer_idx)
+    past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L_cache, R + DR]
+    visible = decode_visible(attention_mask, past.shape[1], b, past.device)
+    pool, table, lengths = decode_pages(past, visible)
+    if given is None:
+        with torch.no_grad():
+            q_i, k_i, w = index_inputs(self.indexer, hidden_states, q_resid, rotate_index)
+            index_keys = cache.update_indexer(k_i, self.indexer.layer_idx)  # [B, L_cache + 1, DI]
+            index_pool, _, _ = decode_pages(index_keys[:, :-1].float(), visible)
+            _, indices, _ = dsa_indexer_decode(q_i[:, 0].float().contiguous(), k_i[:, 0].float().contiguous(),
+                                               w[:, 0].contiguous(), index_pool, table, lengths,
+                                               self.indexer.index_topk)
+        topk = self.indexer.index_topk
+    else:
+        indices, topk = from_cache_positions(given[:, 0], visible), given.shape[-1]
+    q_abs, w_uv = absorbed(self, q)
+    o_lat, _ = dsa_decode(q_abs, c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table, lengths, indices,
+                          self.scaling)
+    out = self.o_proj(torch.einsum("bhr,hdr->bhd", o_lat, w_uv).reshape(b, 1, -1))
+    return out, to_cache_positions(indices, visible, topk)[:, None]
+
+
+def to_cache_positions(indices: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """A decode step's selection [B, K] over its visible keys (0 .. L, -1 padded) as transformers' top-k gives it:
+    [B, min(topk, L_cache + 1)] int32 positions of the cache (this step's token last), the padding filled with the
+    positions the mask hides (a shipped top-k over masked scores picks those, and the mask drops them)."""
+    rows = []
+    for n in range(indices.shape[0]):
+        seen = torch.cat([visible[n].nonzero()[:, 0], visible.new_tensor([visible.shape[1]], dtype=torch.long)])
+        chosen = seen[indices[n][indices[n] >= 0].long()]
+        hidden = (~visible[n]).nonzero()[:, 0]
+        rows.append(torch.cat([chosen, hidden])[:min(topk, visible.shape[1] + 1)])
+    return torch.stack(rows).to(torch.int32)
+
+
+def from_cache_positions(positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """transformers' selection of a decode step [B, K] (cache positions, this step's token at L_cache) as positions
+    over the visible keys (0 .. L), the hidden ones as -1 padding, int32."""
+    rank = torch.cat([visible.long().cumsum(dim=1) - 1, visible.sum(dim=1, keepdim=True)], dim=1)  # [B, L_cache + 1]
+    seen = torch.cat([visible, visible.new_ones(visible.shape[0], 1)], dim=1)
+    where = positions.long()
+    return torch.where(seen.gather(1, where), rank.gather(1, where), -1).to(torch.int32)

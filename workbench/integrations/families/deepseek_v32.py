@@ -8,7 +8,8 @@ queries attend to the top-k keys of a lightning indexer), the same MoE, MLPs and
     DeepseekV32Experts (silu)         moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
     DeepseekV32Attention (DSA)        dsa_indexer (its projections, LayerNorm and half-split rotary embedding in
                                       torch) and dsa_sparse_attention over the decompressed heads (the projections,
-                                      the latents' RMSNorm and the interleaved rotary embedding in torch)
+                                      the latents' RMSNorm and the interleaved rotary embedding in torch); a decode
+                                      step as dsa_indexer_decode and dsa_decode over paged caches (_dsa)
 """
 
 from __future__ import annotations
@@ -20,21 +21,31 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as shipped
 from workbench.integrations.families import deepseek_v3
 from workbench.integrations.families._common import (
     SharedModules,
+    mla_decodes,
     mla_runs_shipped,
     patch_mla_model,
     rmsnorm_forward,
     sigmoid_router_forward,
 )
-from workbench.integrations.families._dsa import dsa_attention
+from workbench.integrations.families._dsa import dsa_attention, dsa_decode_attention
 from workbench.integrations.transformers import Patcher
 
 MODEL_CLASS = "DeepseekV32ForCausalLM"
 ROUTER = shipped.DeepseekV32TopkRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
 LORA_TARGETS = deepseek_v3.LORA_TARGETS
 DSA_BLOCKS = ("dsa_indexer", "dsa_sparse_attention")
+DECODE_BLOCKS = ("dsa_indexer_decode", "dsa_decode")
 IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm, kv_b_proj's decompression, the rotary "
             "embeddings (transformers' apply_rotary_pos_emb_interleave for the attention, apply_rotary_pos_emb for "
             "the indexer) and the indexer's LayerNorm stay in torch")
+
+
+def rotations(position_embeddings):
+    """The attention's rotary embedding (interleaved pairs) and the indexer's (half-split), as transformers applies
+    them on the module's position embeddings (cos, sin)."""
+    cos, sin = position_embeddings
+    return (lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin),
+            lambda q, k: shipped.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2))
 
 
 def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
@@ -45,12 +56,17 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
     if position_embeddings is None or mla_runs_shipped(self, hidden_states, attention_mask, past_key_values, False):
         return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                      attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
-    cos, sin = position_embeddings
-    out, _ = dsa_attention(self, hidden_states,
-                           lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin),
-                           lambda q, k: shipped.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2), None,
-                           past_key_values)
+    out, _ = dsa_attention(self, hidden_states, *rotations(position_embeddings), None, past_key_values)
     return out, None
+
+
+def attention_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
+                                  attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs):
+    """``attention_forward``, and its decode steps (``mla_decodes``) as ``dsa_decode_attention``."""
+    if position_embeddings is not None and mla_decodes(self, hidden_states, attention_mask, past_key_values):
+        return dsa_decode_attention(self, hidden_states, attention_mask, past_key_values,
+                                    *rotations(position_embeddings))[0], None
+    return attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
 
 
 SHARED = SharedModules(rmsnorm=shipped.DeepseekV32RMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.DeepseekV32MLP,
@@ -61,7 +77,8 @@ SHARED = SharedModules(rmsnorm=shipped.DeepseekV32RMSNorm, rmsnorm_forward=rmsno
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every DeepSeek-V3.2 module they compute; report each module."""
     patch_mla_model(patcher, SHARED, shipped.DeepseekV32Attention, attention_forward, lambda module: DSA_BLOCKS,
-                    plain_kv_b=False)
+                    plain_kv_b=False, decode_forward=attention_forward_with_decode,
+                    decode_blocks=lambda module: DECODE_BLOCKS)
     if any(r.cls == "DeepseekV32Attention" and r.replaced for r in patcher.report.rows):
         patcher.report.notes.append(IN_TORCH)
 

@@ -7,8 +7,10 @@ attend over the previous full layer's selection.
     GlmMoeDsaMLP (silu)               swiglu (projections in torch)
     GlmMoeDsaTopkRouter               moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     GlmMoeDsaExperts (silu)           moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
-    GlmMoeDsaAttention, full          dsa_indexer and dsa_sparse_attention (as deepseek_v32's)
-    GlmMoeDsaAttention, shared        dsa_sparse_attention over the selection handed down
+    GlmMoeDsaAttention, full          dsa_indexer and dsa_sparse_attention (as deepseek_v32's); a decode step
+                                      as dsa_indexer_decode and dsa_decode
+    GlmMoeDsaAttention, shared        dsa_sparse_attention over the selection handed down; a decode step as
+                                      dsa_decode over it
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as shipped
 from workbench.integrations.families import deepseek_v32
 from workbench.integrations.families._common import (
     SharedModules,
+    mla_decodes,
     mla_runs_shipped,
     patch_mla_model,
     rmsnorm_forward,
     sigmoid_router_forward,
 )
-from workbench.integrations.families._dsa import dsa_attention, from_shipped, to_shipped
+from workbench.integrations.families._dsa import dsa_attention, dsa_decode_attention, from_shipped, to_shipped
 from workbench.integrations.transformers import Patcher
 
 MODEL_CLASS = "GlmMoeDsaForCausalLM"
@@ -43,14 +46,38 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
         return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                      attention_mask=attention_mask, past_key_values=past_key_values,
                                      position_ids=position_ids, prev_topk_indices=prev_topk_indices, **kwargs)
+    given = None if self.indexer is not None else from_shipped(handed_down(self, prev_topk_indices))
+    out, indices = dsa_attention(self, hidden_states, *rotations(position_embeddings), given, past_key_values)
+    return out, None, to_shipped(indices)
+
+
+def attention_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
+                                  attention_mask: torch.Tensor | None = None, past_key_values=None,
+                                  position_ids=None, prev_topk_indices: torch.Tensor | None = None, **kwargs):
+    """``attention_forward``, and its decode steps (``mla_decodes``) as ``dsa_decode_attention`` (a shared layer's
+    over the selection handed down); returns the selection in transformers' form for the next layer."""
+    if position_embeddings is not None and mla_decodes(self, hidden_states, attention_mask, past_key_values):
+        given = None if self.indexer is not None else handed_down(self, prev_topk_indices)
+        out, indices = dsa_decode_attention(self, hidden_states, attention_mask, past_key_values,
+                                            *rotations(position_embeddings), given)
+        return out, None, indices
+    return attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, position_ids,
+                             prev_topk_indices, **kwargs)
+
+
+def rotations(position_embeddings):
+    """The attention's and the indexer's rotary embeddings, both on interleaved pairs, on the module's position
+    embeddings (cos, sin)."""
+    cos, sin = position_embeddings
+    return (lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin),
+            lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin, unsqueeze_dim=2))
+
+
+def handed_down(self: nn.Module, prev_topk_indices: torch.Tensor | None) -> torch.Tensor | None:
+    """A shared layer's selection (the previous full layer's), or the shipped layer's error where there is none."""
     if self.indexer is None and prev_topk_indices is None:
         raise ValueError("Shared DSA layers require top-k indices from a previous full indexer layer.")
-    cos, sin = position_embeddings
-    rotate = lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin)  # noqa: E731
-    rotate_index = lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin, unsqueeze_dim=2)  # noqa: E731
-    given = None if self.indexer is not None else from_shipped(prev_topk_indices)
-    out, indices = dsa_attention(self, hidden_states, rotate, rotate_index, given, past_key_values)
-    return out, None, to_shipped(indices)
+    return prev_topk_indices
 
 
 SHARED = SharedModules(rmsnorm=shipped.GlmMoeDsaRMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=shipped.GlmMoeDsaMLP,
@@ -61,8 +88,11 @@ SHARED = SharedModules(rmsnorm=shipped.GlmMoeDsaRMSNorm, rmsnorm_forward=rmsnorm
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every GLM-MoE-DSA module they compute; report each module."""
     blocks = deepseek_v32.DSA_BLOCKS
+    decode = deepseek_v32.DECODE_BLOCKS
     patch_mla_model(patcher, SHARED, shipped.GlmMoeDsaAttention, attention_forward,
-                    lambda module: blocks if module.indexer is not None else blocks[1:], plain_kv_b=False)
+                    lambda module: blocks if module.indexer is not None else blocks[1:], plain_kv_b=False,
+                    decode_forward=attention_forward_with_decode,
+                    decode_blocks=lambda module: decode if module.indexer is not None else decode[1:])
     if any(r.cls == "GlmMoeDsaAttention" and r.replaced for r in patcher.report.rows):
         patcher.report.notes.append(deepseek_v32.IN_TORCH.replace("apply_rotary_pos_emb for",
                                                                   "apply_rotary_pos_emb_interleave for"))
