@@ -56,20 +56,32 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = t
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., OUT, IN] float -> (packed, scale), as compressed-tensors quantizes MXFP4: each group's largest magnitude
     rounded to a power of two (up from 1.75 times one), over 4 (e2m1's largest power) is its scale; the values over
-    the scale are clipped to +-6 and rounded to the nearest e2m1 value, ties to the even code.
-    Scales outside e8m0's range are clamped to it."""
-    groups = w.double().unflatten(-1, (-1, GROUP))  # [..., OUT, IN / 32, 32]
+    the scale are clipped to +-6 and rounded to the nearest e2m1 value, ties to the even code. Scales outside e8m0's
+    range are clamped to it. Exact in float32 (every step is a power-of-two scaling or a comparison), a million
+    groups at a time, so model-sized weights quantize in bounded memory."""
+    rows = w.reshape(-1, w.shape[-1])
+    parts = [_quantize_rows(chunk.float()) for chunk in rows.split(max(1, (1 << 25) // max(1, w.shape[-1])))]
+    packed = torch.cat([p for p, _ in parts]) if parts else rows.new_empty(0, w.shape[-1] // 2, dtype=torch.uint8)
+    scale = torch.cat([s for _, s in parts]) if parts else rows.new_empty(0, w.shape[-1] // GROUP, dtype=torch.uint8)
+    return packed.reshape(*w.shape[:-1], -1), scale.reshape(*w.shape[:-1], -1)
+
+
+def _quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize for [ROWS, IN] float32."""
+    groups = w.unflatten(-1, (-1, GROUP))  # [ROWS, IN / 32, 32]
     amax = groups.abs().amax(dim=-1)
     exponent = torch.floor(torch.log2(amax.clamp_min(2.0 ** -125)))
-    exponent = exponent + (amax >= 1.75 * torch.exp2(exponent)).double() - 2
+    exponent = exponent + (amax >= 1.75 * torch.exp2(exponent)).float() - 2
     exponent = torch.where(amax > 0, exponent, 0.0).clamp(-126, 127)  # an all-zero group: scale 1
     scaled = (groups / torch.exp2(exponent)[..., None]).clamp(-6, 6)
-    grid = torch.tensor(E2M1, dtype=torch.float64)
-    distance = (scaled.abs()[..., None] - grid).abs() + 1e-9 * (torch.arange(len(E2M1)) % 2)  # ties: even code
-    magnitude = distance.argmin(dim=-1)
+    grid = torch.tensor(E2M1, dtype=torch.float32, device=w.device)
+    distance = (scaled.abs()[..., None] - grid).abs()  # [ROWS, IN / 32, 32, 8]
+    nearest = distance.argmin(dim=-1, keepdim=True)  # the smaller magnitude on a tie
+    above = (nearest + 1).clamp(max=len(E2M1) - 1)
+    tie = (distance.gather(-1, above) == distance.gather(-1, nearest)) & (nearest % 2 == 1)
+    magnitude = torch.where(tie, above, nearest)[..., 0]  # a tie goes to the even code
     codes = (magnitude | (scaled < 0).long() << 3).flatten(-2).to(torch.uint8)
-    packed = codes[..., 0::2] | codes[..., 1::2] << 4
-    return packed, (exponent + 127).to(torch.uint8)
+    return codes[..., 0::2] | codes[..., 1::2] << 4, (exponent + 127).to(torch.uint8)
 
 
 def reference(x: torch.Tensor, offsets: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w3: torch.Tensor,
@@ -89,11 +101,11 @@ def _packed(inputs: dict) -> dict:
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
-    """moe_grouped_gemm's inputs (its routing, x and activation) with its float32 weights quantized."""
-    inputs = moe_grouped_gemm.make_inputs(shape, torch.float32, seed)
+    """moe_grouped_gemm's inputs (its routing, x and activation) with its float32 weights quantized (on ``device``)."""
+    inputs = moe_grouped_gemm.make_inputs(shape, torch.float32, seed, device)
     for name in ("w1", "w3", "w2"):
-        inputs[name] = tuple(t.to(device) for t in quantize(inputs[name]))
-    inputs["x"], inputs["offsets"] = inputs["x"].to(device, dtype), inputs["offsets"].to(device)
+        inputs[name] = quantize(inputs[name])
+    inputs["x"] = inputs["x"].to(dtype)
     return _packed(inputs)
 
 
