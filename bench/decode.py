@@ -11,8 +11,9 @@ penalties of the operator's kernels as compiled for the target at the model suit
 does not count how many programs a launch has, so at batch 1 (mla_decode's head_tiled launches cdiv(96, 16) = 6
 programs; kda_decode's v_tiled 96 x 4) it is a floor the kernel cannot reach on a GPU of 132 SMs. "measured": the
 median of timed calls with CUDA events (workbench.perf.timing), each call's outputs checked against the float64
-truth. mla_decode's and dsa_decode's sequences hold the card's decode context (4096 tokens, in pages of 64);
-dsa_decode attends to 2048 of them.
+truth. mla_decode's, dsa_indexer_decode's and dsa_decode's sequences hold the card's decode context (4096 tokens, in
+pages of 64); the indexer scores all of them and selects 2048, which dsa_decode attends to (a DSA layer's step is the
+two).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-BLOCKS = ("kda_decode", "kda_short_conv_decode", "mla_decode", "dsa_decode")
+BLOCKS = ("kda_decode", "kda_short_conv_decode", "mla_decode", "dsa_indexer_decode", "dsa_decode")
 BATCHES = (1, 32, 128)
 TARGETS = ("sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950")
 

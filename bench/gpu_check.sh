@@ -3,6 +3,7 @@
 # model card's sizes (the `model` suite), with its kernels compiled for the default targets, and print one table;
 # then time each verified operator against the eager reference, torch.compile of it and installed peers
 # (BENCH_SECONDS, default 300); the decode step of the serving forms at batch 1, 32 and 128 (bench/decode.py);
+# the MXFP4 grouped GEMM's TFLOP/s at prefill and decode densities (bench/mxfp4.py);
 # parity of each registered transformers family in bfloat16 and float32; with two GPUs
 # or more, a 2-step replay on 2 ranks (NCCL, FSDP2 + expert parallel).
 # Under 10 minutes on one H200.
@@ -99,10 +100,12 @@ EOF
 # The serving forms' decode step at batch 1, 32 and 128 (Kimi K3's sizes): modelled on the five targets and measured
 # here (the operator, the eager reference, fla's fused_recurrent_kda where installed). Needs the workbench's own
 # dependencies (the model cards); said and skipped otherwise.
+# The MXFP4 grouped GEMM beside the bfloat16 one at K3's expert sizes (prefill and decode densities), TFLOP/s.
 if "$PY" -c "import workbench.models, yaml" 2>/dev/null; then
   "$PY" bench/decode.py --measure --trials 10 || verified=1
+  "$PY" bench/mxfp4.py --measure --trials 10 || verified=1
 else
-  echo "decode bench: skipped, the workbench's dependencies are not installed here"
+  echo "decode and MXFP4 benches: skipped, the workbench's dependencies are not installed here"
 fi
 # Parity in the published code: each registered transformers family's tiny model as shipped and with the promoted
 # operators, in bfloat16 (and float32) on the GPU: KL, top-1/top-5, router choices, gradients (THRESHOLDS per dtype).

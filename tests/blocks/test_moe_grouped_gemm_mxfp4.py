@@ -6,6 +6,7 @@ verified through the sandbox on the Triton interpreter, and the kernels run on a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,22 @@ def test_each_template_verifies_on_the_interpreter(tmp_path, template):
     assert result.passed, result.message
     assert numeric_directions(result) == {"forward:y"}
     assert result.forward_only
+
+
+def test_native_microscaling_only_where_both_operands_are_microscaled():
+    """The compile matrix of tl.dot_scaled against e2m1 weights (bench/mxfp4.py --lowering, compiled for each target
+    without a GPU): bfloat16 activations (the published W4A16 scheme, the dot_scaled template's call) take an
+    ordinary bfloat16 MMA on every target, Triton upcasting the weights; e4m3 activations take the block-scaled MMA
+    on sm_100a and gfx950, an upcast on sm_90a and gfx942, and sm_80 has no e4m3."""
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench" / "mxfp4.py"), "--lowering"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {tuple(line.split()[:4:3]): line for line in done.stdout.splitlines() if " x e2m1 " in line}
+    for target in ("sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950"):  # a half-type MMA (sm_100a: kind::f16)
+        assert re.search(r"bf16|kind::f16", rows["bf16", target]) and "scale" not in rows["bf16", target]
+    assert "kind::mxf8f6f4.block_scale" in rows["e4m3", "sm_100a"] and "v_mfma_scale" in rows["e4m3", "gfx950"]
+    assert "bf16.bf16" in rows["e4m3", "sm_90a"] and "_bf16" in rows["e4m3", "gfx942"]
+    assert "does not compile" in rows["e4m3", "sm_80"]
 
 
 @pytest.mark.interpreter
