@@ -61,7 +61,8 @@ def test_every_value_of_a_card_says_where_it_came_from():
     for name, fact in card["facts"].items():
         assert (fact["source"] == "config" and fact["field"]) or (fact["source"] == "assumption" and fact["note"]), name
     assert {k for k, f in card["facts"].items() if f["source"] == "assumption"} == {"tokens_per_step", "decode_batch",
-                                                                                        "decode_context", "lora_rank"}
+                                                                                        "decode_context", "lora_rank",
+                                                                                        "prefill_sequences"}
     for name, info in card["blocks"].items():
         assert info["fields"] or name in ("lora_linear",), name
         assert ("gap" in info) == (name not in REGISTRY), name  # a gap is exactly a block without a spec
@@ -78,7 +79,8 @@ def test_kimi_k3_from_its_published_config():
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
                                "kda_short_conv", "kda_gate", "kda_decode",
-                               "kda_short_conv_decode", "mla", "mla_decode", "moe_grouped_gemm_mxfp4"}
+                               "kda_short_conv_decode", "kda_short_conv_prefill", "mla", "mla_decode",
+                               "moe_grouped_gemm_mxfp4"}
     assert gaps(card) == {"vision_tower", "KimiLinearRMSNormGated"}  # the MXFP4 weights: moe_grouped_gemm_mxfp4
     assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
     assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
@@ -277,4 +279,4 @@ def test_name_and_out_options(tmp_path):
     assert result.exit_code == 0, result.output
     # kda_gate, kda_short_conv (the class's default kernel) and the three decode forms with a spec, the class's gated
     # output norm without
-    assert (tmp_path / "kl.yaml").is_file() and "16 blocks with a spec, 1 without" in result.output
+    assert (tmp_path / "kl.yaml").is_file() and "17 blocks with a spec, 1 without" in result.output

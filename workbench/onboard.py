@@ -21,7 +21,16 @@ import yaml
 
 from workbench import weights
 from workbench.blocks import REGISTRY
-from workbench.blocks._config import DECODE_BATCH, DECODE_CONTEXT, LORA_RANK, TOKENS, Config, Found, ModelConfig
+from workbench.blocks._config import (
+    DECODE_BATCH,
+    DECODE_CONTEXT,
+    LORA_RANK,
+    PREFILL_SEQUENCES,
+    TOKENS,
+    Config,
+    Found,
+    ModelConfig,
+)
 from workbench.blocks.base import FAMILIES
 from workbench.errors import WorkbenchError
 
@@ -146,6 +155,8 @@ def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
     card.fact("decode_batch", DECODE_BATCH, None, "the model suite's sequences decoded at once (the serving forms)")
     card.fact("decode_context", DECODE_CONTEXT, None, "tokens each decoded sequence holds in its cache (the "
               "attention decode forms)")
+    card.fact("prefill_sequences", PREFILL_SEQUENCES, None, "prompts packed into the tokens per step (the packed "
+              "prefill forms)")
 
     kda_layers, kda_field = _layer_list(cfg, "linear_attn_config", "kda_layers")
     full_layers, full_field = _layer_list(cfg, "linear_attn_config", "full_attn_layers")

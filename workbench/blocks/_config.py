@@ -16,6 +16,7 @@ TOKENS = 8192  # tokens per step of the model suite: not in a config
 LORA_RANK = 64  # the fine-tuning adapters' rank: not in a config
 DECODE_BATCH = 128  # sequences decoded at once by the model suite's serving forms: not in a config
 DECODE_CONTEXT = 4096  # tokens each of those sequences holds in its cache (the attention decode forms): not in one
+PREFILL_SEQUENCES = 16  # prompts packed into the model suite's tokens per step by the packed prefill forms
 READ_ELSEWHERE = {"architectures", "model_type", "torch_dtype", "transformers_version", "bos_token_id",
                   "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "tie_word_embeddings",
                   "max_position_embeddings", "rope_theta", "rope_scaling", "attention_dropout", "attention_bias"}
