@@ -14,7 +14,7 @@ KIMI = "kimi-k3.1-pro"
 K3 = "kimi-k3"
 K3_BLOCKS = {
     "kda", "kda_short_conv", "kda_gate", "kda_decode", "kda_short_conv_decode", "kda_short_conv_prefill", "mla",
-    "mla_decode", "attnres",
+    "mla_decode", "mla_prefill", "attnres",
     "moe_router",
     "moe_permute", "moe_grouped_gemm", "moe_combine", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear",
     "rmsnorm",

@@ -80,7 +80,7 @@ def test_kimi_k3_from_its_published_config():
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
                                "kda_short_conv", "kda_gate", "kda_decode",
                                "kda_short_conv_decode", "kda_short_conv_prefill", "mla", "mla_decode",
-                               "moe_grouped_gemm_mxfp4"}
+                               "mla_prefill", "moe_grouped_gemm_mxfp4"}
     assert gaps(card) == {"vision_tower", "KimiLinearRMSNormGated"}  # the MXFP4 weights: moe_grouped_gemm_mxfp4
     assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
     assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
@@ -279,4 +279,4 @@ def test_name_and_out_options(tmp_path):
     assert result.exit_code == 0, result.output
     # kda_gate, kda_short_conv (the class's default kernel) and the three decode forms with a spec, the class's gated
     # output norm without
-    assert (tmp_path / "kl.yaml").is_file() and "17 blocks with a spec, 1 without" in result.output
+    assert (tmp_path / "kl.yaml").is_file() and "18 blocks with a spec, 1 without" in result.output

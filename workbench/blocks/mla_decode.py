@@ -69,19 +69,28 @@ def abstract_outputs(q, c_kv, k_rope, latent_cache, block_table, seq_lens, scale
 
 def layout(shape: Shape, seed: int) -> tuple[list[int], list[list[int]], int]:
     """(seq_lens, block_table rows, PAGES) of a shape: lengths drawn in [0, MAXP * PAGE) (for seeds 0 and 1 one
-    sequence empty and one at the last row of its last page), each sequence's pages a random choice of the pool of
-    N * MAXP + 1 (the last a spare page nobody writes), table entries past a sequence's pages pointing at it."""
+    sequence empty and one at the last row of its last page), the pages through ``pages_for`` (each sequence's
+    cached rows and this step's)."""
     rng = random.Random(seed)
     n, maxp, page = shape["N"], shape["MAXP"], shape["PAGE"]
     longest = maxp * page - 1
     lengths = [rng.randint(0, longest) for _ in range(n)]
     if seed < 2 and n:
         lengths[0], lengths[-1] = (0, longest) if seed == 0 else (longest, 0)
+    table, pages = pages_for([length + 1 for length in lengths], maxp, page, rng)
+    return lengths, table, pages
+
+
+def pages_for(rows: list[int], maxp: int, page: int, rng: random.Random) -> tuple[list[list[int]], int]:
+    """(block_table rows, PAGES) for sequences that will hold ``rows`` rows each: each sequence's pages a random
+    choice of a pool of N * MAXP + 1 (the last a spare page nobody writes), table entries past its pages pointing at
+    it."""
+    n = len(rows)
     pool = list(range(n * maxp))
     rng.shuffle(pool)
     spare = n * maxp
-    table = [[pool[i * maxp + p] if p <= lengths[i] // page else spare for p in range(maxp)] for i in range(n)]
-    return lengths, table, spare + 1
+    table = [[pool[i * maxp + p] if p <= (rows[i] - 1) // page else spare for p in range(maxp)] for i in range(n)]
+    return table, spare + 1
 
 
 def paged_cache(lengths: list[int], table: list[list[int]], pages: int, page: int, rows: torch.Tensor
