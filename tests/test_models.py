@@ -22,7 +22,7 @@ K3_BLOCKS = {
     "KimiLinearRMSNormGated",  # a module of the transformers class (kimi_linear) no block computes
 }
 KIMI_BLOCKS = K3_BLOCKS | {"dsa_indexer", "dsa_sparse_attention", "dsa_decode", "dsa_indexer_decode",
-                           "dsa_prefill"}
+                           "dsa_prefill", "dsa_indexer_prefill"}
 CONFIG_FACTS = {  # the published Kimi K3 config, through the kimi-k3 card
     "routed_experts": 896,
     "active_experts": 16,
@@ -64,7 +64,7 @@ def test_kimi_card_loads_with_all_blocks():
     # what K3.1 Pro adds is marked; what it takes from K3 is not
     assert {b for b, info in card.blocks.items() if info.get("differs_from")} == {"dsa_indexer", "dsa_sparse_attention",
                                                                                   "dsa_decode", "dsa_indexer_decode",
-                                                                                  "dsa_prefill"}
+                                                                                  "dsa_prefill", "dsa_indexer_prefill"}
 
 
 def test_kimi_card_is_listed():
@@ -212,4 +212,4 @@ def test_cards_in_workbench_models_folders_are_found_and_replace_by_name(tmp_pat
     monkeypatch.setenv("WORKBENCH_MODELS", str(tmp_path))
     assert get_model(K3).block_shapes("rmsnorm") == [{"rows": 2, "N": 8}]
     assert set(get_model(KIMI).blocks) == {"rmsnorm", "dsa_indexer", "dsa_sparse_attention", "dsa_decode",
-                                           "dsa_indexer_decode", "dsa_prefill"}  # laid over
+                                           "dsa_indexer_decode", "dsa_prefill", "dsa_indexer_prefill"}  # laid over

@@ -66,20 +66,28 @@ def abstract_outputs(q, c_kv, k_rope, latent_cache, block_table, seq_lens, cu_se
     return q.new_empty(q.shape[0], q.shape[1], c_kv.shape[-1]), latent_cache
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
-    """q, the new latents and the cached ones ~ N(0, 1), scale as mla_decode's; the S sequences' new tokens a
-    _packed.split of TOTAL (an empty and a one-token sequence among them), each with a cached prefix of random length
-    that leaves room for them (for seed 0 the first sequence none: a prompt from its first token), pages through
-    mla_decode.pages_for."""
-    g, rng = torch.Generator().manual_seed(seed), random.Random(seed)
-    total, s, h, r, dr, page, maxp = (shape[d] for d in ("TOTAL", "S", "H", "R", "DR", "PAGE", "MAXP"))
+def layout(shape: Shape, seed: int, g: torch.Generator) -> tuple[list[int], list[int], list[list[int]], int]:
+    """(new tokens per sequence, cached tokens per sequence, block_table rows, PAGES) of a shape: the new tokens a
+    _packed.split of TOTAL (``g`` draws it), each sequence a cached prefix of random length that leaves room for
+    them (for seed 0 the first none: a prompt from its first token), pages through mla_decode.pages_for."""
+    rng = random.Random(seed)
+    total, s, page, maxp = (shape[d] for d in ("TOTAL", "S", "PAGE", "MAXP"))
     if total > maxp * page:
-        raise ValueError(f"mla_prefill: TOTAL={total} new tokens do not fit a sequence of MAXP * PAGE rows")
+        raise ValueError(f"TOTAL={total} new tokens do not fit a sequence of MAXP * PAGE = {maxp * page} rows")
     new = _packed.split(total, s, g)
     lengths = [rng.randint(0, maxp * page - t) for t in new]
     if seed == 0:
         lengths[0] = 0
     table, pages = mla_decode.pages_for([length + t for length, t in zip(lengths, new, strict=True)], maxp, page, rng)
+    return new, lengths, table, pages
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """q, the new latents and the cached ones ~ N(0, 1), scale as mla_decode's; the sequences as ``layout`` lays them
+    out (an empty and a one-token sequence among them)."""
+    g = torch.Generator().manual_seed(seed)
+    total, s, h, r, dr, page, maxp = (shape[d] for d in ("TOTAL", "S", "H", "R", "DR", "PAGE", "MAXP"))
+    new, lengths, table, pages = layout(shape, seed, g)
     cache = mla_decode.paged_cache(lengths, table, pages, page, torch.randn(sum(lengths), r + dr, generator=g))
     return {"q": torch.randn(total, h, r + dr, generator=g).to(device, dtype),
             "c_kv": torch.randn(total, r, generator=g).to(device, dtype),
