@@ -13,7 +13,8 @@ from workbench.models import get_model, list_models, model_shapes
 KIMI = "kimi-k3.1-pro"
 K3 = "kimi-k3"
 K3_BLOCKS = {
-    "kda", "kda_short_conv", "kda_gate", "kda_decode", "kda_short_conv_decode", "kda_short_conv_prefill", "mla",
+    "kda", "kda_short_conv", "kda_gate", "kda_decode", "kda_prefill", "kda_short_conv_decode", "kda_short_conv_prefill",
+    "mla",
     "mla_decode", "mla_prefill", "attnres",
     "moe_router",
     "moe_permute", "moe_grouped_gemm", "moe_combine", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear",

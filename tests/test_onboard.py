@@ -78,7 +78,7 @@ def test_kimi_k3_from_its_published_config():
     assert card["facts"]["hidden_size"]["field"] == "text_config.hidden_size"  # read from the nested text_config
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
                                "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
-                               "kda_short_conv", "kda_gate", "kda_decode",
+                               "kda_short_conv", "kda_gate", "kda_decode", "kda_prefill",
                                "kda_short_conv_decode", "kda_short_conv_prefill", "mla", "mla_decode",
                                "mla_prefill", "moe_grouped_gemm_mxfp4"}
     assert gaps(card) == {"vision_tower", "KimiLinearRMSNormGated"}  # the MXFP4 weights: moe_grouped_gemm_mxfp4
@@ -279,4 +279,4 @@ def test_name_and_out_options(tmp_path):
     assert result.exit_code == 0, result.output
     # kda_gate, kda_short_conv (the class's default kernel) and the three decode forms with a spec, the class's gated
     # output norm without
-    assert (tmp_path / "kl.yaml").is_file() and "18 blocks with a spec, 1 without" in result.output
+    assert (tmp_path / "kl.yaml").is_file() and "19 blocks with a spec, 1 without" in result.output
