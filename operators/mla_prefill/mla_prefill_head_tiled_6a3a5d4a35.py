@@ -68,7 +68,6 @@ def mla_prefill_head_tiled_kernel(Q, CKV, KR, CACHE, TABLE, LENS, CU, O, scale, 
     seqs = tl.arange(0, BS)
     ends = tl.load(CU + 1 + seqs, mask=seqs < S, other=2147483647).to(tl.int64)  # each sequence's last row + 1
     n = tl.sum((ends <= i).to(tl.int32), axis=0).to(tl.int64)
-
     start = tl.load(CU + n).to(tl.int64)
     t = i - start
     rr = tl.arange(0, R_PAD)
