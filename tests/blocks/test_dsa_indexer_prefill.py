@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from serving import chunked_then_decoded
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import _packed, get_block
@@ -49,32 +50,24 @@ def test_prompts_in_chunks_then_decoded_equal_them_prefilled_at_once():
     q, k, w = _prompts(g, prompts)
     table = torch.randperm(2 * MAXP + 1, generator=g)[:2 * MAXP].view(2, MAXP).int()
     empty = torch.full((2 * MAXP + 1, PAGE, DI), UNWRITTEN, dtype=torch.float64)
-    starts = _packed.offsets(prompts).tolist()
 
     def prefill(rows, cache, done, chunk):
         return SPEC.reference(q[rows], k[rows], w[rows], cache, table, torch.tensor(done, dtype=torch.int32),
                               _packed.offsets(chunk), TOPK)
 
     whole = prefill(torch.arange(17), empty, [0, 0], prompts)
-    done, scores, indices, cache = [0, 0], [[], []], [[], []], empty
-    for chunk in ([4, 0], [3, 4]):
-        rows = torch.cat([torch.arange(starts[n] + done[n], starts[n] + done[n] + c) for n, c in enumerate(chunk)])
-        s, ix, cache = prefill(rows, cache, list(done), chunk)
-        for n, (part, sel) in enumerate(zip(s.split(chunk), ix.split(chunk), strict=True)):
-            scores[n].append(part)
-            indices[n].append(sel)
-            done[n] += chunk[n]
-    while any(d < p for d, p in zip(done, prompts, strict=True)):
-        live = [n for n in range(2) if done[n] < prompts[n]]
-        rows = torch.tensor([starts[n] + done[n] for n in live])
-        s, ix, cache = DECODE.reference(q[rows], k[rows], w[rows], cache, table[live],
-                                        torch.tensor([done[n] for n in live], dtype=torch.int32), TOPK)
-        for row, sel, n in zip(s, ix, live, strict=True):
-            scores[n].append(row[None])
-            indices[n].append(sel[None])
-            done[n] += 1
-    torch.testing.assert_close(torch.cat([torch.cat(s) for s in scores]), whole[0], rtol=1e-12, atol=1e-12)
-    assert torch.equal(torch.cat([torch.cat(i) for i in indices]), whole[1])
+
+    def split(result):  # (scores, indices), cache
+        return result[:2], result[2]
+
+    (scores, indices), cache = chunked_then_decoded(
+        prompts, [[4, 0], [3, 4]], empty,
+        lambda rows, done, chunk, step, cache: split(prefill(rows, cache, done, chunk)),
+        lambda rows, live, done, cache: split(DECODE.reference(q[rows], k[rows], w[rows], cache, table[live],
+                                                               torch.tensor([done[n] for n in live],
+                                                                            dtype=torch.int32), TOPK)))
+    torch.testing.assert_close(scores, whole[0], rtol=1e-12, atol=1e-12)
+    assert torch.equal(indices, whole[1])
     assert torch.equal(cache, whole[2])
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from serving import chunked_then_decoded
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import _packed, get_block
@@ -27,7 +28,6 @@ def test_prompts_in_chunks_then_decoded_equal_them_prefilled_at_once():
     prompts = [12, 7]
     q = torch.randn(sum(prompts), H, R + DR, generator=g, dtype=torch.float64)
     latents = torch.randn(sum(prompts), R + DR, generator=g, dtype=torch.float64)
-    starts = _packed.offsets(prompts).tolist()
     indices = torch.cat([causal_topk(torch.randn(1, p, p, generator=g, dtype=torch.float64), TOPK)[0]
                          for p in prompts]).int()
     indices[[2, 9, 15]] = -1
@@ -39,22 +39,13 @@ def test_prompts_in_chunks_then_decoded_equal_them_prefilled_at_once():
                               torch.tensor(done, dtype=torch.int32), _packed.offsets(chunk), indices[rows], SCALE)
 
     whole, whole_cache = prefill(torch.arange(19), empty, [0, 0], prompts)
-    done, outputs, cache = [0, 0], [[], []], empty
-    for chunk in ([5, 0], [4, 3]):
-        rows = torch.cat([torch.arange(starts[n] + done[n], starts[n] + done[n] + c) for n, c in enumerate(chunk)])
-        o, cache = prefill(rows, cache, list(done), chunk)
-        for n, part in enumerate(o.split(chunk)):
-            outputs[n].append(part)
-            done[n] += chunk[n]
-    while any(d < p for d, p in zip(done, prompts, strict=True)):
-        live = [n for n in range(2) if done[n] < prompts[n]]
-        rows = torch.tensor([starts[n] + done[n] for n in live])
-        o, cache = DECODE.reference(q[rows], latents[rows, :R], latents[rows, R:], cache, table[live],
-                                    torch.tensor([done[n] for n in live], dtype=torch.int32), indices[rows], SCALE)
-        for row, n in zip(o, live, strict=True):
-            outputs[n].append(row[None])
-            done[n] += 1
-    torch.testing.assert_close(torch.cat([torch.cat(o) for o in outputs]), whole, rtol=1e-12, atol=1e-12)
+    outputs, cache = chunked_then_decoded(
+        prompts, [[5, 0], [4, 3]], empty, lambda rows, done, chunk, step, cache: prefill(rows, cache, done, chunk),
+        lambda rows, live, done, cache: DECODE.reference(q[rows], latents[rows, :R], latents[rows, R:], cache,
+                                                         table[live], torch.tensor([done[n] for n in live],
+                                                                                   dtype=torch.int32), indices[rows],
+                                                         SCALE))
+    torch.testing.assert_close(outputs, whole, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(cache, whole_cache, rtol=0, atol=0)
     assert float(whole[[2, 9, 15]].abs().max()) == 0.0  # empty selections
 

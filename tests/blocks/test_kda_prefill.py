@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from serving import chunked_then_decoded
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import _packed, get_block
@@ -55,23 +56,12 @@ def test_prompts_in_chunks_then_decoded_equal_them_prefilled_at_once():
     x = _tokens(g, 15)
     cache = torch.randn(3, HV, K, V, generator=g, dtype=torch.float64)
     whole, whole_cache = _prefill(x, torch.arange(15), cache, prompts, slots, [True, False, True])
-    starts = _packed.offsets(prompts).tolist()
-    done, outputs, state = [0, 0, 0], [[], [], []], cache
-    for step, chunk in enumerate(([3, 0, 1], [4, 2, 0])):
-        rows = torch.cat([torch.arange(starts[n] + done[n], starts[n] + done[n] + c) for n, c in enumerate(chunk)])
-        o, state = _prefill(x, rows, state, chunk, slots, [True, step > 0, True])
-        for n, part in enumerate(o.split(chunk)):
-            outputs[n].append(part)
-            done[n] += chunk[n]
-    while any(d < p for d, p in zip(done, prompts, strict=True)):
-        live = [n for n in range(3) if done[n] < prompts[n]]
-        rows = torch.tensor([starts[n] + done[n] for n in live])
-        q, k, v, gate, beta = (t[rows] for t in x)
-        o, state = DECODE.reference(q, k, v, gate, beta, K ** -0.5, state, torch.tensor([slots[n] for n in live]))
-        for row, n in zip(o, live, strict=True):
-            outputs[n].append(row[None])
-            done[n] += 1
-    torch.testing.assert_close(torch.cat([torch.cat(o) for o in outputs]), whole, rtol=1e-12, atol=1e-12)
+    outputs, state = chunked_then_decoded(
+        prompts, [[3, 0, 1], [4, 2, 0]], cache,
+        lambda rows, done, chunk, step, state: _prefill(x, rows, state, chunk, slots, [True, step > 0, True]),
+        lambda rows, live, done, state: DECODE.reference(*(t[rows] for t in x[:3]), x[3][rows], x[4][rows], K ** -0.5,
+                                                         state, torch.tensor([slots[n] for n in live])))
+    torch.testing.assert_close(outputs, whole, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(state, whole_cache, rtol=1e-12, atol=1e-12)
 
 

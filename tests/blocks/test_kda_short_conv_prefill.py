@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from serving import chunked_then_decoded
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import _packed, get_block
@@ -52,24 +53,12 @@ def test_a_prompt_prefilled_in_chunks_then_decoded_equals_it_prefilled_at_once()
     weight = torch.randn(D, W, generator=g, dtype=torch.float64)
     cache = torch.randn(3, D, W - 1, generator=g, dtype=torch.float64)
     whole, whole_cache = _prefill(x, weight, cache, lengths, slots, [False] * 3)
-    starts = _packed.offsets(lengths).tolist()
-    chunks = [[4, 0, 3], [5, 1, 2]]
-    done, outputs = [0, 0, 0], [[] for _ in lengths]
-    state = cache
-    for step, chunk in enumerate(chunks):
-        rows = torch.cat([x[starts[n] + done[n]:starts[n] + done[n] + c] for n, c in enumerate(chunk)])
-        y, state = _prefill(rows, weight, state, chunk, slots, [step > 0] * 3)
-        for n, part in enumerate(y.split(chunk)):
-            outputs[n].append(part)
-            done[n] += chunk[n]
-    while any(d < n for d, n in zip(done, lengths, strict=True)):
-        live = [n for n in range(3) if done[n] < lengths[n]]
-        y, state = DECODE.reference(torch.stack([x[starts[n] + done[n]] for n in live]), weight, state,
-                                    torch.tensor([slots[n] for n in live]))
-        for row, n in zip(y, live, strict=True):
-            outputs[n].append(row[None])
-            done[n] += 1
-    torch.testing.assert_close(torch.cat([torch.cat(o) for o in outputs]), whole, rtol=1e-12, atol=1e-12)
+    outputs, state = chunked_then_decoded(
+        lengths, [[4, 0, 3], [5, 1, 2]], cache,
+        lambda rows, done, chunk, step, state: _prefill(x[rows], weight, state, chunk, slots, [step > 0] * 3),
+        lambda rows, live, done, state: DECODE.reference(x[rows], weight, state,
+                                                         torch.tensor([slots[n] for n in live])))
+    torch.testing.assert_close(outputs, whole, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(state, whole_cache, rtol=0, atol=0)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from serving import chunked_then_decoded
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import _packed, get_block
@@ -38,24 +39,15 @@ def test_prompts_in_chunks_then_decoded_equal_them_prefilled_at_once():
     table = torch.randperm(3 * MAXP + 1, generator=g)[:3 * MAXP].view(3, MAXP).int()
     empty = torch.full((3 * MAXP + 1, PAGE, R + DR), UNWRITTEN, dtype=torch.float64)
     whole, whole_cache = _prefill(q, latents, empty, table, [0, 0, 0], prompts)
-    starts = _packed.offsets(prompts).tolist()
-    done, outputs, cache = [0, 0, 0], [[] for _ in prompts], empty
-    for chunk in ([4, 0, 6], [3, 1, 5]):
-        rows = torch.cat([torch.arange(starts[n] + done[n], starts[n] + done[n] + c) for n, c in enumerate(chunk)])
-        o, cache = _prefill(q[rows], latents[rows], cache, table, done, chunk)
-        for n, part in enumerate(o.split(chunk)):
-            outputs[n].append(part)
-            done[n] += chunk[n]
-    while any(d < p for d, p in zip(done, prompts, strict=True)):
-        live = [n for n in range(3) if done[n] < prompts[n]]
-        rows = torch.tensor([starts[n] + done[n] for n in live])
-        o, cache = DECODE.reference(q[rows], latents[rows, :R], latents[rows, R:], cache, table[live],
-                                    torch.tensor([done[n] for n in live], dtype=torch.int32), SCALE)
-        for row, n in zip(o, live, strict=True):
-            outputs[n].append(row[None])
-            done[n] += 1
-    torch.testing.assert_close(torch.cat([torch.cat(o) for o in outputs]), whole, rtol=1e-12, atol=1e-12)
+    outputs, cache = chunked_then_decoded(
+        prompts, [[4, 0, 6], [3, 1, 5]], empty,
+        lambda rows, done, chunk, step, cache: _prefill(q[rows], latents[rows], cache, table, done, chunk),
+        lambda rows, live, done, cache: DECODE.reference(q[rows], latents[rows, :R], latents[rows, R:], cache,
+                                                         table[live], torch.tensor([done[n] for n in live],
+                                                                                   dtype=torch.int32), SCALE))
+    torch.testing.assert_close(outputs, whole, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(cache, whole_cache, rtol=0, atol=0)
+    starts = _packed.offsets(prompts).tolist()
     for n, prompt in enumerate(prompts):
         positions = torch.arange(prompt)
         rows = whole_cache[table[n, positions // PAGE].long(), positions % PAGE]
