@@ -56,8 +56,9 @@ def uncounted(model: ModelConfig) -> list[str]:
         names.append("the vision tower (vision_config)")
     if model.integer("attn_res_block_size")[0]:
         names.append("AttnRes depth-residual weights (a few vectors per layer; attn_res_block_size)")
-    if _linear_layers(model):
-        names.append(f"{_linear_layers(model)} linear-attention layers of a kind other than KDA (layer_types)")
+    linear = _linear_layers(model)
+    if linear:
+        names.append(f"{linear} linear-attention layers of a kind other than KDA (layer_types)")
     return names
 
 
