@@ -17,8 +17,8 @@ Layout "fsdp2+ep" over N ranks (gloo on CPU, NCCL on a GPU):
     balancing the aux-loss-free bias updated from the expert counts summed over ranks (identical on every rank)
 
 Events (stdout, ``@@replay <json>``, rank 0 only but for errors): {"event": "step", "step", "loss", "seconds",
-"rank_losses": [local loss of each rank]}, {"event": "done", "result": RunResult, "rank_curves"}; every rank:
-{"event": "error", "rank", "message"}.
+"rank_losses": [local loss of each rank]}, {"event": "done", "result": RunResult, "rank_curves", "rank_memory"};
+every rank: {"event": "error", "rank", "message"}.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
 import torch
@@ -44,6 +44,7 @@ from workbench.replay.child import send_event
 from workbench.replay.data import batches
 from workbench.replay.model import MoE, ReplayModel
 from workbench.replay.presets import Preset
+from workbench.replay.tiers import Tiers, accounted, local_bytes
 from workbench.replay.train import (
     EVAL_SEED_OFFSET,
     Hooks,
@@ -233,28 +234,50 @@ def _gather_rows(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class RankRun:
-    """The run as the single-process replay reports it, and each rank's local loss per step."""
+    """The run as the single-process replay reports it, each rank's local loss per step and what each rank held
+    (RankMemory as a dict, by rank)."""
 
     result: RunResult
     rank_curves: list[list[float]]
+    rank_memory: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class RankMemory:
+    """What one rank held, measured in bytes: parameters (local FSDP shards and this rank's experts; trainable and
+    frozen), gradients and optimizer state (after the last step, before the gradients are dropped), and the peak of
+    the tensors saved for backward, blocks and glue, per tier (workbench.replay.tiers)."""
+
+    params_trainable: int = 0
+    params_frozen: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    saved_device_peak: int = 0
+    saved_host_peak: int = 0
+
+    def measure_step(self, optimizer: torch.optim.Optimizer, trainable: dict[str, torch.Tensor]) -> None:
+        self.grads = local_bytes(p.grad for p in trainable.values())
+        self.optimizer = local_bytes(t for state in optimizer.state.values() for t in state.values()
+                                     if isinstance(t, torch.Tensor))
 
 
 def train_distributed(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
                       ops: dict[str, Callable], device: str, base: str | None,
-                      on_step: Callable[[int, float, list[float], float], None] | None = None, chunks: int = 1
-                      ) -> RankRun:
+                      on_step: Callable[[int, float, list[float], float], None] | None = None, chunks: int = 1,
+                      tiers: Tiers | None = None) -> RankRun:
     """The training of workbench.replay.train (its ``fit``, with this layout's hooks: a rank's rows, the global
     mean and each rank's loss, expert gradients scaled, the global norm clipped, counts summed over the ranks,
     parameters gathered for their fingerprints, the held-out batch split) under the layout (module docstring); every
     rank returns the same RankRun; on_step(step, loss, rank_losses, seconds) after each step; chunks: of the expert
-    dispatch (ExpertParallelMoE)."""
+    dispatch (ExpertParallelMoE); tiers: where ``ops`` account their saved tensors (cached_ops with account), the
+    glue's are added, for RankRun.rank_memory."""
     with _deterministic_and_seeded():
-        return _train(preset, arch, mode, steps, seed, ops, device, base, on_step, chunks)
+        return _train(preset, arch, mode, steps, seed, ops, device, base, on_step, chunks, tiers or Tiers())
 
 
 def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
            device: str, base: str | None, on_step: Callable[[int, float, list[float], float], None] | None,
-           chunks: int) -> RankRun:
+           chunks: int, tiers: Tiers) -> RankRun:
     from pathlib import Path
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -287,13 +310,19 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
         dist.all_reduce(counts)
         return counts
 
+    memory = RankMemory(params_trainable=local_bytes(trainable.values()),
+                        params_frozen=local_bytes(p for n, p in params.items() if n not in trainable))
     hooks = Hooks(parts=parts, balanced=(lambda m: list(m.moe)) if mode == "scratch" else None, counts=summed,
                   rows=rows, after_backward=scale_experts, clip=_clip_global_norm,
                   full=lambda name, param: _full(name, param, experts),
-                  evaluate=functools.partial(_evaluate, rows=rows))
+                  evaluate=functools.partial(_evaluate, rows=rows), forward=lambda: accounted(tiers),
+                  after_step=memory.measure_step)
     step_event = None if on_step is None else lambda step, value, seconds: on_step(step, value, list(local), seconds)
     result, rank_curves = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, step_event, hooks)
-    return RankRun(result, rank_curves or [[] for _ in range(world)])
+    memory.saved_device_peak, memory.saved_host_peak = tiers.peak["device"], tiers.peak["host"]
+    rank_memory = [None] * world
+    dist.all_gather_object(rank_memory, asdict(memory))
+    return RankRun(result, rank_curves or [[] for _ in range(world)], rank_memory)
 
 
 @torch.no_grad()
@@ -335,7 +364,8 @@ def main() -> None:
                                 timeout=timedelta(seconds=job.get("collective_timeout_s",
                                                                   DEFAULT_COLLECTIVE_TIMEOUT_S)))
         preset, arch = get_preset(job["preset"]), Architecture(**job["arch"])
-        ops = cached_ops(load_ops(chosen), job.get("layout", {}).get("cache", []))
+        tiers = Tiers()
+        ops = cached_ops(load_ops(chosen), job.get("layout", {}).get("cache", []), tiers, account=True)
 
         def on_step(step: int, loss: float, rank_losses: list[float], seconds: float) -> None:
             if rank == 0:
@@ -343,9 +373,10 @@ def main() -> None:
                             "seconds": seconds})
 
         run = train_distributed(preset, arch, job["mode"], job["steps"], job["seed"], ops, device, job.get("base"),
-                                on_step, job["layout"].get("chunks", 1))
+                                on_step, job["layout"].get("chunks", 1), tiers)
         if rank == 0:
-            send_event({"event": "done", "result": asdict(run.result), "rank_curves": run.rank_curves})
+            send_event({"event": "done", "result": asdict(run.result), "rank_curves": run.rank_curves,
+                        "rank_memory": run.rank_memory})
         dist.destroy_process_group()
     except Exception as exc:  # one line to the launcher; the traceback to stderr
         traceback.print_exc()

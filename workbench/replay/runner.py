@@ -166,7 +166,8 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
         raise
     verdict: Judgement = judge(result, reference, p)
     if layout_reference is not None:
-        verdict = _judge_layout(verdict, result, reference, done["rank_curves"], layout_reference, p, detail)
+        verdict = _judge_layout(verdict, result, reference, done["rank_curves"], done["rank_memory"],
+                                layout_reference, p, detail)
     if plan.mtp:
         verdict = _judge_mtp(verdict, done["mtp_curve"], facts["reference_mtp_curve"], p, detail)
     detail.update(checks=verdict.checks, seconds_per_step=result.seconds_per_step, eval_loss=result.eval_loss,
@@ -182,14 +183,15 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
 
 
 def _judge_layout(verdict: Judgement, result: RunResult, reference: RunResult, rank_curves: list[list[float]],
-                  layout_reference: tuple[RunResult, list[list[float]], str], preset: Preset, detail: dict
-                  ) -> Judgement:
+                  rank_memory: list[dict], layout_reference: tuple[RunResult, list[list[float]], str],
+                  preset: Preset, detail: dict) -> Judgement:
     """The single-process verdict with the ranks' check added: each rank's local loss inside the band of the layout
-    reference's; the layout reference's own distance from the single-process reference recorded beside it."""
+    reference's; the layout reference's own distance from the single-process reference recorded beside it, and
+    what each rank held (RankMemory) recorded as measured."""
     layout_result, reference_rank_curves, layout_source = layout_reference
     ranks = judge_ranks(rank_curves, reference_rank_curves, preset)
     equivalence = judge(layout_result, reference, preset)
-    detail.update(rank_curves=rank_curves, layout_reference_source=layout_source,
+    detail.update(rank_curves=rank_curves, rank_memory=rank_memory, layout_reference_source=layout_source,
                   layout_equivalence={"status": equivalence.status, "reason": equivalence.reason,
                                       "checks": equivalence.checks})
     checks = {**verdict.checks, "ranks": ranks}

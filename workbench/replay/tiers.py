@@ -11,8 +11,9 @@ two pools (``Tiers``), so the bytes each holds and the traffic between them are 
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -115,6 +116,18 @@ def _wrapped(op: Callable, hooks: _Hooks) -> Callable:
         with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
             return op(*args, **kwargs)
     return run
+
+
+def accounted(tiers: Tiers) -> contextlib.AbstractContextManager:
+    """A context counting every tensor saved for backward inside it in the device tier of ``tiers`` (the glue
+    between blocks; a block's own hooks, from cached_ops, take precedence inside its call)."""
+    hooks = _Hooks(tiers, offload=False)
+    return torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack)
+
+
+def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes this process holds of ``tensors``: a sharded (DTensor) one counts its local shard; None counts 0."""
+    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors if t is not None)
 
 
 def cached_ops(ops: dict[str, Callable], cache: list[str] | tuple[str, ...], tiers: Tiers | None = None,

@@ -145,6 +145,8 @@ class Hooks:
     clip(params, max_norm) -> the norm: the gradient clipping (over every rank's shards).
     full(name, param): the whole parameter for its fingerprint (a shard or an expert slice gathered).
     evaluate(model, preset, corpus, seed, ops, device, result): the held-out batch (split over the ranks).
+    forward(): the context each step's forward runs in (the saved-tensor accounting of a measured run).
+    after_step(optimizer, trainable): after each optimizer step, before the gradients are dropped (measuring).
     """
 
     parts: Callable[[ReplayModel, torch.Tensor], list[float]] = loss_value
@@ -155,6 +157,8 @@ class Hooks:
     clip: Callable[[list[torch.Tensor], float], float] = clip_norm
     full: Callable[[str, torch.Tensor], torch.Tensor] = lambda name, param: param
     evaluate: Callable[..., None] | None = None
+    forward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    after_step: Callable[[torch.optim.Optimizer, dict[str, torch.Tensor]], None] | None = None
 
 
 def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpus: str, preset: Preset, steps: int,
@@ -172,7 +176,8 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
     result, more = RunResult(), []
     start = time.perf_counter()
     for step, (tokens, targets) in enumerate(data):
-        loss = model.loss(tokens[hooks.rows].to(device), targets[hooks.rows].to(device), ops)
+        with hooks.forward():
+            loss = model.loss(tokens[hooks.rows].to(device), targets[hooks.rows].to(device), ops)
         values = hooks.parts(model, loss)
         if not all(math.isfinite(v) for v in values):
             result.nonfinite_step = step
@@ -183,6 +188,8 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
         grad_norm = hooks.clip(list(trainable.values()), CLIP_NORM)
         optimizer.step()
         schedule.step()
+        if hooks.after_step is not None:
+            hooks.after_step(optimizer, trainable)
         optimizer.zero_grad(set_to_none=True)
         if hooks.balanced is not None:
             with torch.no_grad():
