@@ -5,6 +5,7 @@ an error naming the rank, with nothing left running; the store record is finishe
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -96,6 +97,29 @@ def test_two_ranks_stay_in_the_band_of_the_single_process_reference(shared, mode
     assert row.layout["sharding"] == "fsdp2" and row.layout["experts"] == "ep"
     assert row.detail["layout_equivalence"]["status"] == "pass"
     assert len(row.detail["rank_curves"]) == 2 and all(len(c) == steps for c in row.detail["rank_curves"])
+
+
+@pytest.mark.slow
+def test_the_layout_planner_is_held_to_what_the_ranks_measured(shared):
+    """Each rank measures what it holds (parameters, gradients, optimizer state: exact bytes; the peak of what the
+    forward saves for backward); `workbench layout --against` plans the same model and layout and sets the two side
+    by side. The planner's parameter-derived kinds match to a few percent (the indexer's weights, which take no
+    gradient, are the difference); its activations count what a block must keep (inputs and outputs), a floor: the
+    reference blocks keep their intermediates too, so the measured peak is several times the floor."""
+    outcome = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2)
+    assert outcome.status == "pass", outcome.reason
+    row = _last_row(shared)
+    memory = row.detail["rank_memory"]
+    assert len(memory) == 2 and all(m["params_trainable"] > 0 and m["saved_device_peak"] > 0 for m in memory)
+    assert all(m["params_frozen"] == 0 and m["saved_host_peak"] == 0 for m in memory)  # scratch, no --cache
+    result = CliRunner().invoke(app, ["layout", MODEL, "--against", str(row.id), "--db", shared.db_url, "--json"])
+    assert result.exit_code == 0, result.output
+    held = {r["kind"]: r for r in json.loads(result.output)["against"]}
+    assert held["weights"]["ratio"] == pytest.approx(1.0, abs=1e-9)
+    assert held["gradients"]["ratio"] == pytest.approx(1.0, abs=0.03)
+    assert held["optimizer"]["ratio"] == pytest.approx(1.0, abs=0.03)
+    assert 0.1 < held["activations"]["ratio"] < 1.0
+    assert held["host"]["measured"] == 0 and held["host"]["modelled"] == 0
 
 
 @pytest.mark.slow

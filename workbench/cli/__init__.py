@@ -5,11 +5,11 @@ module registers its commands; ``--help`` lists them in the order of a port's li
 
 from __future__ import annotations
 
-from workbench.cli import bench, catalog, ci, dashboard, parity, port, record, replay, verify  # noqa: F401
+from workbench.cli import bench, catalog, ci, dashboard, layout, parity, port, record, replay, verify  # noqa: F401
 from workbench.cli._common import TONE_STYLE, app
 
 ORDER = ("blocks", "models", "onboard", "plan", "port", "approve", "reject", "verify", "targets", "bench", "runs", "ci",
-         "show", "replay", "parity", "dashboard")
+         "show", "replay", "layout", "parity", "dashboard")
 app.registered_commands.sort(key=lambda c: ORDER.index(c.callback.__name__) if c.callback.__name__ in ORDER
                             else len(ORDER))
 
