@@ -120,6 +120,13 @@ def test_the_layout_planner_is_held_to_what_the_ranks_measured(shared):
     assert held["optimizer"]["ratio"] == pytest.approx(1.0, abs=0.03)
     assert 0.1 < held["activations"]["ratio"] < 1.0
     assert held["host"]["measured"] == 0 and held["host"]["modelled"] == 0
+    # the activations by the block that saved them: every block the model calls, and the glue between them
+    by_block = {r["block"]: r for r in json.loads(result.output)["against_by_block"]}
+    assert set(by_block) == set(memory[0]["saved_by_block"]) and "glue" in by_block
+    assert all(r["measured"] > 0 and r["modelled"] > 0 for r in by_block.values())
+    peak = max(m["saved_device_peak"] for m in memory)
+    assert sum(memory[0]["saved_by_block"].values()) == memory[0]["saved_device_peak"]
+    assert sum(r["measured"] for r in by_block.values()) >= peak
 
 
 @pytest.mark.slow

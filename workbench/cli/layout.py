@@ -48,7 +48,7 @@ def layout(
     modelled (workbench/layout)."""
     from workbench.backends import TARGETS
     from workbench.layout import compare_experts, from_card, from_replay, plan_layout
-    from workbench.layout.plan import DEFAULT_HOST_GB, HBM_GB, held_to
+    from workbench.layout.plan import DEFAULT_HOST_GB, HBM_GB, held_by_block, held_to
 
     if target not in TARGETS or target not in HBM_GB:
         raise WorkbenchError(f"unknown target '{target}' (known: {', '.join(HBM_GB)})")
@@ -67,11 +67,13 @@ def layout(
     splits = [plan_layout(planned, cards, layout, **{**options, "split": s}) for s in ("uniform", "balanced")] \
         if pp > 1 else []
     held = held_to(plan, measured) if measured else []
+    by_block = held_by_block(planned, plan, measured) if measured else []
     if as_json:
         return _emit_json({"params": planned.params, "weight_bytes": planned.weight_bytes(),
                            "plan": plan.to_dict(), "experts": [p.to_dict() for p in experts],
-                           "splits": [p.to_dict() for p in splits], "against": held})
-    _show(planned, plan, experts, splits, held, against)
+                           "splits": [p.to_dict() for p in splits], "against": held,
+                           "against_by_block": by_block})
+    _show(planned, plan, experts, splits, held, by_block, against)
 
 
 def _cache(words: list[str] | None) -> dict[str, str]:
@@ -113,7 +115,7 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / GB:,.2f}" if nbytes >= 0.01 * GB else f"{nbytes:,.0f} B"
 
 
-def _show(planned, plan, experts, splits, held, against) -> None:
+def _show(planned, plan, experts, splits, held, by_block, against) -> None:
     stage_col = plan.pipeline > 1
     weights = planned.weight_bytes()
     console.print(f"[bold]{plan.model}[/]: {planned.params / 1e9:,.1f}B parameters; weights {_gb(weights['bf16'])} "
@@ -151,7 +153,7 @@ def _show(planned, plan, experts, splits, held, against) -> None:
         worst = max(p.stages, key=lambda s: s.hbm)
         compare.add_row(p.layout, f"1/{p.expert_parallel}" if p.expert_parallel > 1 else "all", _gb(worst.hbm),
                         _gb(max(s.sent["all_to_all"] for s in p.stages)),
-                        _gb(max(s.sent["expert_all_reduce"] for s in p.stages)), f"{p.step_floor_s:.2f}",
+                        _gb(max(s.sent["expert_all_reduce"] for s in p.stages)), f"{p.step_floor_s:.3g}",
                         "[green]yes[/]" if p.fits else "[red]no[/]")
     console.print(compare)
     if splits:
@@ -161,7 +163,7 @@ def _show(planned, plan, experts, splits, held, against) -> None:
         for p in splits:
             table.add_row(p.split, " ".join(str(s.last - s.first) for s in p.stages),
                           " ".join(f"{s.flops / 1e12:,.0f}" for s in p.stages),
-                          " ".join(f"{s.hbm / GB:.1f}" for s in p.stages), f"{p.step_floor_s:.3f}",
+                          " ".join(f"{s.hbm / GB:.1f}" for s in p.stages), f"{p.step_floor_s:.4g}",
                           "[green]yes[/]" if p.fits else "[red]no[/]")
         console.print(table)
     if held:
@@ -172,5 +174,13 @@ def _show(planned, plan, experts, splits, held, against) -> None:
             table.add_row(row["kind"], f"{row['modelled']:,.0f}", f"{row['measured']:,.0f}",
                           f"{row['ratio']:.3f}" if row["ratio"] is not None else "-")
         console.print(table)
-    console.print(f"step floor {plan.step_floor_s:.3f} s: the slowest stage's training FLOPs at the bf16 peak"
+    if by_block:
+        table = Table(title=f"Activations by block, replay #{against}: modelled vs saved at the device tier's peak")
+        for col in ("block", "modelled", "measured", "modelled / measured"):
+            table.add_column(col, justify="right")
+        for row in by_block:
+            table.add_row(row["block"], f"{row['modelled']:,.0f}", f"{row['measured']:,.0f}",
+                          f"{row['ratio']:.3f}" if row["ratio"] is not None else "-")
+        console.print(table)
+    console.print(f"step floor {plan.step_floor_s:.4g} s: the slowest stage's training FLOPs at the bf16 peak"
                   + (f", pipeline bubble {plan.bubble:.0%}" if stage_col else "") + f"; {plan.note}")

@@ -350,3 +350,20 @@ def held_to(plan: Plan, rank_memory: list[dict]) -> list[dict]:
         rows.append({"kind": kind, "modelled": modelled[kind], "measured": measured,
                      "ratio": modelled[kind] / measured if measured else None})
     return rows
+
+
+def held_by_block(model: Model, plan: Plan, rank_memory: list[dict]) -> list[dict]:
+    """The activations of a plan without recomputation or a pipeline, by block (``glue``: between the blocks): the
+    modelled bytes per card beside the largest a rank's device tier held at its peak (RankMemory.saved_by_block)."""
+    if plan.pipeline > 1 or plan.recompute != "none":
+        raise WorkbenchError("activations by block are held for a plan without recomputation or a pipeline")
+    modelled: dict[str, float] = {}
+    for saved in [layer.saved for layer in model.layers] + [model.head_saved]:
+        for block, nbytes in saved.items():
+            if plan.cache.get(block) != "host":
+                modelled[block] = modelled.get(block, 0.0) + nbytes * plan.tokens
+    measured = {block: max(rank.get("saved_by_block", {}).get(block, 0) for rank in rank_memory)
+                for block in {b for rank in rank_memory for b in rank.get("saved_by_block", {})}}
+    return [{"block": block, "modelled": modelled.get(block, 0.0), "measured": measured.get(block, 0),
+             "ratio": modelled.get(block, 0.0) / measured[block] if measured.get(block) else None}
+            for block in sorted(set(modelled) | set(measured))]

@@ -245,8 +245,9 @@ class RankRun:
 @dataclass
 class RankMemory:
     """What one rank held, measured in bytes: parameters (local FSDP shards and this rank's experts; trainable and
-    frozen), gradients and optimizer state (after the last step, before the gradients are dropped), and the peak of
-    the tensors saved for backward, blocks and glue, per tier (workbench.replay.tiers)."""
+    frozen), gradients and optimizer state (after the last step, before the gradients are dropped), the peak of
+    the tensors saved for backward, blocks and glue, per tier, and the device tier's bytes by block at its peak
+    (workbench.replay.tiers)."""
 
     params_trainable: int = 0
     params_frozen: int = 0
@@ -254,6 +255,7 @@ class RankMemory:
     optimizer: int = 0
     saved_device_peak: int = 0
     saved_host_peak: int = 0
+    saved_by_block: dict[str, int] = field(default_factory=dict)
 
     def measure_step(self, optimizer: torch.optim.Optimizer, trainable: dict[str, torch.Tensor]) -> None:
         self.grads = local_bytes(p.grad for p in trainable.values())
@@ -320,6 +322,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
     step_event = None if on_step is None else lambda step, value, seconds: on_step(step, value, list(local), seconds)
     result, rank_curves = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, step_event, hooks)
     memory.saved_device_peak, memory.saved_host_peak = tiers.peak["device"], tiers.peak["host"]
+    memory.saved_by_block = dict(tiers.device_peak_by_block)
     rank_memory = [None] * world
     dist.all_gather_object(rank_memory, asdict(memory))
     return RankRun(result, rank_curves or [[] for _ in range(world)], rank_memory)

@@ -40,21 +40,31 @@ def parse_cache(spec: str | None, blocks: tuple[str, ...]) -> tuple[str, ...]:
 
 @dataclass
 class Tiers:
-    """Live bytes of saved tensors per tier (device, host), their peaks, and the bytes moved between them."""
+    """Live bytes of saved tensors per tier (device, host), their peaks, the bytes moved between them, and the
+    device tier's bytes by the block that saved them (``glue``: between blocks) at its peak."""
 
     live: dict[str, int] = field(default_factory=lambda: {"device": 0, HOST: 0})
     peak: dict[str, int] = field(default_factory=lambda: {"device": 0, HOST: 0})
     to_host: int = 0
     to_device: int = 0
+    device_by_block: dict[str, int] = field(default_factory=dict)
+    device_peak_by_block: dict[str, int] = field(default_factory=dict)
 
-    def hold(self, tier: str, owner: object, nbytes: int) -> None:
-        """Count ``nbytes`` in ``tier`` for as long as ``owner`` lives."""
+    def hold(self, tier: str, owner: object, nbytes: int, block: str = "glue") -> None:
+        """Count ``nbytes`` saved by ``block`` in ``tier`` for as long as ``owner`` lives."""
         self.live[tier] += nbytes
-        self.peak[tier] = max(self.peak[tier], self.live[tier])
-        weakref.finalize(owner, self._release, tier, nbytes)
+        if tier == "device":
+            self.device_by_block[block] = self.device_by_block.get(block, 0) + nbytes
+        if self.live[tier] > self.peak[tier]:
+            self.peak[tier] = self.live[tier]
+            if tier == "device":
+                self.device_peak_by_block = dict(self.device_by_block)
+        weakref.finalize(owner, self._release, tier, nbytes, block)
 
-    def _release(self, tier: str, nbytes: int) -> None:
+    def _release(self, tier: str, nbytes: int, block: str) -> None:
         self.live[tier] -= nbytes
+        if tier == "device":
+            self.device_by_block[block] -= nbytes
 
     def figures(self) -> dict[str, int]:
         return {"peak_device_bytes": self.peak["device"], "peak_host_bytes": self.peak[HOST],
@@ -83,21 +93,21 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Hooks:
-    """pack/unpack of one block's saved tensors: to the host tier when ``offload``, else accounted on the device."""
+    """pack/unpack of ``block``'s saved tensors: to the host tier when ``offload``, else accounted on the device."""
 
-    def __init__(self, tiers: Tiers, offload: bool):
-        self.tiers, self.offload = tiers, offload
+    def __init__(self, tiers: Tiers, offload: bool, block: str = "glue"):
+        self.tiers, self.offload, self.block = tiers, offload, block
 
     def pack(self, t: torch.Tensor) -> object:
         if _is_parameter(t):
             return t
         if not self.offload:
             saved = _Saved(t, None)
-            self.tiers.hold("device", saved, t.nbytes)
+            self.tiers.hold("device", saved, t.nbytes, self.block)
             return saved
         saved = _Saved(_to_host(t), t.device)
         self.tiers.to_host += t.nbytes
-        self.tiers.hold(HOST, saved, t.nbytes)
+        self.tiers.hold(HOST, saved, t.nbytes, self.block)
         return saved
 
     def unpack(self, saved: object) -> torch.Tensor:
@@ -107,7 +117,7 @@ class _Hooks:
             return saved.tensor
         back = saved.tensor.to(saved.device, copy=True)
         self.tiers.to_device += back.nbytes
-        self.tiers.hold("device", back, back.nbytes)  # while the backward holds it
+        self.tiers.hold("device", back, back.nbytes, self.block)  # while the backward holds it
         return back
 
 
@@ -137,6 +147,6 @@ def cached_ops(ops: dict[str, Callable], cache: list[str] | tuple[str, ...], tie
     if not cache and not account:
         return ops
     tiers = tiers or Tiers()
-    host, device = _Hooks(tiers, offload=True), _Hooks(tiers, offload=False)
-    return {block: _wrapped(op, host) if block in cache else _wrapped(op, device) if account else op
+    return {block: _wrapped(op, _Hooks(tiers, offload=True, block=block)) if block in cache
+            else _wrapped(op, _Hooks(tiers, offload=False, block=block)) if account else op
             for block, op in ops.items()}
