@@ -167,20 +167,19 @@ def _show(planned, plan, experts, splits, held, by_block, against) -> None:
                           "[green]yes[/]" if p.fits else "[red]no[/]")
         console.print(table)
     if held:
-        table = Table(title=f"Held to replay #{against}: modelled vs measured per rank (the largest)")
-        for col in ("kind", "modelled", "measured", "modelled / measured"):
-            table.add_column(col, justify="right")
-        for row in held:
-            table.add_row(row["kind"], f"{row['modelled']:,.0f}", f"{row['measured']:,.0f}",
-                          f"{row['ratio']:.3f}" if row["ratio"] is not None else "-")
-        console.print(table)
-    if by_block:
-        table = Table(title=f"Activations by block, replay #{against}: modelled vs saved at the device tier's peak")
-        for col in ("block", "modelled", "measured", "modelled / measured"):
-            table.add_column(col, justify="right")
-        for row in by_block:
-            table.add_row(row["block"], f"{row['modelled']:,.0f}", f"{row['measured']:,.0f}",
-                          f"{row['ratio']:.3f}" if row["ratio"] is not None else "-")
-        console.print(table)
+        _held(f"Held to replay #{against}: modelled vs measured per rank (the largest)", "kind", held)
+        _held(f"Activations by block, replay #{against}: modelled vs saved at the device tier's peak", "block",
+              by_block)
     console.print(f"step floor {plan.step_floor_s:.4g} s: the slowest stage's training FLOPs at the bf16 peak"
                   + (f", pipeline bubble {plan.bubble:.0%}" if stage_col else "") + f"; {plan.note}")
+
+
+def _held(title: str, key: str, rows: list[dict]) -> None:
+    """A table of modelled beside measured bytes, one row per ``row[key]``."""
+    table = Table(title=title)
+    for col in (key, "modelled", "measured", "modelled / measured"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(row[key], f"{row['modelled']:,.0f}", f"{row['measured']:,.0f}",
+                      f"{row['ratio']:.3f}" if row["ratio"] is not None else "-")
+    console.print(table)
