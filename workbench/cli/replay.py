@@ -51,6 +51,9 @@ def replay(
     mtp: Annotated[bool, typer.Option(
         "--mtp", help="one multi-token-prediction depth (DeepSeek-V3), its loss held against its own reference")]
     = False,
+    profile: Annotated[bool, typer.Option(
+        "--profile", help="each rank records a profiler trace of its steps (with --ranks 2+; read by workbench "
+                          "trace <replay-id>)")] = False,
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Train the small model with operators and hold its loss curve against the reference run; exit 1 when the
@@ -64,7 +67,7 @@ def replay(
     settings = Settings.load(db, operators)
     plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, ranks=ranks,
                        layout=layout, cache=cache, rank_ops=_rank_ops(rank_ops), mtp=mtp,
-                       chunks=dispatch_chunks)
+                       chunks=dispatch_chunks, profile=profile)
     spread = f" · {plan.layout.ranks} ranks {plan.layout.sharding}+{plan.layout.experts}" \
         if plan.layout.distributed else ""
     table = Table(title=f"{model} · {mode} replay · preset {preset} · {plan.steps} steps on {plan.backend.name}"
@@ -110,6 +113,8 @@ def replay(
         console.print(f"{len(outcome.curve)} steps, {outcome.seconds_per_step:.2f} s/step with operators"
                       + (f", {ref_s:.3f} s/step reference" if ref_s else "")
                       + (f"; plot {outcome.plot}" if outcome.plot else ""))
+        if outcome.traces:
+            console.print(f"rank traces in {Path(outcome.traces[0]).parent}: workbench trace {outcome.replay_id}")
     if outcome.status != ReplayStatus.PASS:
         raise typer.Exit(1)
 

@@ -16,6 +16,10 @@ Layout "fsdp2+ep" over N ranks (gloo on CPU, NCCL on a GPU):
     clipping  the global gradient norm (sum of squares of every shard and every local expert, all-reduced)
     balancing the aux-loss-free bias updated from the expert counts summed over ranks (identical on every rank)
 
+Profiled (the job's "profile": a folder): every block call inside a profiler span ``block:<name>``, one
+``ProfilerStep#<step>`` span per training step, CPU activity; each rank writes its Chrome trace there,
+``rank-<rank>.trace.json`` (read by workbench.replay.trace).
+
 Events (stdout, ``@@replay <json>``, rank 0 only but for errors): {"event": "step", "step", "loss", "seconds",
 "rank_losses": [local loss of each rank]}, {"event": "done", "result": RunResult, "rank_curves", "rank_memory"};
 every rank: {"event": "error", "rank", "message"}.
@@ -31,6 +35,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -263,25 +268,44 @@ class RankMemory:
                                      if isinstance(t, torch.Tensor))
 
 
+def profiled_ops(ops: dict[str, Callable]) -> dict[str, Callable]:
+    """``ops`` with every call inside a profiler span named ``block:<name>``."""
+    def spanned(name: str, op: Callable) -> Callable:
+        def run(*args, **kwargs):
+            with torch.profiler.record_function(f"block:{name}"):
+                return op(*args, **kwargs)
+        return run
+
+    return {name: spanned(name, op) for name, op in ops.items()}
+
+
+def trace_profiler(path: Path, steps: int) -> torch.profiler.profile:
+    """A CPU profiler recording ``steps`` training steps (one ``ProfilerStep#<n>`` span each, stepped after each
+    optimizer step), then writing their Chrome trace to ``path``."""
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  schedule=torch.profiler.schedule(wait=0, warmup=0, active=steps, repeat=1),
+                                  on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)))
+
+
 def train_distributed(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
                       ops: dict[str, Callable], device: str, base: str | None,
                       on_step: Callable[[int, float, list[float], float], None] | None = None, chunks: int = 1,
-                      tiers: Tiers | None = None) -> RankRun:
+                      tiers: Tiers | None = None, profiler: torch.profiler.profile | None = None) -> RankRun:
     """The training of workbench.replay.train (its ``fit``, with this layout's hooks: a rank's rows, the global
     mean and each rank's loss, expert gradients scaled, the global norm clipped, counts summed over the ranks,
     parameters gathered for their fingerprints, the held-out batch split) under the layout (module docstring); every
     rank returns the same RankRun; on_step(step, loss, rank_losses, seconds) after each step; chunks: of the expert
     dispatch (ExpertParallelMoE); tiers: where ``ops`` account their saved tensors (cached_ops with account), the
-    glue's are added, for RankRun.rank_memory."""
+    glue's are added, for RankRun.rank_memory; profiler: started with the first step and stepped after each
+    (trace_profiler)."""
     with _deterministic_and_seeded():
-        return _train(preset, arch, mode, steps, seed, ops, device, base, on_step, chunks, tiers or Tiers())
+        return _train(preset, arch, mode, steps, seed, ops, device, base, on_step, chunks, tiers or Tiers(),
+                      profiler)
 
 
 def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
            device: str, base: str | None, on_step: Callable[[int, float, list[float], float], None] | None,
-           chunks: int, tiers: Tiers) -> RankRun:
-    from pathlib import Path
-
+           chunks: int, tiers: Tiers, profiler: torch.profiler.profile | None) -> RankRun:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(preset, arch, seed, device, Path(base) if mode == "lora" and base else None)
     if mode == "lora":
@@ -314,13 +338,23 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
 
     memory = RankMemory(params_trainable=local_bytes(trainable.values()),
                         params_frozen=local_bytes(p for n, p in params.items() if n not in trainable))
+
+    def after_step(optimizer: torch.optim.Optimizer, trainable: dict[str, torch.Tensor]) -> None:
+        memory.measure_step(optimizer, trainable)
+        if profiler is not None:
+            profiler.step()
+
     hooks = Hooks(parts=parts, balanced=(lambda m: list(m.moe)) if mode == "scratch" else None, counts=summed,
                   rows=rows, after_backward=scale_experts, clip=_clip_global_norm,
                   full=lambda name, param: _full(name, param, experts),
                   evaluate=functools.partial(_evaluate, rows=rows), forward=lambda: accounted(tiers),
-                  after_step=memory.measure_step)
+                  after_step=after_step)
     step_event = None if on_step is None else lambda step, value, seconds: on_step(step, value, list(local), seconds)
+    if profiler is not None:
+        profiler.start()
     result, rank_curves = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, step_event, hooks)
+    if profiler is not None:
+        profiler.stop()
     memory.saved_device_peak, memory.saved_host_peak = tiers.peak["device"], tiers.peak["host"]
     memory.saved_by_block = dict(tiers.device_peak_by_block)
     rank_memory = [None] * world
@@ -369,6 +403,10 @@ def main() -> None:
         preset, arch = get_preset(job["preset"]), Architecture(**job["arch"])
         tiers = Tiers()
         ops = cached_ops(load_ops(chosen), job.get("layout", {}).get("cache", []), tiers, account=True)
+        profiler = None
+        if job.get("profile"):
+            ops = profiled_ops(ops)
+            profiler = trace_profiler(Path(job["profile"]) / f"rank-{rank}.trace.json", job["steps"])
 
         def on_step(step: int, loss: float, rank_losses: list[float], seconds: float) -> None:
             if rank == 0:
@@ -376,7 +414,7 @@ def main() -> None:
                             "seconds": seconds})
 
         run = train_distributed(preset, arch, job["mode"], job["steps"], job["seed"], ops, device, job.get("base"),
-                                on_step, job["layout"].get("chunks", 1), tiers)
+                                on_step, job["layout"].get("chunks", 1), tiers, profiler)
         if rank == 0:
             send_event({"event": "done", "result": asdict(run.result), "rank_curves": run.rank_curves,
                         "rank_memory": run.rank_memory})

@@ -1,7 +1,8 @@
 """Operator files with a known defect, to measure what a replay catches (tests/replay, bench/replay_sensitivity.py):
 each wraps the block's reference, so it is exact but for the defect. GRAD_SCALED scales the gradient of one input
 (``index``: its position in run's signature) by ``factor``; ROUNDED_UP rounds the first output up to ``bits``
-mantissa bits (a biased rounding); FLOAT64 is exact and only rounds differently (computes in float64)."""
+mantissa bits (a biased rounding); FLOAT64 is exact and only rounds differently (computes in float64); DELAYED is
+exact and only slow (sleeps ``ms`` milliseconds a call: one slow rank, for what its trace shows)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,17 @@ def run(*args):
     back = tuple(o.to(dtypes[0]) if o.is_floating_point() and o.dtype == torch.float64 else o for o in outs)
     return back if isinstance(out, tuple) else back[0]
 '''
+
+DELAYED = HEADER + '''
+import time
+
+
+def run(*args):
+    """The reference, {ms} ms late."""
+    time.sleep({ms} / 1000)
+    return _reference(*args)
+'''
+
 
 def write_op(folder: Path, name: str, template: str, **fields) -> Path:
     """``template`` filled with block=..., and its fields, written to folder/name.py."""

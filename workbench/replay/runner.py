@@ -42,13 +42,14 @@ class ReplayOutcome:
     reference_source: str           # store, file, run
     plot: str | None
     checks: dict = field(default_factory=dict)
+    traces: list[str] = field(default_factory=list)  # each rank's profiler trace (--profile)
 
 
 @dataclass
 class ReplayPlan:
     """A validated replay request: nothing is run or recorded until ``execute``. layout: ranks, sharding, expert
     placement and the cached blocks; rank_ops: {rank: {block: target}} that one rank runs instead (a defect on one
-    rank, to test what the replay catches)."""
+    rank, to test what the replay catches); profile: each rank records a profiler trace (workbench.replay.trace)."""
 
     model: str
     mode: str
@@ -61,12 +62,14 @@ class ReplayPlan:
     layout: Layout = field(default_factory=Layout)
     rank_ops: dict[int, dict[str, str]] = field(default_factory=dict)
     mtp: bool = False
+    profile: bool = False
 
 
 def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
                 ops: list[str] | None = None, seed: int = 0, backend: Backend | None = None, ranks: int = 1,
                 layout: str | None = None, cache: str | None = None,
-                rank_ops: dict[int, list[str]] | None = None, mtp: bool = False, chunks: int = 1) -> ReplayPlan:
+                rank_ops: dict[int, list[str]] | None = None, mtp: bool = False, chunks: int = 1,
+                profile: bool = False) -> ReplayPlan:
     """Check every argument (WorkbenchError, one line, for the first bad one); ops: see workbench.replay.ops;
     cache: see workbench.replay.tiers; rank_ops: {rank: ops words applied over ``ops`` on that rank only}."""
     get_model(model)
@@ -81,6 +84,8 @@ def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tin
     spread.check(p)
     if mtp and (mode != "scratch" or spread.distributed):
         raise WorkbenchError("--mtp trains a scratch replay in one process (not with --mode lora or --ranks)")
+    if profile and not spread.distributed:
+        raise WorkbenchError("--profile traces the ranks of a distributed replay: it needs --ranks 2 or more")
     per_rank = {}
     for rank, words in (rank_ops or {}).items():
         if not 0 <= rank < spread.ranks:
@@ -88,7 +93,8 @@ def plan_replay(model: str, mode: str, settings: Settings, *, preset: str = "tin
         changed = resolve_ops(["reference", *words], settings.operators_dir, arch.blocks)
         named = {w.partition("=")[0] for w in words}
         per_rank[rank] = {b: t for b, t in changed.items() if b in named}
-    return ReplayPlan(model, mode, p, arch, steps, seed, chosen, backend or get_backend(), spread, per_rank, mtp)
+    return ReplayPlan(model, mode, p, arch, steps, seed, chosen, backend or get_backend(), spread, per_rank, mtp,
+                      profile)
 
 
 def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny", steps: int | None = None,
@@ -96,10 +102,12 @@ def run_replay(model: str, mode: str, settings: Settings, *, preset: str = "tiny
                timeout_s: float = DEFAULT_TIMEOUT_S, rerun_reference: bool = False, export: bool = False,
                plot: Path | None = None, on_event: Event | None = None, ranks: int = 1, layout: str | None = None,
                cache: str | None = None, rank_ops: dict[int, list[str]] | None = None,
-               collective_timeout_s: float | None = None, mtp: bool = False, chunks: int = 1) -> ReplayOutcome:
+               collective_timeout_s: float | None = None, mtp: bool = False, chunks: int = 1,
+               profile: bool = False) -> ReplayOutcome:
     """Plan and execute a replay (see plan_replay and execute)."""
     plan = plan_replay(model, mode, settings, preset=preset, steps=steps, ops=ops, seed=seed, backend=backend,
-                       ranks=ranks, layout=layout, cache=cache, rank_ops=rank_ops, mtp=mtp, chunks=chunks)
+                       ranks=ranks, layout=layout, cache=cache, rank_ops=rank_ops, mtp=mtp, chunks=chunks,
+                       profile=profile)
     return execute(plan, settings, timeout_s=timeout_s, rerun_reference=rerun_reference, export=export, plot=plot,
                    on_event=on_event, collective_timeout_s=collective_timeout_s)
 
@@ -113,7 +121,8 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
     A distributed layout is held against the single-process reference (the curve, parameters and eval top-k) and
     each rank's local loss against the layout reference's (the first rank to leave its band is named);
     collective_timeout_s: how long a rank waits in a collective for the others before the replay names the rank
-    that hung (default: the smaller of 300 s and half of timeout_s)."""
+    that hung (default: the smaller of 300 s and half of timeout_s). A profiled plan's ranks write their traces to
+    <work_dir>/replays/replay-<id>/rank-<rank>.trace.json, recorded as detail["traces"] (by rank)."""
     model, mode, p, arch = plan.model, plan.mode, plan.preset, plan.arch
     layout = plan.layout
     collective_timeout_s = collective_timeout_s or min(DEFAULT_COLLECTIVE_TIMEOUT_S, timeout_s / 2)
@@ -149,10 +158,15 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
             ref = reference.curve[step] if step < len(reference.curve) else None
             on_event("step", {"step": step, "loss": loss, "reference": ref, "seconds": seconds})
 
+    traces = (settings.work_dir / "replays" / f"replay-{replay_id}").resolve() if plan.profile else None
+    if traces is not None:
+        traces.mkdir(parents=True, exist_ok=True)
     job = training_job("train", p, arch, mode, steps, seed, plan.chosen, backend, base,
                        layout if layout.distributed or layout.cache else None, plan.rank_ops, collective_timeout_s,
-                       plan.mtp)
+                       plan.mtp, traces)
     detail = {"reference_source": source, **facts, "reference_seconds_per_step": reference.seconds_per_step}
+    if traces is not None:
+        detail["traces"] = [str(traces / f"rank-{r}.trace.json") for r in range(layout.ranks)]
     try:
         done = launch_process(job, backend, timeout_s, on_step)
         result = RunResult(**done["result"])
@@ -179,7 +193,7 @@ def execute(plan: ReplayPlan, settings: Settings, *, timeout_s: float = DEFAULT_
                           left_band_step=verdict.left_band_step, detail=detail)
     return ReplayOutcome(replay_id, verdict.status, verdict.reason, result.curve, reference.curve,
                          verdict.left_band_step, result.seconds_per_step, reference.seconds_per_step, source,
-                         str(plot_path), verdict.checks)
+                         str(plot_path), verdict.checks, detail.get("traces", []))
 
 
 def _judge_layout(verdict: Judgement, result: RunResult, reference: RunResult, rank_curves: list[list[float]],

@@ -37,9 +37,11 @@ class ReplayError(WorkbenchError):
 def training_job(task: str, preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
                  ops: dict[str, str], backend: Backend, base: Path | None, layout: Layout | None = None,
                  rank_ops: dict[int, dict[str, str]] | None = None,
-                 collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, mtp: bool = False) -> dict:
+                 collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, mtp: bool = False,
+                 profile: Path | None = None) -> dict:
     """The job a training process reads (see workbench.replay.child; with a distributed layout,
-    workbench.replay.launcher and workbench.replay.distributed: its ranks, each rank's own ops)."""
+    workbench.replay.launcher and workbench.replay.distributed: its ranks, each rank's own ops, and ``profile``:
+    the folder where each rank writes its profiler trace)."""
     job = {"task": task, "preset": preset.name, "arch": arch.to_dict(), "mode": mode, "steps": steps, "seed": seed,
            "ops": ops, "device": backend.device, "base": str(base) if base else None}
     if mtp:
@@ -47,6 +49,8 @@ def training_job(task: str, preset: Preset, arch: Architecture, mode: str, steps
     if layout is not None:
         job.update(layout=layout.to_dict(), rank_ops={str(r): o for r, o in (rank_ops or {}).items()},
                    collective_timeout_s=collective_timeout_s)
+        if profile is not None:
+            job["profile"] = str(profile)
     return job
 
 
@@ -66,6 +70,7 @@ def launch_process(job: dict, backend: Backend, timeout_s: float,
     files += [operator_file(t) for ops in job.get("rank_ops", {}).values() for t in ops.values()]
     readable = [Path(f).parent for f in files if f is not None] + ([base] if base else [])
     writable = [base] if base and job["task"] == "base" else []  # the base checkpoint is written beside the curves
+    writable += [Path(job["profile"])] if job.get("profile") else []  # the ranks' profiler traces
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="replay-") as scratch, tempfile.TemporaryFile() as stderr:
