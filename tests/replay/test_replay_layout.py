@@ -66,15 +66,6 @@ def _ranks_running() -> set[int]:
     return {pid for pid in ranks if ours_or_orphaned(pid)}
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> Settings:
-    """One store for the module, the shipped single-process references (replays/<model>/) in its replays folder."""
-    root = tmp_path_factory.mktemp("layout")
-    shutil.copytree(REPO / "replays" / MODEL, root / "replays" / MODEL)
-    return Settings(db_url=f"sqlite:///{root / 'workbench.db'}", operators_dir=root / "operators",
-                    work_dir=root / "home", replays_dir=root / "replays")
-
-
 def _last_row(settings: Settings) -> LossReplay:
     with Session(get_engine(settings.db_url)) as s:
         return s.exec(select(LossReplay).order_by(LossReplay.id.desc())).first()
