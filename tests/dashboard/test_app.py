@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import streamlit as st
@@ -212,6 +213,45 @@ def test_a_replay_layout_reads_as_one_line_with_one_process_for_older_rows():
     spread = replay_layout({"ranks": 2, "sharding": "fsdp2", "experts": "ep", "cache": [],
                             "rank_ops": {"1": {"moe_combine": "rounded.py"}}})
     assert spread["layout"] == "2 ranks · dense fsdp2 · experts ep · rank 1 runs moe_combine=rounded.py"
+
+
+def _chrome_trace(path, experts_ms: float) -> str:
+    """Two profiler steps of one rank: an expert block, then an All-to-All it waits in, then a gap."""
+    events = []
+    for step in range(2):
+        at = step * 100.0
+        events += [{"ph": "X", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": at * 1e3, "dur": 90e3},
+                   {"ph": "X", "name": "block:moe_grouped_gemm", "pid": 1, "tid": 1, "ts": at * 1e3,
+                    "dur": experts_ms * 1e3},
+                   {"ph": "X", "name": "c10d::alltoall_base_", "pid": 1, "tid": 1, "ts": (at + 60) * 1e3, "dur": 20e3}]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return str(path)
+
+
+def test_a_profiled_replay_shows_each_ranks_step_as_a_timeline(empty_db, tmp_path):
+    from workbench.store import LossReplay, session_scope
+
+    traces = [_chrome_trace(tmp_path / f"rank-{r}.trace.json", ms) for r, ms in enumerate((10.0, 50.0))]
+    with session_scope(get_engine(empty_db)) as s:
+        s.add(LossReplay(model=MODEL, mode="scratch", preset="tiny", seed=0, status="pass", curve=[6.0, 5.9],
+                         reference_curve=[6.0, 5.9], layout={"ranks": 2, "sharding": "fsdp2", "experts": "ep"},
+                         detail={"traces": traces}))
+    at = open_app("replays")
+    assert "Where the ranks' steps went" in [h.value for h in at.subheader]
+    table = at.dataframe[1].value
+    assert list(zip(table["rank"], table["step"], strict=True)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert list(table["compute_ms"]) == pytest.approx([10.0, 10.0, 50.0, 50.0])
+    assert list(table["communication_ms"]) == pytest.approx([20.0] * 4)
+    gantt = json.loads(charts(at)[-1].proto.spec)
+    assert gantt["mark"]["type"] == "bar" and gantt["encoding"]["y"]["field"] == "rank"
+    assert at.selectbox[1].options == ["0", "1"]
+    at.selectbox[1].set_value(1).run()
+    assert not at.exception
+
+    Path(traces[1]).unlink()
+    st.cache_data.clear()
+    at = open_app("replays")
+    assert any("the trace of rank 1 is missing" in c.value for c in at.caption)
 
 
 def test_replays_empty_state(empty_db):

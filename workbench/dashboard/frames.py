@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 from sqlalchemy.engine import Engine
 
+from workbench.errors import WorkbenchError
+from workbench.replay.trace import figures, read_trace, replay_traces, timeline
 from workbench.status import PLAN_COLUMNS
 from workbench.status import model_plan as plan_rows
 from workbench.store import queries
@@ -32,6 +34,9 @@ BUILD_COLUMNS = ["target", "kernel", "suite", "ok", "registers", "spilled_bytes"
 REPLAY_COLUMNS = ["id", "model", "mode", "preset", "seed", "status", "steps", "final_loss", "reference_final_loss",
                   "band", "left_band_step", "reason", "ops", "ranks", "sharding", "experts", "cache", "layout",
                   "created_at"]
+TRACE_STEP_COLUMNS = ["rank", "step", "ms", "compute_ms", "communication_ms", "idle_ms", "all_to_all_ms",
+                      "all_to_all_wait_ms", "hidden_ms", "hidden_fraction"]
+TIMELINE_COLUMNS = ["rank", "step", "start", "end", "kind", "op"]
 CI_COLUMNS = ["id", "commit", "status", "started_at", "finished_at", "seconds", "operators", "passing", "checks",
               "failed_checks", "regressions", "junit_path", "summary"]
 PARITY_COLUMNS = ["id", "source", "model_class", "dtype", "backend", "status", "kl", "cosine", "top1", "top5",
@@ -176,6 +181,23 @@ def replay_curves(engine: Engine, replay_id: int) -> pd.DataFrame:
     rows = [{"step": i, "reference": reference[i] if i < len(reference) else None,
              "operator": curve[i] if i < len(curve) else None} for i in range(n)]
     return _frame(rows, ["step", "reference", "operator"])
+
+
+def replay_trace(engine: Engine, replay_id: int) -> dict:
+    """A profiled replay's traces (workbench.replay.trace): "steps", the ms of each rank's steps (TRACE_STEP_COLUMNS);
+    "timeline", each rank's main thread step by step (TIMELINE_COLUMNS: ms from the step's start); or "error" when
+    they cannot be read. Empty for a replay without traces."""
+    row = queries.get_replay(engine, replay_id)
+    if row is None or not (row.detail or {}).get("traces"):
+        return {}
+    try:
+        steps = [s for rank, path in enumerate(replay_traces(row.detail, replay_id)) for s in read_trace(path, rank)]
+    except WorkbenchError as exc:
+        return {"error": str(exc)}
+    shown = [figures(s).to_dict() for s in steps]
+    drawn = [{"rank": s.rank, "step": s.step, "start": seg.start, "end": seg.end, "kind": seg.kind, "op": seg.op}
+             for s in steps for seg in timeline(s)]
+    return {"steps": _frame(shown, TRACE_STEP_COLUMNS), "timeline": _frame(drawn, TIMELINE_COLUMNS)}
 
 
 def ci_operators(summary: dict | None) -> list[dict]:

@@ -72,3 +72,28 @@ lines = alt.Chart(long).mark_line(strokeWidth=2).encode(
 st.altair_chart((area + lines).interactive(), height=380)
 st.caption(f"Grey: the band of ±{band:.1%} around the reference loss. Operators used: "
            + ", ".join(f"{k} = {v}" for k, v in (row["ops"] or {}).items() if k != "band"))
+
+trace = board.read("replay_trace", replay_id)
+if trace.get("error"):
+    st.caption(f"Its traces cannot be read: {board.md_escape(trace['error'])}")
+elif trace:
+    st.subheader("Where the ranks' steps went")
+    labels = {"ms": "step ms", "compute_ms": "compute", "communication_ms": "communication", "idle_ms": "idle",
+              "all_to_all_ms": "All-to-All", "all_to_all_wait_ms": "waiting on it",
+              "hidden_ms": "hidden under experts"}
+    st.dataframe(trace["steps"], hide_index=True, key="trace_table",
+                 column_config={**{c: st.column_config.NumberColumn(label, format="%.1f")
+                                   for c, label in labels.items()},
+                                "hidden_fraction": st.column_config.NumberColumn("hidden share", format="percent")})
+    timeline: pd.DataFrame = trace["timeline"]
+    step = st.selectbox("Step", sorted(timeline["step"].unique()), key=f"trace_step_{replay_id}")
+    kinds = ["compute", "communication", "idle"]
+    gantt = alt.Chart(timeline[timeline["step"] == step]).mark_bar().encode(
+        x=alt.X("start:Q", title="ms from the step's start"), x2="end:Q", y=alt.Y("rank:O", title="rank"),
+        color=alt.Color("kind:N", scale=alt.Scale(domain=kinds, range=["#1e88e5", "#ef6c00", "#cfd8dc"]),
+                        title=None),
+        tooltip=["rank", "op", "kind", alt.Tooltip("start:Q", format=".2f"), alt.Tooltip("end:Q", format=".2f")])
+    st.altair_chart(gantt.interactive(bind_y=False), height=60 + 40 * timeline["rank"].nunique())
+    st.caption("Each rank's main thread during the step: compute (the ops, by block), communication (collectives "
+               "and the waits on them), idle (no op). The All-to-All, the bubbles and the slowest rank: "
+               f"`workbench trace {replay_id}`.")
