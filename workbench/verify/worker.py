@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import importlib.abc
 import importlib.util
 import inspect
@@ -311,10 +312,70 @@ def _patched(before: dict, modules) -> list[str]:
     return sorted(changed | added)
 
 
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then()`` right after module ``name`` is first imported, once (its loader's exec_module wrapped)."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            self.then()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+LATE_DYNAMO: list[type] = []  # the worker's dispatch modes, until Dynamo is imported (see dispatch_mode)
+
+
+def _disable_dynamo_in(mode: type) -> None:
+    import torch
+
+    mode.__torch_dispatch__ = torch._disable_dynamo(mode.__dict__["__torch_dispatch__"], recursive=True)
+
+
+def _dynamo_imported() -> None:
+    for mode in LATE_DYNAMO:
+        _disable_dynamo_in(mode)
+    LATE_DYNAMO.clear()
+
+
+@functools.cache
+def dispatch_mode() -> type:
+    """The base of the worker's torch dispatch modes. TorchDynamo never compiles into their ``__torch_dispatch__``,
+    as into any dispatch mode's (torch wraps them in torch._disable_dynamo), but torch's wrapper imports Dynamo at the
+    first op, which costs a child about as much CPU as importing torch. Here the wrapper comes when Dynamo is imported
+    (AfterImport), since nothing compiles before: a candidate that never compiles never loads Dynamo."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # torch's own wrapper: its Dynamo import at the first op is what this class avoids
+
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            if "torch._dynamo" in sys.modules:
+                _disable_dynamo_in(cls)
+                return
+            if not LATE_DYNAMO:
+                sys.meta_path.insert(0, AfterImport("torch._dynamo", _dynamo_imported))
+            LATE_DYNAMO.append(cls)
+
+    return Mode
+
+
 def make_trace_mode():
     import torch
     from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     empties = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
                torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
@@ -322,7 +383,7 @@ def make_trace_mode():
     int_views = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
                  torch.float64: torch.int64}
 
-    class Trace(TorchDispatchMode):
+    class Trace(dispatch_mode()):
         """Counts aten ops by name and poisons fresh buffers."""
 
         def __init__(self):
@@ -420,9 +481,10 @@ def _same_memory(a, b) -> bool:
 
 @contextlib.contextmanager
 def _profiled(safe):
-    """torch's profiler around the trial; its start and stop lines on stderr (kineto's) go to /dev/null, the
-    candidate's own output in between does not."""
-    profiler = safe.profile(activities=[safe.cpu_activity])
+    """torch's autograd profiler around the trial (torch.profiler's own, without its import of Inductor and with it
+    Dynamo); its start and stop lines on stderr (kineto's) go to /dev/null, the candidate's output in between does
+    not."""
+    profiler = safe.profile(use_cpu=True)
 
     def quietly(step) -> None:
         kept = safe.dup(2)
@@ -482,7 +544,7 @@ def run_trial(run, trial: dict, job: dict, modes, counter: list[int], previous: 
             safe.synchronize()
         entry["seconds"] = safe.clock() - started
     entry["ops"] = {**trace.ops, **host.ops}
-    entry["profiled_ops"] = sorted({e.name.replace("::", ".", 1) for e in profiler.events()
+    entry["profiled_ops"] = sorted({e.name.replace("::", ".", 1) for e in profiler.function_events
                                     if e.name.startswith("aten::")})
     tensors_out = [o for o in outputs if isinstance(o, torch.Tensor)]
     entry["subclass"] = [type(t).__name__ for t in tensors_out + [g for g in grads.values() if g is not None]
@@ -523,9 +585,8 @@ def make_abstract_mode():
     """A dispatch mode for captures: host code that reads a meta tensor's values back gets zeros of the right type
     (a kernel's counts or offsets, which no kernel computed)."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Abstract(TorchDispatchMode):
+    class Abstract(dispatch_mode()):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             source = args[0] if args else None
@@ -544,13 +605,12 @@ def make_zeroing_mode():
     """A dispatch mode for a probe on real tensors: every fresh buffer is zeros, so what the host code reads back from
     a buffer no (skipped) kernel wrote is zeros, as a meta capture answers."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     fresh = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
              torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
              torch.ops.aten.new_empty_strided.default}
 
-    class Zeroing(TorchDispatchMode):
+    class Zeroing(dispatch_mode()):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             return out.zero_() if func in fresh else out
@@ -622,12 +682,12 @@ def main(job_dir: str, result_fd: int) -> int:
 
         launches.watch(interpreter.InterpretedFunction)
         load_interpreter_shims()
-    import torch.profiler
+    import torch.autograd.profiler
 
     safe = types.SimpleNamespace(clone=torch.Tensor.clone, detach=torch.Tensor.detach, view=torch.Tensor.view,
                                  contiguous=torch.Tensor.contiguous, equal=torch.equal, grad=torch.autograd.grad,
                                  save=torch.save, clock=time.perf_counter, synchronize=torch.cuda.synchronize,
-                                 profile=torch.profiler.profile, cpu_activity=torch.profiler.ProfilerActivity.CPU,
+                                 profile=torch.autograd.profiler.profile,
                                  dup=os.dup, dup2=os.dup2, close=os.close, null_fd=os.open(os.devnull, os.O_WRONLY))
     import torch.autograd.graph
 
@@ -644,8 +704,15 @@ def main(job_dir: str, result_fd: int) -> int:
                         "triton.runtime.interpreter.InterpretedFunction": interpreter.InterpretedFunction,
                         "triton.runtime.interpreter.GridExecutor": interpreter.GridExecutor})
     modes = make_trace_mode()
-    with modes[1](), modes[0]():  # warm up: the first traced ops import modules lazily (torch._dynamo rewraps names)
+    with modes[1](), modes[0]():  # warm up: the first traced ops import modules lazily
         torch.empty(2, 2, device=job["device"]).reshape(4).clone().sum()
+    # what importing torch._dynamo does to the watched namespaces, done here so that a candidate which compiles (and
+    # so imports Dynamo after the snapshot) changes nothing the snapshot holds (torch/_dynamo/__init__.py)
+    if torch.manual_seed is torch.random.manual_seed:
+        import torch.jit._builtins
+
+        torch.manual_seed = torch._disable_dynamo(torch.manual_seed)
+        torch.jit._builtins._register_builtin(torch.manual_seed, "aten::manual_seed")
     before = _snapshot(watched)
     threads = threading.active_count()
     events: list[dict] = []
