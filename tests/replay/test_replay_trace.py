@@ -213,6 +213,9 @@ def test_a_rank_slowed_on_purpose_is_named_with_the_block_that_slows_it(shared, 
     _, found = _traced(shared, outcome.replay_id)
     slow = found["slowest"]
     assert slow["rank"] == 1 and slow["op"] == EXPERTS
-    assert slow["op_ms"] - slow["others_op_ms"] > 90  # two MoE layers, 50 ms each
+    assert slow["op_ms"] >= 100  # two MoE layers, 50 ms of sleep each: a floor however busy the machine
+    # the delay is most of the difference; the experts' own compute on two busy cores varies by tens of ms (a run of
+    # the whole suite measured 106 ms against the other rank's 19)
+    assert slow["op_ms"] - slow["others_op_ms"] > 50
     waited = {s["rank"]: s["all_to_all_wait_ms"] for s in found["steps"] if s["step"] == slow["step"]}
     assert waited[0] > waited[1]  # rank 0 waits for rank 1 in the All-to-All
