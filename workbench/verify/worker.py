@@ -333,19 +333,10 @@ class AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-LATE_DYNAMO: list[type] = []  # the worker's dispatch modes, until Dynamo is imported (see dispatch_mode)
-
-
 def _disable_dynamo_in(mode: type) -> None:
     import torch
 
     mode.__torch_dispatch__ = torch._disable_dynamo(mode.__dict__["__torch_dispatch__"], recursive=True)
-
-
-def _dynamo_imported() -> None:
-    for mode in LATE_DYNAMO:
-        _disable_dynamo_in(mode)
-    LATE_DYNAMO.clear()
 
 
 @functools.cache
@@ -365,11 +356,10 @@ def dispatch_mode() -> type:
             super().__init_subclass__(**kwargs)
             if "torch._dynamo" in sys.modules:
                 _disable_dynamo_in(cls)
-                return
-            if not LATE_DYNAMO:
-                sys.meta_path.insert(0, AfterImport("torch._dynamo", _dynamo_imported))
-            LATE_DYNAMO.append(cls)
 
+    if "torch._dynamo" not in sys.modules:
+        sys.meta_path.insert(0, AfterImport("torch._dynamo", lambda: [_disable_dynamo_in(m) for m in
+                                                                       Mode.__subclasses__()]))
     return Mode
 
 
@@ -481,9 +471,8 @@ def _same_memory(a, b) -> bool:
 
 @contextlib.contextmanager
 def _profiled(safe):
-    """torch's autograd profiler around the trial (torch.profiler's own, without its import of Inductor and with it
-    Dynamo); its start and stop lines on stderr (kineto's) go to /dev/null, the candidate's output in between does
-    not."""
+    """torch's autograd profiler around the trial (torch.profiler's imports Inductor and Dynamo when it starts); its
+    start and stop lines on stderr (kineto's) go to /dev/null, the candidate's output in between does not."""
     profiler = safe.profile(use_cpu=True)
 
     def quietly(step) -> None:
