@@ -38,15 +38,16 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert m["grad_rel_worst"] < 1e-3 and m["grad_params"] > 50 and m["first_divergence"] is None
     assert report["patch"]["blocks"] == ["kda", "kda_decode", "kda_gate", "kda_short_conv", "kda_short_conv_decode",
                                          "mla", "mla_decode", "moe_combine", "moe_grouped_gemm", "moe_permute",
-                                         "moe_router", "rmsnorm", "swiglu"]
+                                         "moe_router", "rmsnorm", "rmsnorm_gated", "swiglu"]
     # every swapped-in op ran (the model builds a DynamicCache even in training: the ops write it as shipped)
     assert m["idle_blocks"] == [] and m["op_runs"]["kda"] == 3 and m["op_runs"]["mla"] == 1
+    assert m["op_runs"]["rmsnorm_gated"] == 3  # each KDA layer's gated output norm
     # and generation reads the cache the patched prefill wrote (the prefill: kda in 3 layers, mla in 1); each of the 4
     # decode steps runs the 3 KDA layers' decode ops, which update the cache's states in place as the shipped step
     # does, and the MLA layer's mla_decode over its cached latents laid out in pages
     decode = m["decode_op_runs"]
     assert (decode["kda"], decode["mla"], decode["kda_decode"], decode["kda_short_conv_decode"]) == (3, 1, 12, 12)
-    assert decode["mla_decode"] == 4
+    assert decode["mla_decode"] == 4 and decode["rmsnorm_gated"] == 3 + 12  # the prefill's and each decode step's
     assert m["decode_steps"] == 4 and m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0
     # greedy generate() of 6 tokens on two left-padded prompts (16 and 8 tokens): the same tokens; after the prefill
     # every one of the 5 decode steps ran the 3 KDA layers' decode ops and mla_decode (the padding never read)
@@ -77,11 +78,12 @@ def test_deepseek_v3_with_group_limited_routing_and_rotary_mla_computes_the_ship
 
 def test_qwen3_next_gated_delta_net_through_kda_matches_but_for_the_decay_rate_gradient(settings):
     """The class's default config shrunk: 3 Gated DeltaNet layers (two value heads per q/k head) and a gated
-    softmax-attention one, softmax routing over 16 experts, zero-centred RMSNorm. Logits, loss, routing, decode and
-    every gradient but one match; A_log's does not: Qwen3-Next's decay rates (A up to 16, g down to -35 per token)
-    leave layer 0's dg ~4e-9 while the terms of kda's chunked backward that cancel into it are far larger, so dg is
-    1.5% off the float64 truth and the A_log gradient (its sum over tokens) 10-50% (the shipped torch path: 1.3e-4).
-    The parity names it; the run fails on that check alone."""
+    softmax-attention one, softmax routing over 16 experts, zero-centred RMSNorm, SiLU-gated output norm. Logits,
+    loss, routing, decode and every gradient but the decay rates' match; those do not: Qwen3-Next's decay rates (A up
+    to 16, g down to -35 per token) leave layer 0's dg ~4e-9 while the terms of kda's chunked backward that cancel
+    into it are far larger, so dg is 1.5% off the float64 truth and the A_log and dt_bias gradients (its sums over
+    tokens) of the first layers 1e-3 to 1 (the shipped torch path: 1.3e-4). The parity names the worst, layer 0's
+    A_log; the run fails on that check alone."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "qwen3_next", "--tokens", "16", "--json"])
     assert result.exit_code == 1, result.output
@@ -92,7 +94,9 @@ def test_qwen3_next_gated_delta_net_through_kda_matches_but_for_the_decay_rate_g
     assert m["grad_worst_param"].endswith("linear_attn.A_log") and m["grad_rel_median"] < 1e-5
     assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["decode_kl"] < 1e-8
     assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
-    assert {"kda", "kda_gate", "kda_short_conv", "moe_router", "rmsnorm"} <= set(report["patch"]["blocks"])
+    assert {"kda", "kda_gate", "kda_short_conv", "moe_router", "rmsnorm", "rmsnorm_gated"} <= \
+        set(report["patch"]["blocks"])
+    assert m["op_runs"]["rmsnorm_gated"] == 3  # each Gated DeltaNet layer's SiLU-gated output norm
 
 
 def test_a_broken_operator_fails_parity_and_is_named_as_the_first_divergence(settings):
@@ -180,9 +184,9 @@ def test_inkling2_residual_mixes_and_situ_experts_compute_the_shipped_model(sett
 
 def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(settings):
     """GLM-5-Next's published class (vision-language, text fed) shrunk to a KDA layer and a DSA one: the KDA layer
-    as kda_short_conv + kda with the bounded forget gate (lower bound -5, Kimi K3's form) as kda_gate, the norms and
-    the group-limited router; the clamped SwiGLU, the k-pool indexer's attention and the hyper-connections run as
-    shipped."""
+    as kda_short_conv + kda with the bounded forget gate (lower bound -5, Kimi K3's form) as kda_gate and its
+    sigmoid-gated output norm as rmsnorm_gated, the norms and the group-limited router; the clamped SwiGLU, the k-pool
+    indexer's attention and the hyper-connections run as shipped."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "glm5_next", "--layers", "2", "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -193,4 +197,5 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
     assert m["kl"] < 1e-8 and m["top1"] == 1.0 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5
     assert 0 < m["logits_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3 and m["first_divergence"] is None
     assert m["op_runs"]["kda_gate"] == 1 and m["op_runs"]["kda"] == 1 and m["idle_blocks"] == []
+    assert m["op_runs"]["rmsnorm_gated"] == 1
     assert m["decode_kl"] < 1e-8  # the KDA decode steps through kda_short_conv_decode and kda_decode

@@ -40,3 +40,20 @@ def test_a_look_alike_is_told_apart():
         gate.f_b_proj(gate.f_a_proj(x)).view(2, 5, 2, 4), gate.A_log.view(2), gate.dt_bias.view(2, 4), -5.0),
         lambda: gate(x), [x, gate.A_log, gate.dt_bias])
     assert row.output_rel > 1e-2
+
+
+def test_the_gated_norm_of_the_other_activation_is_told_apart():
+    """rmsnorm_gated with the sigmoid gate held to Qwen3-Next's silu-gated norm (and with silu to Kimi Linear's
+    sigmoid-gated one) is far off: the activation is part of the variant."""
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearRMSNormGated
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 16, generator=g, dtype=torch.float64).requires_grad_()
+    gate = (4 * torch.randn(4, 16, generator=g, dtype=torch.float64)).requires_grad_()
+    for cls, other in ((Qwen3NextRMSNormGated, "sigmoid"), (KimiLinearRMSNormGated, "silu")):
+        norm = cls(16, eps=1e-5).to(torch.float64)
+        row = _compare("rmsnorm_gated", cls.__name__, lambda norm=norm, other=other: get_block("rmsnorm_gated")
+                       .reference(x, norm.weight, gate, 1e-5, other), lambda norm=norm: norm(x, gate),
+                       [x, norm.weight, gate])
+        assert row.output_rel > 1e-2 and row.grad_rel > 1e-2, row

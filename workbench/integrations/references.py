@@ -105,6 +105,27 @@ def zero_centred_rmsnorm() -> Comparison:
                     lambda: get_block("rmsnorm").reference(x, 1.0 + w, 1e-6), lambda: norm(x), [x, w])
 
 
+def rmsnorm_gated() -> list[Comparison]:
+    """The gated output norm of the linear-attention layers: Kimi Linear's and GLM-5-Next's (sigmoid gate) and
+    Qwen3-Next's (silu gate), on per-head rows [B, T, H, D] with gates wide enough to saturate the sigmoid."""
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextRMSNormGated
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearRMSNormGated
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    rows = []
+    for seed, cls in enumerate((KimiLinearRMSNormGated, Glm5NextTextRMSNormGated, Qwen3NextRMSNormGated), start=19):
+        g = torch.Generator().manual_seed(seed)
+        x, gate = _leaf(2, 5, 3, 16, g=g), _leaf(2, 5, 3, 16, g=g, scale=6.0)
+        norm = cls(16, eps=1e-5).to(F64)
+        w = norm.weight
+        w.data = 1 + 0.1 * torch.randn(16, generator=g, dtype=F64)
+        rows.append(_compare("rmsnorm_gated", f"{cls.__name__} ({norm.activation} gate)",
+                             lambda x=x, w=w, gate=gate, act=norm.activation: get_block("rmsnorm_gated").reference(
+                                 x, w, gate, 1e-5, act),
+                             lambda x=x, gate=gate, norm=norm: norm(x, gate), [x, w, gate]))
+    return rows
+
+
 def swiglu() -> Comparison:
     from transformers.activations import ACT2FN
 
@@ -511,8 +532,8 @@ def lora_linear() -> Comparison:
 
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
-    rmsnorm, zero_centred_rmsnorm, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla, mla_rope,
-    attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla,
+    mla_rope, attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

@@ -1,7 +1,8 @@
-"""Module forwards shared by the families: transformers' RMSNorm, gated MLP, sigmoid top-k router, experts, MLA
-attention and KDA forget gate computed by the catalog's ops. Each ``*_forward(self, ...)`` replaces the forward of
-one module instance (``Patcher.set_forward``) and falls back to the shipped forward (``self.original_forward``)
-where the op has no form for the call (a cache, packed sequences, a padding mask): those calls run as shipped."""
+"""Module forwards shared by the families: transformers' RMSNorm, gated output norm, gated MLP, sigmoid top-k router,
+experts, MLA attention and KDA forget gate computed by the catalog's ops. Each ``*_forward(self, ...)`` replaces the
+forward of one module instance (``Patcher.set_forward``) and falls back to the shipped forward
+(``self.original_forward``) where the op has no form for the call (a cache, packed sequences, a padding mask): those
+calls run as shipped."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.blocks.rmsnorm_gated import ACTIVATIONS as GATE_ACTIVATIONS
 from workbench.blocks.situ import BETA, LINEAR_BETA
 from workbench.kernels import (
     kda_gate,
@@ -23,6 +25,7 @@ from workbench.kernels import (
     moe_permute,
     moe_router,
     rmsnorm,
+    rmsnorm_gated,
     swiglu,
 )
 
@@ -40,6 +43,28 @@ def rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tenso
     """transformers' RMSNorm (weight, variance_epsilon) as workbench::rmsnorm. The shipped module casts the
     normalised x to its dtype before the weight (one rounding more than the block in bfloat16; equal in float32)."""
     return rmsnorm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def gated_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """transformers' gated output norm of a linear-attention layer (weight, variance_epsilon, activation: Kimi
+    Linear's and GLM-5-Next's sigmoid gate, Qwen3-Next's silu gate) as workbench::rmsnorm_gated over rows of the
+    last dim: hidden_states, gate [..., N] -> [..., N] in hidden_states' dtype. Qwen3-Next's module casts the normed
+    x to its dtype before the weight and the product again before the gate (two roundings more than the block in
+    bfloat16; equal in float32)."""
+    n = hidden_states.shape[-1]
+    y = rmsnorm_gated(hidden_states.reshape(-1, n), self.weight, gate.reshape(-1, n), self.variance_epsilon,
+                      self.activation)
+    return y.view(hidden_states.shape)
+
+
+def patch_gated_rmsnorm(patcher, path: str, module: nn.Module) -> None:
+    """A gated output norm by rmsnorm_gated (``gated_rmsnorm_forward``), or left alone with the reason: a gate
+    activation the block does not compute."""
+    if module.activation not in GATE_ACTIVATIONS:
+        patcher.report.leave(path, module, f"gated RMSNorm with activation '{module.activation}': rmsnorm_gated "
+                                           f"gates by {' or '.join(GATE_ACTIVATIONS)}")
+    elif patcher.wants(path, module, "rmsnorm_gated"):
+        patcher.set_forward(path, module, gated_rmsnorm_forward, "rmsnorm_gated")
 
 
 def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,9 @@ sigmoid MoE with a shared expert, SwiGLU with clamped inputs, RMSNorm.
                                       and moe_grouped_gemm compute SwiGLU unclamped)
     Glm5NextTextAttention             left alone: its indexer scores k-pools of index_kpool keys (dsa_indexer scores
                                       every key)
+    Glm5NextTextRMSNormGated          rmsnorm_gated, sigmoid gate (Kimi Linear's output norm: plain weight, float32
+                                      math, one rounding)
     Glm5NextTextHyperConnection       left alone: Sinkhorn-normalised stream mixing, no block
-    Glm5NextTextRMSNormGated          left alone: rmsnorm(o) * sigmoid(gate), no block
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from workbench.integrations.families._common import (
     SharedModules,
     finish_shared,
     forget_gate_forward,
+    patch_gated_rmsnorm,
     patch_shared,
     rmsnorm_forward,
     sigmoid_router_forward,
@@ -47,7 +49,6 @@ LEFT_ALONE = {
                                    "dsa_indexer scores every key",
     shipped.Glm5NextTextHyperConnection: "manifold-constrained hyper-connections (Sinkhorn-normalised stream "
                                          "mixing): no block",
-    shipped.Glm5NextTextRMSNormGated: "sigmoid-gated RMSNorm rmsnorm(o) * sigmoid(gate): no block",
 }
 
 
@@ -68,6 +69,8 @@ def apply(patcher: Patcher) -> None:
         elif isinstance(module, shipped.Glm5NextTextForgetGate):
             if patcher.wants(path, module, "kda_gate"):
                 patcher.set_forward(path, module, forget_gate_forward, "kda_gate")
+        elif isinstance(module, shipped.Glm5NextTextRMSNormGated):
+            patch_gated_rmsnorm(patcher, path, module)
         elif type(module) in LEFT_ALONE:
             report.leave(path, module, LEFT_ALONE[type(module)])
     finish_shared(patcher)

@@ -13,7 +13,8 @@ a sigmoid MoE with a shared expert, RMSNorm.
                                       kda_short_conv_decode and kda_decode where both are promoted; the l2norm of q
                                       and k and beta's sigmoid stay in torch (see LEFT_IN_TORCH)
     KimiLinearForgetGate              kda_gate, softplus form -exp(A_log) * softplus(f + dt_bias) (projections in torch)
-    KimiLinearRMSNormGated            left alone: rmsnorm(o) * sigmoid(gate), no block
+    KimiLinearRMSNormGated            rmsnorm_gated, sigmoid gate: rmsnorm(o) * weight * sigmoid(gate) per head,
+                                      float32 math and one rounding, as the module computes it
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from workbench.integrations.families._common import (
     forget_gate_forward,
     mla_forward,
     mla_forward_with_decode,
+    patch_gated_rmsnorm,
     patch_shared,
     qualified,
     rmsnorm_forward,
@@ -120,7 +122,7 @@ def apply(patcher: Patcher) -> None:
         if patch_shared(patcher, path, module, SHARED):
             continue
         if isinstance(module, shipped.KimiLinearRMSNormGated):
-            report.leave(path, module, "sigmoid-gated RMSNorm rmsnorm(o) * sigmoid(gate): no block")
+            patch_gated_rmsnorm(patcher, path, module)
         elif isinstance(module, shipped.KimiLinearAttention):
             if type(module.kv_b_proj) is not nn.Linear:
                 report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla takes "

@@ -10,7 +10,10 @@ softmax-routed MoE with a sigmoid-gated shared expert; zero-centred RMSNorm.
     Qwen3NextGatedDeltaNet            kda_short_conv; kda_gate (softplus form, one channel per value head); kda (the
                                       gated delta rule is KDA with one decay for every key channel of a head); the
                                       l2norm of q and k and beta's sigmoid stay in torch
-    Qwen3NextRMSNormGated             left alone: rmsnorm(o) * silu(gate), no block
+    Qwen3NextRMSNormGated             rmsnorm_gated, silu gate: rmsnorm(o) * weight * silu(z) (the weight plain, not
+                                      zero-centred); the module rounds the normed o and its product with the weight
+                                      to the input dtype before the gate (in bfloat16 two roundings more than the
+                                      block's one; in float32 the same)
     Qwen3NextAttention                left alone: gated softmax attention (GQA, q/k norm, partial rope), no block
 """
 
@@ -24,6 +27,7 @@ from workbench.integrations.families._common import (
     SharedModules,
     empty_cache,
     finish_shared,
+    patch_gated_rmsnorm,
     patch_shared,
     short_conv_supported,
 )
@@ -104,7 +108,7 @@ def apply(patcher: Patcher) -> None:
         if patch_shared(patcher, path, module, SHARED):
             continue
         if isinstance(module, shipped.Qwen3NextRMSNormGated):
-            report.leave(path, module, "SiLU-gated RMSNorm rmsnorm(o) * silu(gate): no block")
+            patch_gated_rmsnorm(patcher, path, module)
         elif isinstance(module, shipped.Qwen3NextGatedDeltaNet):
             why = short_conv_supported(module)
             if why:
