@@ -48,14 +48,23 @@ def test_kimi_linear_swaps_every_module_a_block_computes_and_names_the_rest(prom
     assert found["KimiLinearExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     # its prefill by kda_short_conv and kda, its decode steps by their serving forms (all four are promoted)
     assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda", "kda_short_conv_decode", "kda_decode")
-    assert found["KimiLinearForgetGate"] == ("kda_gate",)
-    assert "no block" in found["KimiLinearRMSNormGated"]
+    assert found["KimiLinearForgetGate"] == ("kda_gate",) and found["KimiLinearRMSNormGated"] == ("rmsnorm_gated",)
     assert model.config._experts_implementation == "workbench"
-    # norms, MLPs, routers, experts, MLA, KDA, forget gates
-    assert sum(r.replaced for r in report.rows) == 10 + 4 + 3 + 3 + 1 + 3 + 3
+    # norms, MLPs, routers, experts, MLA, KDA, forget gates, KDA output norms
+    assert sum(r.replaced for r in report.rows) == 10 + 4 + 3 + 3 + 1 + 3 + 3 + 3
     assert any("l2norm" in note for note in report.notes)
     norm = model.model.norm
     assert norm.forward != norm.original_forward and "weight" in dict(norm.named_parameters())
+
+
+def test_a_gated_norm_with_a_gate_the_block_lacks_is_left_alone(promoted):
+    model = tiny_kimi()
+    model.model.layers[1].self_attn.o_norm.activation = "tanh"
+    rows = {r.path: r for r in apply_workbench_kernels(model).rows}
+    assert rows["model.layers.0.self_attn.o_norm"].blocks == ("rmsnorm_gated",)
+    left = rows["model.layers.1.self_attn.o_norm"]
+    assert not left.replaced and "activation 'tanh': rmsnorm_gated gates by sigmoid or silu" in left.reason
+    assert not hasattr(model.model.layers[1].self_attn.o_norm, "original_forward")
 
 
 def test_applying_twice_keeps_the_shipped_forward_reachable(promoted):
@@ -118,16 +127,23 @@ def test_the_tiny_instance_keeps_the_schedule_and_the_routing_pattern():
     assert fields["routed_scaling_factor"] == 2.446 and fields["linear_conv_kernel_dim"] == 4  # the class's default
 
 
-def test_k3s_card_reads_its_text_config_and_says_what_the_class_cannot_compute():
+def test_k3s_card_reads_its_published_config_through_k3s_model():
+    """Kimi K3's card runs workbench.kimi_k3's model (K3's published serving code), which reads the whole published
+    config (its text_config is kimi_linear, whose transformers class computes neither SiTU nor AttnRes nor the latent
+    MoE); the derived K3.1 Pro card runs K3's."""
     fields, label, notes = config_fields("kimi-k3")
-    assert fields["model_type"] == "kimi_linear" and label.startswith("kimi-k3 (")
+    assert fields["model_type"] == "kimi_k3" and "text_config" in fields and label.startswith("kimi-k3 (")
     full, more = load_config(fields)
-    assert full.hidden_act == "silu" and full.num_local_experts == 896
-    assert any("hidden_act 'situ'" in n and "does not cover" in n for n in more)
-    assert any("KimiLinearConfig does not read" in n and "attn_res_block_size" in n for n in more)
+    assert full.hidden_act == "situ" and full.num_experts == 896 and full.attn_res_block_size == 12
+    assert not any("hidden_act" in n for n in more)  # the model computes SiTU
+    assert any("KimiK3Config does not read" in n and "vision_config" in n for n in more)
+    assert "attn_res_block_size" not in " ".join(more)
+    fields, schedule = tiny_config(full, 4)
+    assert schedule == ["kda", "kda", "kda", "mla"] and fields["layer_kinds"] == "KKKM"
+    assert fields["attn_res_block_size"] == 2 and fields["first_k_dense_replace"] == 1
     fields, label, notes = config_fields("kimi-k3.1-pro")
-    assert label.startswith("kimi-k3.1-pro (")
-    assert "derived from kimi-k3" in notes[0] and "no published class" in notes[0]
+    assert label.startswith("kimi-k3.1-pro (") and fields["model_type"] == "kimi_k3"
+    assert "derived from kimi-k3" in notes[0]
 
 
 def test_peft_lora_layers_are_swapped_for_lora_linear_unless_they_drop_out(promoted):
@@ -177,7 +193,7 @@ def test_qwen3_next_swaps_the_gated_delta_net_and_leaves_softmax_attention_alone
     found = outcome(report)
     assert found["Qwen3NextGatedDeltaNet"] == ("kda_short_conv", "kda_gate", "kda")
     assert found["Qwen3NextRMSNorm"] == ("rmsnorm",) and found["Qwen3NextTopKRouter"] == ("moe_router",)
-    assert "no block" in found["Qwen3NextAttention"] and "no block" in found["Qwen3NextRMSNormGated"]
+    assert "no block" in found["Qwen3NextAttention"] and found["Qwen3NextRMSNormGated"] == ("rmsnorm_gated",)
 
 
 def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_attention_everywhere(promoted):
@@ -240,6 +256,7 @@ def test_glm5_next_swaps_its_kda_layers_and_bounded_gate_and_leaves_the_clamped_
     assert found["Glm5NextTextLinearAttention"] == ("kda_short_conv", "kda", "kda_short_conv_decode", "kda_decode")
     assert found["Glm5NextTextForgetGate"] == ("kda_gate",) and found["Glm5NextTextRMSNorm"] == ("rmsnorm",)
     assert found["Glm5NextTextTopkRouter"] == ("moe_router",)
+    assert found["Glm5NextTextRMSNormGated"] == ("rmsnorm_gated",)  # Kimi Linear's output norm: sigmoid gate
     assert "unclamped" in found["Glm5NextTextMLP"] and "unclamped" in found["Glm5NextTextExperts"]
     assert "k-pools" in found["Glm5NextTextAttention"] and "no block" in found["Glm5NextTextHyperConnection"]
     assert not any(row.path.startswith("model.visual") for row in report.rows)

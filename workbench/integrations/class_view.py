@@ -39,6 +39,7 @@ class ClassView:
     prefix: str                                   # "text_config." when the family reads the nested text config
     resolved: Any                                 # the config class's instance
     given: dict[str, Any]                         # the json fields the class was given
+    code: str = ""                                # whose modeling code: transformers', or the project's own
     unread: list[str] = field(default_factory=list)
     modules: list[dict[str, Any]] = field(default_factory=list)
 
@@ -52,18 +53,7 @@ class ClassView:
 
     def as_dict(self) -> dict[str, Any]:
         return {"model_type": self.model_type, "class": self.model_class, "config_class": self.config_class,
-                "modules": self.modules, "unread_fields": self.unread}
-
-
-def _family_fields(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    from workbench.integrations.transformers import FAMILIES
-
-    text = data.get("text_config")  # a multimodal config: its text model where that is registered (as parity's)
-    if isinstance(text, dict) and text.get("model_type") in FAMILIES:
-        return text, "text_config."
-    if data.get("model_type") in FAMILIES:
-        return data, ""
-    return None
+                "code": self.code, "modules": self.modules, "unread_fields": self.unread}
 
 
 def source_names(source: str) -> set[str]:
@@ -116,23 +106,25 @@ def class_view(data: dict[str, Any]) -> ClassView | None:
     no registered family names it or transformers is not installed."""
     try:
         import torch
-        from transformers import CONFIG_MAPPING
+        import transformers
     except ImportError:
         return None
-    found = _family_fields(data)
+    from workbench.integrations.parity import attention_schedule, load_config, tiny_config
+    from workbench.integrations.transformers import Patcher, PatchReport, config_class, family, family_fields
+
+    found = family_fields(data)
     if found is None:
         return None
     fields, prefix = found
-    from workbench.integrations.parity import load_config, schedules, tiny_config
-    from workbench.integrations.transformers import Patcher, PatchReport, family
-
     fam = family(fields["model_type"])
-    config_cls = CONFIG_MAPPING[fields["model_type"]]
+    config_cls = config_class(fields["model_type"])
+    reader = getattr(config_cls, "__self__", config_cls)  # a bound classmethod's class
     resolved, _notes = load_config(fields)
-    view = ClassView(model_type=fields["model_type"], model_class=fam.MODEL_CLASS, config_class=config_cls.__name__,
-                     prefix=prefix, resolved=resolved, given={k: v for k, v in fields.items() if k != "model_type"})
-    view.unread = unread_fields(view.given, read_names(config_cls), prefix)
-    tiny, _ = tiny_config(resolved, max(4, len(set(schedules(resolved)[0]))))
+    view = ClassView(model_type=fields["model_type"], model_class=fam.MODEL_CLASS, config_class=reader.__name__,
+                     prefix=prefix, resolved=resolved, given={k: v for k, v in fields.items() if k != "model_type"},
+                     code=getattr(fam, "CODE", f"transformers {transformers.__version__}"))
+    view.unread = unread_fields(view.given, read_names(reader), prefix)
+    tiny, _ = tiny_config(resolved, max(4, len(set(attention_schedule(resolved)))))
     with torch.device("meta"):
         model = getattr(fam.shipped, fam.MODEL_CLASS)(config_cls(**tiny))
     report = PatchReport(model_type=view.model_type, model_class=fam.MODEL_CLASS)

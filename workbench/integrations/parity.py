@@ -117,6 +117,12 @@ def _families():
     return FAMILIES
 
 
+def family_module(model_type: str):
+    from workbench.integrations.transformers import family
+
+    return family(model_type)
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -128,10 +134,11 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
-    """The config fields a parity source names, the label of the source, and notes: a config.json (its nested
-    ``text_config`` where that is a registered family or the top level is not), a model card (the config it, or
-    the card it is derived from, was onboarded from), or a bare model_type (the class's defaults; a multimodal
-    class's text model where that is registered)."""
+    """The config fields a parity source names, the label of the source, and notes: a config.json (the whole of it
+    where its model_type's family reads the whole config (kimi_k3), else its nested ``text_config`` where that is a
+    registered family or the top level is not), a model card (the config it, or the card it is derived from, was
+    onboarded from), or a bare model_type (the class's defaults; a multimodal class's text model where that is
+    registered)."""
     from workbench.models import get_model
 
     notes: list[str] = []
@@ -141,9 +148,11 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
             raise WorkbenchError(f"no config file {source}")
         data, label = _read_json(path), str(path)
     elif source in _families():
-        from transformers import CONFIG_MAPPING
+        from workbench.integrations.transformers import config_class
 
-        text = getattr(CONFIG_MAPPING[source](), "text_config", None)  # a multimodal class: its text model's
+        if getattr(family_module(source), "WHOLE_CONFIG", False):
+            return {"model_type": source}, source, ["the published config (the family's defaults)"]
+        text = getattr(config_class(source)(), "text_config", None)  # a multimodal class: its text model's
         if text is not None and text.model_type in _families() and text.model_type != source:
             return {"model_type": text.model_type}, source, [f"the class's default config, its text model "
                                                              f"({text.model_type})"]
@@ -152,8 +161,8 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
         card = get_model(source)
         while not (card.onboarded_from or {}).get("file") and card.derived_from:
             notes.append(f"{card.name} is derived from {card.derived_from}: this parity covers {card.derived_from}'s "
-                         f"class; what {card.name} changes ({' '.join(card.differs.split())[:120]}) is in no "
-                         "published class")
+                         f"model; what {card.name} changes ({' '.join(card.differs.split())[:120]}) is in no "
+                         "published code")
             card = get_model(card.derived_from)
         onboarded = card.onboarded_from or {}
         if not onboarded.get("file"):
@@ -165,7 +174,9 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
             config_path = package_dir(*config_path.parts[1:])  # the package's own configs, installed or not
         data, label = _read_json(config_path), f"{source} ({onboarded['file']})"
     text = data.get("text_config")
-    if isinstance(text, dict) and (text.get("model_type") in _families() or data.get("model_type") not in _families()):
+    whole = data.get("model_type") in _families() and getattr(family_module(data["model_type"]), "WHOLE_CONFIG", False)
+    if isinstance(text, dict) and not whole and (text.get("model_type") in _families()
+                                                 or data.get("model_type") not in _families()):
         notes.append(f"the text model of {data.get('model_type')} (text_config, model_type "
                      f"{data['text_config'].get('model_type')})")
         data = data["text_config"]
@@ -173,9 +184,9 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
 
 
 def card_parity_sources() -> list[str]:
-    """The model cards that name a transformers class: those onboarded from a config whose model_type (at its top or
-    in its text_config) is a registered family. A derived card (kimi-k3.1-pro) is left out: its parity is its base
-    card's (what it changes is in no published class)."""
+    """The model cards that name a registered family's model (a transformers class, or workbench.kimi_k3's): those
+    onboarded from a config whose model_type (at its top or in its text_config) is a registered family. A derived
+    card (kimi-k3.1-pro) is left out: its parity is its base card's (what it changes is in no published code)."""
     from workbench.models import list_models
 
     found, seen = [], set()
@@ -192,32 +203,36 @@ def card_parity_sources() -> list[str]:
 def load_config(fields: dict[str, Any]) -> tuple[Any, list[str]]:
     """The family's config class instance of ``fields`` (defaults filled by the class) and notes on the fields the
     class cannot compute (which the tiny instance replaces by the class's default)."""
-    from transformers import CONFIG_MAPPING
-    from transformers.activations import ACT2FN
-
-    from workbench.integrations.transformers import family
+    from workbench.integrations.transformers import config_class
 
     model_type = fields.get("model_type")
     if not model_type:
         raise WorkbenchError("the config has no model_type")
-    family(model_type)
-    cls = CONFIG_MAPPING[model_type]
+    cls = config_class(model_type)
     fields, notes = dict(fields), []
     act = fields.get("hidden_act")
-    if act is not None and act not in ACT2FN:
+    own = hasattr(family_module(model_type), "config_class")  # the project's own model: it computes what it reads
+    if act is not None and not own and act not in _activations():
         default = cls().hidden_act
         notes.append(f"hidden_act '{act}' has no transformers implementation (ACT2FN): the class cannot compute it; "
                      f"the tiny model uses the class's default '{default}', and this parity does not cover '{act}'")
         fields["hidden_act"] = default
     from workbench.integrations.class_view import read_names, unread_fields
 
-    unread = unread_fields({k: v for k, v in fields.items() if k != "model_type"}, read_names(cls))
+    reader = getattr(cls, "__self__", cls)  # a bound classmethod's class
+    unread = unread_fields({k: v for k, v in fields.items() if k != "model_type"}, read_names(reader))
     if unread:
-        notes.append(f"{cls.__name__} does not read {', '.join(unread)}: this parity does not cover them")
+        notes.append(f"{reader.__name__} does not read {', '.join(unread)}: this parity does not cover them")
     try:
         return cls(**{k: v for k, v in fields.items() if k != "model_type"}), notes
     except (TypeError, ValueError) as exc:
         raise WorkbenchError(f"{cls.__name__} cannot read this config: {one_line(exc)}") from None
+
+
+def _activations():
+    from transformers.activations import ACT2FN
+
+    return ACT2FN
 
 
 def pick_layers(full: list[str], count: int) -> list[str]:
@@ -250,6 +265,14 @@ def schedules(full) -> tuple[list[str], list[str]]:
     return attention, list(mlp)
 
 
+def attention_schedule(full) -> list[str]:
+    """The attention of every layer of ``full`` (the family's own schedule, else ``schedules``')."""
+    from workbench.integrations.transformers import family
+
+    own = getattr(family(full.model_type), "schedule", None)
+    return own(full) if own is not None else schedules(full)[0]
+
+
 def tiny_config(full, layers: int) -> tuple[dict[str, Any], list[str]]:
     """The tiny instance's config fields (the family's ``tiny``) and its attention schedule: ``layers`` layers,
     expert count min(E, 16) (a multiple of the routing groups), top-k scaled to keep k/E about as it is (at least 2
@@ -257,6 +280,8 @@ def tiny_config(full, layers: int) -> tuple[dict[str, Any], list[str]]:
     from workbench.integrations.transformers import family
 
     fam = family(full.model_type)
+    if hasattr(fam, "tiny_config"):  # a family whose model is not a transformers class
+        return fam.tiny_config(full, layers)
     text = full.get_text_config()  # a multimodal class's text model (the family's tiny adds a tiny vision tower)
     attention_full, mlp_full = schedules(text)
     attention = pick_layers(attention_full, layers)

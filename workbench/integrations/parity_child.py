@@ -275,11 +275,10 @@ def fine_tune(model, steps: int, seed: int, shape, vocab: int, device: str) -> l
 
 def run(job: dict) -> dict:
     import torch
-    from transformers import CONFIG_MAPPING
 
     import workbench.kernels as wk
     from workbench.integrations.parity import THRESHOLDS
-    from workbench.integrations.transformers import apply_workbench_kernels, family
+    from workbench.integrations.transformers import apply_workbench_kernels, config_class, family
     from workbench.kernels._ops import RUNS
     from workbench.operators import newest_promoted
     from workbench.verify.worker import install_write_guard
@@ -292,7 +291,7 @@ def run(job: dict) -> dict:
     rebound = torch_paths_without_driver(fam)
     dtype = getattr(torch, job["dtype"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = CONFIG_MAPPING[job["model_type"]](**job["config"])
+    config = config_class(job["model_type"])(**job["config"])
     torch.manual_seed(job["seed"])
     model_cls = getattr(fam.shipped, job["model_class"])
     shipped = model_cls(config).to(device=device, dtype=dtype)

@@ -132,6 +132,14 @@ class Patcher:
         module.forward = forward.__get__(module)
         self.report.replace(path, module, *blocks)
 
+    def set_ops(self, path: str, module: nn.Module, *blocks: str) -> None:
+        """Have ``module`` (a model that computes its blocks through its ``ops`` table, workbench.kimi_k3) compute
+        ``blocks`` with the kernels library's ops, and report it replaced by them."""
+        import workbench.kernels as wk
+
+        module.ops = {**module.ops, **{block: wk.OPS[block] for block in blocks}}
+        self.report.replace(path, module, *blocks)
+
 
 FAMILIES: dict[str, str] = {
     "deepseek_v3": "workbench.integrations.families.deepseek_v3",
@@ -140,11 +148,38 @@ FAMILIES: dict[str, str] = {
     "glm_moe_dsa": "workbench.integrations.families.glm_moe_dsa",
     "inkling2": "workbench.integrations.families.inkling2",
     "inkling2_text": "workbench.integrations.families.inkling2",
+    "kimi_k3": "workbench.integrations.families.kimi_k3",
     "kimi_linear": "workbench.integrations.families.kimi_linear",
     "qwen3_next": "workbench.integrations.families.qwen3_next",
 }
 """model_type -> the module of its family patch (a function ``apply(patcher)`` and the ``MODEL_CLASS`` name of its
-causal LM); a family is listed only where the catalog computes some of its modules."""
+causal LM); a family is listed only where the catalog computes some of its modules. A family whose model is not a
+transformers class (kimi_k3) also names ``config_class`` (its config from the json's fields) and ``tiny_config``, and
+with ``WHOLE_CONFIG`` reads the whole published config rather than its text_config's model_type."""
+
+
+def family_fields(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The config fields a registered family reads from a config.json and their prefix: the top level where its
+    model_type's family reads the whole config (WHOLE_CONFIG), else the nested text_config where that names a
+    family, else the top level; None when no family is registered for either."""
+    top = data.get("model_type")
+    if top in FAMILIES and getattr(family(top), "WHOLE_CONFIG", False):
+        return data, ""
+    text = data.get("text_config")
+    if isinstance(text, dict) and text.get("model_type") in FAMILIES:
+        return text, "text_config."
+    return (data, "") if top in FAMILIES else None
+
+
+def config_class(model_type: str):
+    """The config class (a callable of the json's fields) of a registered family: its own ``config_class``, else
+    transformers' CONFIG_MAPPING entry."""
+    own = getattr(family(model_type), "config_class", None)
+    if own is not None:
+        return own
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]
 
 
 def family(model_type: str):
