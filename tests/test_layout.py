@@ -149,7 +149,7 @@ def test_the_command_prints_the_tables_and_json(k31):
                            terminal_width=200)
     assert result.exit_code == 0, result.output
     text = result.output
-    assert "2,779.5B parameters; weights 5,558.96 GB in bf16, 1,559.94 GB as stored" in text
+    assert "2,779.5B parameters; weights 5,558.97 GB in bf16, 1,559.94 GB as stored" in text
     assert "LoRA r=64" in text and "Memory per card, GB (modelled; HBM 141 GB" in text
     assert "Sent per card per step, GB (modelled)" in text and "fsdp2+edp" in text and "modelled from card" in text
     data = json.loads(runner.invoke(app, ["layout", MODEL, "--cards", "128", "--layout", "fsdp2+ep16", "--lora",
@@ -181,13 +181,14 @@ def test_the_replay_model_is_counted_from_its_modules():
     import torch
 
     from workbench.replay.arch import architecture
-    from workbench.replay.model import ReplayModel
+    from workbench.replay.model import replay_model
     from workbench.replay.presets import get_preset
 
     preset = get_preset("tiny")
     with torch.device("meta"):
-        module = ReplayModel(preset, architecture(MODEL, preset.layers))
+        module = replay_model(preset, architecture(MODEL, preset.layers))
     model = from_replay(MODEL, "tiny", 2)
     assert model.params == sum(p.numel() for p in module.parameters())
     assert model.tokens == preset.tokens_per_step // 2 and model.dense_format == "float32"
-    assert isinstance(model.layers[0], Layer) and model.layers[0].expert_params > 0
+    assert isinstance(model.layers[0], Layer) and model.layers[0].expert_params == 0  # K3's dense first layer
+    assert model.layers[-1].expert_params > 0

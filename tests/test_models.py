@@ -7,6 +7,7 @@ import pytest
 
 import workbench.models as models
 from workbench.blocks import REGISTRY
+from workbench.blocks.base import CARD_DIMS
 from workbench.errors import UnknownModelError, WorkbenchError
 from workbench.models import get_model, list_models, model_shapes
 
@@ -18,9 +19,8 @@ K3_BLOCKS = {
     "mla_decode", "mla_prefill", "attnres",
     "moe_router",
     "moe_permute", "moe_grouped_gemm", "moe_combine", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear",
-    "rmsnorm",
+    "rmsnorm", "rmsnorm_gated",  # KDA's gated output norm
     "moe_grouped_gemm_mxfp4", "vision_tower",
-    "KimiLinearRMSNormGated",  # a module of the transformers class (kimi_linear) no block computes
 }
 KIMI_BLOCKS = K3_BLOCKS | {"dsa_indexer", "dsa_sparse_attention", "dsa_decode", "dsa_indexer_decode",
                            "dsa_prefill", "dsa_indexer_prefill"}
@@ -94,7 +94,8 @@ def test_every_fact_says_where_it_comes_from():
         for name, entry in get_model(model).facts.items():
             assert entry.get("source") in ("public", "config", "assumption"), name
             assert "value" in entry, name
-    assert get_model(KIMI).facts["dsa_topk"] == {"value": 2048, "source": "public"}
+    assert get_model(KIMI).facts["dsa_topk"]["source"] == "public"  # K3.1 Pro's release notes, not K3's code
+    assert "release notes" in get_model(KIMI).facts["dsa_topk"]["note"] and "release notes" in get_model(KIMI).differs
     assert get_model(KIMI).facts["dsa_layers"]["source"] == "assumption"
 
 
@@ -106,7 +107,7 @@ def test_get_model_unknown_lists_known_models():
     assert KIMI in str(info.value)
 
 
-RMSNORM_WIDTHS = [7168, 1536, 512, 3584, 128]  # hidden, q and kv latents, the latent experts, KDA's heads
+RMSNORM_WIDTHS = [7168, 1536, 512, 3584]  # hidden, q and kv latents, the combined routed output (KDA's: gated)
 
 
 def test_model_shapes_rmsnorm_are_the_cards_shapes():
@@ -126,12 +127,13 @@ def test_block_shapes_returns_copies():
 
 def test_card_shapes_of_catalogued_blocks_use_the_spec_dims():
     """A model shape must name every dimension of the block's first smoke shape, and only dimensions its suites
-    use (optional ones such as moe_router's scale or kda_gate's form), or make_inputs cannot use it."""
+    use (optional ones such as moe_router's scale or kda_gate's form) or a card's own (CARD_DIMS: AttnRes's calls),
+    or make_inputs cannot use it."""
     for card in list_models():
         for block in set(card.blocks) & set(REGISTRY):
             suites = REGISTRY[block].shapes
             required = set(suites["smoke"][0])
-            known = {dim for suite in suites.values() for shape in suite for dim in shape}
+            known = {dim for suite in suites.values() for shape in suite for dim in shape} | set(CARD_DIMS)
             for shape in card.block_shapes(block):
                 assert required <= set(shape) <= known, (card.name, block, shape)
 

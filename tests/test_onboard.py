@@ -76,24 +76,32 @@ def test_kimi_k3_from_its_published_config():
     assert (facts["routed_experts"], facts["active_experts"], facts["expert_width"], facts["expert_ffn_size"]) == \
         (896, 16, 3584, 3072)
     assert card["facts"]["hidden_size"]["field"] == "text_config.hidden_size"  # read from the nested text_config
+    # the layer lists are 1-indexed: (l + 1) in kda_layers, so 0-indexed layers 3, 7, ..., 91 and 92 are MLA
+    assert [i for i, kind in enumerate(facts["layer_kinds"]) if kind == "F"] == [*range(3, 92, 4), 92]
     assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
-                               "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear", "situ",
-                               "kda_short_conv", "kda_gate", "kda_decode", "kda_prefill",
+                               "rmsnorm_gated", "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear",
+                               "situ", "kda_short_conv", "kda_gate", "kda_decode", "kda_prefill",
                                "kda_short_conv_decode", "kda_short_conv_prefill", "mla", "mla_decode",
                                "mla_prefill", "moe_grouped_gemm_mxfp4"}
-    assert gaps(card) == {"vision_tower", "KimiLinearRMSNormGated"}  # the MXFP4 weights: moe_grouped_gemm_mxfp4
+    assert gaps(card) == {"vision_tower"}  # the gated output norm is rmsnorm_gated; the MXFP4 weights are read
     assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
-    assert {"situ", "kda_short_conv", "kda_gate", "mla"} <= with_spec(card)  # gaps until the catalog had them
+    # K3 normalises the combined routed output, before the up projection, not the experts' input
+    assert "no norm" in card["facts"]["expert_width"]["note"]
+    assert "combined routed output" in card["facts"]["latent_moe_norm"]["note"]
     blocks = card["blocks"]
     assert blocks["kda"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "HV": 96, "K": 128, "V": 128, "h0": 1}]
     assert blocks["kda"]["layers"] == 69 and blocks["mla"]["layers"] == 24 and blocks["moe_router"]["layers"] == 92
     assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4
     assert blocks["kda_gate"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "K": 128}]
-    assert "text_config.linear_attn_config.gate_lower_bound" in blocks["kda_gate"]["fields"]
+    # the forget gate is low rank; use_full_rank_gate is the output gate's (not kda_gate's) field
+    assert blocks["kda_gate"]["fields"] == ["text_config.linear_attn_config.gate_lower_bound"]
+    assert "low-rank" in blocks["kda_gate"]["role"]
+    assert blocks["rmsnorm_gated"]["shapes"] == [{"rows": 8192 * 96, "N": 128, "act": 0}]  # sigmoid-gated, per head
     assert blocks["mla"]["shapes"] == [{"B": 1, "T": 8192, "H": 96, "R": 512, "DN": 128, "DR": 64, "DV": 128,
                                         "gated": 1}]
     assert "no rotary embedding" in blocks["mla"]["role"]  # mla_use_nope
     assert {"rows": 8192, "N": 1536} in blocks["rmsnorm"]["shapes"]  # MLA's q latent norm (its kv one is 512)
+    assert {"rows": 8192, "N": 128} not in blocks["rmsnorm"]["shapes"]  # KDA's per-head norm is the gated one
     gemm = {"k": 16, "D": 3584, "F": 3072, "E": 896, "hot": 0, "drop": 0, "act": 1}  # SiTU experts
     # a training step's 8192 tokens, and a decode step's 128 (one per sequence: most experts get no row or one)
     assert blocks["moe_grouped_gemm"]["shapes"] == [{"N": 8192, **gemm}, {"N": 128, **gemm}]
@@ -105,18 +113,26 @@ def test_kimi_k3_from_its_published_config():
     assert "differs" not in blocks["moe_router"]  # the config's route scale is an argument of the block
     assert blocks["situ"]["shapes"] == [{"rows": 8192, "N": 6144}, {"rows": 8192, "N": 33792}]  # shared, dense
     assert blocks["situ"]["layers"] == 93  # 92 MoE layers' shared experts and the one dense layer
-    assert {"rows": 8192, "N": 3584} in blocks["rmsnorm"]["shapes"]  # the latent experts' norm
+    assert {"rows": 8192, "N": 3584} in blocks["rmsnorm"]["shapes"]  # the combined routed output's norm
+    # Block AttnRes: one shape per number of sources (1 to 9), with its calls: 186 sub-layer calls and the final one
+    attnres = blocks["attnres"]["shapes"]
+    assert [(s["L"], s["calls"], s["norm"]) for s in attnres] == [
+        (1, 1, 1), *((sources, 24, 1) for sources in range(2, 9)), (9, 17, 1), (9, 1, 0)]
+    assert sum(s["calls"] for s in attnres) == 2 * 93 + 1
+    assert round(sum(s["L"] * s["calls"] for s in attnres) / (2 * 93 + 1), 1) == 5.4
     assert "text_config.use_grouped_topk" in card["unread_fields"]  # shown for review, not silently dropped
-    view = card["transformers"]  # the text config's model_type is kimi_linear: its class, as it reads the config
-    assert card["onboarded_from"]["class"] == view["class"] == "KimiLinearForCausalLM"
-    not_read = {"text_config.activation_situ_beta", "text_config.attn_res_block_size",  # SiTU, AttnRes
-                "text_config.routed_expert_hidden_size", "text_config.latent_moe_use_norm",  # latent MoE
-                "text_config.linear_attn_config.gate_lower_bound", "text_config.mla_use_output_gate"}
-    assert not_read <= set(view["unread_fields"])
-    assert "text_config.linear_attn_config.short_conv_kernel_size" not in view["unread_fields"]  # read by the class
-    modules = {m["class"]: m["blocks"] or m["reason"] for m in view["modules"]}
-    assert modules["KimiLinearForgetGate"] == ["kda_gate"] and modules["KimiLinearAttention"] == ["mla", "mla_decode"]
-    assert "no block" in modules["KimiLinearRMSNormGated"] and "KimiLinearRMSNormGated" in gaps(card)
+    view = card["transformers"]  # the model read through K3's published code (workbench.kimi_k3), not kimi_linear
+    assert card["onboarded_from"]["class"] == view["class"] == "KimiK3ForCausalLM"
+    assert "vllm/models/kimi_k3" in view["code"]
+    read = {"text_config.activation_situ_beta", "text_config.attn_res_block_size", "text_config.latent_moe_use_norm",
+            "text_config.routed_expert_hidden_size", "text_config.linear_attn_config.gate_lower_bound",
+            "text_config.linear_attn_config.use_full_rank_gate", "text_config.mla_use_output_gate",
+            "text_config.linear_attn_config.full_attn_layers", "text_config.mla_use_nope"}
+    assert not read & set(view["unread_fields"])
+    modules = {m["class"]: m["blocks"] for m in view["modules"]}
+    assert modules["KimiK3GatedRMSNorm"] == ["rmsnorm_gated"] and modules["KimiK3DecoderLayer"] == ["attnres"]
+    assert modules["KimiK3MLAAttention"] == ["mla", "mla_prefill", "mla_decode"]
+    assert modules["KimiK3MLP"] == ["situ"] and modules["KimiK3Gate"] == ["moe_router"]
 
 
 def test_kimi_linear_from_its_published_config():
@@ -125,7 +141,7 @@ def test_kimi_linear_from_its_published_config():
     blocks = card["blocks"]
     assert blocks["kda"]["layers"] == 20 and blocks["mla"]["layers"] == 7
     assert blocks["kda"]["shapes"][0]["H"] == 32
-    assert gaps(card) == {"KimiLinearRMSNormGated"}  # the class's KDA output norm; SwiGLU experts, no latent MoE
+    assert gaps(card) == set()  # the KDA output norm is rmsnorm_gated; SwiGLU experts, no latent MoE
     assert card["onboarded_from"]["class"] == "KimiLinearForCausalLM"
     # the json has no short_conv_kernel_size; the class fills in its default, as KimiLinearConfig does
     assert blocks["kda_short_conv"]["shapes"][0]["W"] == 4
@@ -279,4 +295,4 @@ def test_name_and_out_options(tmp_path):
     assert result.exit_code == 0, result.output
     # kda_gate, kda_short_conv (the class's default kernel) and the three decode forms with a spec, the class's gated
     # output norm without
-    assert (tmp_path / "kl.yaml").is_file() and "19 blocks with a spec, 1 without" in result.output
+    assert (tmp_path / "kl.yaml").is_file() and "20 blocks with a spec, 0 without" in result.output

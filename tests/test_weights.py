@@ -50,8 +50,35 @@ def test_kimi_k3_against_its_published_figures():
     rest = weights["params"] - experts["params"]
     assert weights["bytes_published"] == round(experts["params"] * BYTES_PER_WEIGHT["mxfp4"] + rest * 2)
     assert 1.5e12 < weights["bytes_published"] < 1.6e12  # 4 bits alone would be 1.39 TB; scales and bf16 parts
-    assert "not built by the transformers class" in parts["latent_projections"]["note"]
-    assert "the vision tower (vision_config)" in weights["uncounted"]
+    assert "combined routed output" in parts["latent_projections"]["note"]
+    assert weights["uncounted"] == ["the vision tower (vision_config)"]  # AttnRes's vectors counted now
+    assert parts["attnres"]["params"] == 7168 * (4 * 93 + 2)
+
+
+def test_kimi_k3_equals_its_model_built_from_the_published_code():
+    """The count equals the parameters of workbench.kimi_k3's model (K3's published serving code) built from the
+    config on the meta device, part by part where the names say which: the KDA layers with a low-rank forget gate
+    (f_a_proj [128, 7168], f_b_proj [12288, 128]) and a full-rank output gate (g_proj [12288, 7168]), AttnRes's
+    pseudo-queries and key norms, the latent projections with the norm of the combined routed output."""
+    from workbench.kimi_k3 import KimiK3Config, KimiK3ForCausalLM
+
+    data = json.loads((SHARED / "kimi-k3.config.json").read_text())
+    weights = onboard(SHARED / "kimi-k3.config.json")["weights"]
+    with torch.device("meta"):
+        model = KimiK3ForCausalLM(KimiK3Config.from_published(data))
+    named = dict(model.named_parameters())
+    assert weights["params"] == sum(p.numel() for p in named.values())
+    kda = model.model.layers[0].self_attn
+    assert (kda.f_a_proj.weight.shape, kda.f_b_proj.weight.shape, kda.g_proj.weight.shape) == \
+        ((128, 7168), (96 * 128, 128), (96 * 128, 7168))
+    assert not hasattr(kda, "g_a_proj")  # use_full_rank_gate: the output gate is full rank
+    kda_prefixes = tuple(f"model.layers.{i}.self_attn." for i, kind in enumerate(model.config.layer_kinds)
+                         if kind == "K")
+    assert weights["parts"]["kda_attention"]["params"] == sum(
+        p.numel() for n, p in named.items() if n.startswith(kda_prefixes))
+    assert weights["parts"]["attnres"]["params"] == sum(p.numel() for n, p in named.items() if "_res_" in n)
+    assert weights["parts"]["latent_projections"]["params"] == sum(
+        p.numel() for n, p in named.items() if "routed_expert_" in n)
 
 
 def test_the_card_and_the_plan_show_the_weights(settings):

@@ -34,9 +34,10 @@ from workbench.blocks._config import (
 from workbench.blocks.base import FAMILIES
 from workbench.errors import WorkbenchError
 
-LATENT_MOE = ("latent MoE: the routed experts run at this width, between a down projection from the hidden size with "
-              "its RMSNorm and an up projection back; the norm is the rmsnorm block at this width, the projections "
-              "dense GEMMs like every projection of the model: no block of its own")
+LATENT_MOE = ("latent MoE: the routed experts run at this width, between a down projection from the hidden size (no "
+              "norm) and an up projection back; the combined routed output is RMS-normalised before the up "
+              "projection (latent_moe_use_norm; vLLM kimi_k3 KimiRoutedOutputTransform): the rmsnorm block at this "
+              "width, the projections dense GEMMs like every projection of the model")
 
 
 def read_config(path: str | Path) -> tuple[dict, Path]:
@@ -164,6 +165,10 @@ def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
     kda = len(kda_layers or [])
     full = len(full_layers) if full_layers is not None else layers - kda
     card.fact("kda_layers", kda, kda_field)
+    if kda_layers is not None:
+        kinds = "".join("K" if i + 1 in kda_layers else "F" for i in range(layers))
+        card.fact("layer_kinds", kinds, kda_field, "one letter per layer, K KDA, F full attention: the layer lists "
+                  "are 1-indexed ((l + 1) in kda_layers)")
     card.fact("full_attention_layers", full, full_field or None, "" if full_field else "the layers that are not KDA")
     model = ModelConfig(cfg=cfg, hidden=d, hidden_field=d_field, layers=layers, vocab=vocab, vocab_field=vocab_field,
                         heads=heads, heads_field=heads_field, head_dim=head_dim, kda_layers=kda, full_layers=full,
@@ -242,7 +247,8 @@ def _experts(cfg: Config, card: _Card, model: ModelConfig) -> None:
         card.fact(fact, value, field, note.get(fact, ""))
     if latent:
         norm, norm_field = cfg.field("latent_moe_use_norm")
-        card.fact("latent_moe_norm", bool(norm), norm_field, "the RMSNorm after the down projection (rmsnorm's shape)")
+        card.fact("latent_moe_norm", bool(norm), norm_field, "the RMSNorm of the combined routed output, before the "
+                  "up projection (rmsnorm's shape at the expert width)")
     card.fact("shared_experts", *cfg.integer("num_shared_experts", "n_shared_experts"))
     model.experts, model.experts_field, model.active, model.active_field = experts, e_field, k, k_field
     model.moe_layers, model.expert_ffn, model.expert_ffn_field = moe_layers, width, width_field

@@ -3,8 +3,9 @@ published (the routed experts in MXFP4 where the config's quantization_config sa
 
 Modelled: the counts are formulas over the config's fields (below), held to the parameter count of the transformers
 class built on the meta device wherever that class reads every field the formula uses (tests/test_weights.py:
-Kimi Linear 48B, DeepSeek-V3 671B, DeepSeek-V3.2). Parts the class does not build are counted from the fields that
-name them and say so in their note (Kimi K3's latent MoE projections, full-rank forget gate, MLA output gate).
+Kimi Linear 48B, DeepSeek-V3 671B, DeepSeek-V3.2; Kimi K3 to the parameters of workbench.kimi_k3's model, K3's
+published serving code, built on the meta device). Parts a transformers class does not build are counted from the
+fields that name them and say so in their note.
 Norm weights are counted; buffers (the routers' score-correction biases) are not, as transformers counts.
 """
 
@@ -43,6 +44,9 @@ def parts(model: ModelConfig) -> list[Part]:
              Part("lm_head", 0 if tied else (model.vocab or 0) * d, note="tied to the embedding" if tied else ""),
              Part("norms", d * (2 * model.layers + 1), note="two per layer and the final norm")]
     found += _kda(model) + _attention(model) + _ffns(model)
+    if model.integer("attn_res_block_size")[0]:
+        found.append(Part("attnres", d * (4 * model.layers + 2), note="per layer two pseudo-queries and two key "
+                          "norms, and the final AttnRes's pair (vLLM kimi_k3: *_res_proj, *_res_norm)"))
     return [part for part in found if part.params]
 
 
@@ -54,8 +58,6 @@ def uncounted(model: ModelConfig) -> list[str]:
         names.append(f"{mtp} multi-token-prediction layer(s) ({mtp_field}; published totals leave them out too)")
     if isinstance(model.field("vision_config")[0], dict):
         names.append("the vision tower (vision_config)")
-    if model.integer("attn_res_block_size")[0]:
-        names.append("AttnRes depth-residual weights (a few vectors per layer; attn_res_block_size)")
     linear = _linear_layers(model)
     if linear:
         names.append(f"{linear} linear-attention layers of a kind other than KDA (layer_types)")
@@ -69,17 +71,20 @@ def _linear_layers(model: ModelConfig) -> int:
 
 
 def _kda(model: ModelConfig) -> list[Part]:
-    """Kimi Delta Attention layers: q, k, v and o projections; the short convolutions of q, k, v; the forget gate
-    (low rank through the head size, or full rank where linear_attn_config.use_full_rank_gate); beta; the output
-    gate (low rank) and its per-head norm."""
+    """Kimi Delta Attention layers: q, k, v and o projections; the short convolutions of q, k, v; the forget gate,
+    low rank through the head size (f_a_proj, f_b_proj), with A_log per head and dt_bias per channel; beta; the
+    output gate (g_proj full rank where linear_attn_config.use_full_rank_gate, Kimi K3's; else g_a_proj, g_b_proj
+    through the head size) and its per-head norm (vLLM kimi_k3/amd/kda.py)."""
     if not model.kda_layers:
         return []
     d, h, k = model.hidden, model.kda_heads, model.kda_head_dim
     width = model.linear.get("short_conv_kernel_size") or model.class_value("linear_conv_kernel_dim", "kda")[0] or 4
     full_rank = bool(model.linear.get("use_full_rank_gate"))
-    forget = d * h * k if full_rank else k * d + h * k * k
-    per_layer = 4 * d * h * k + 3 * h * k * width + forget + h * k + h + h * d + (k * d + h * k * k) + k
-    note = "forget gate full rank (use_full_rank_gate: not built by the transformers class)" if full_rank else ""
+    forget = k * d + h * k * k + h + h * k
+    output_gate = d * h * k if full_rank else k * d + h * k * k
+    per_layer = 4 * d * h * k + 3 * h * k * width + forget + h * d + output_gate + k
+    note = "forget gate low rank (f_a_proj, f_b_proj); output gate g_proj full rank (use_full_rank_gate)" \
+        if full_rank else ""
     return [Part("kda_attention", model.kda_layers * per_layer, note=note)]
 
 
@@ -101,7 +106,7 @@ def _attention(model: ModelConfig) -> list[Part]:
     query = d * q_rank + q_rank + q_rank * h * (nope + rope) if q_rank else d * h * (nope + rope)
     gate = bool(model.field("mla_use_output_gate")[0])
     per_layer = query + d * (rank + rope) + rank + rank * h * (nope + v) + h * v * d * (2 if gate else 1)
-    gate_note = "with the output gate (mla_use_output_gate: not built by the transformers class)" if gate else ""
+    gate_note = "with the output gate (mla_use_output_gate)" if gate else ""
     parts = [Part("mla_attention", layers * per_layer, note=gate_note)]
     if model.integer("index_topk")[0]:
         hi, di = model.integer("index_n_heads")[0], model.integer("index_head_dim")[0]
@@ -125,7 +130,7 @@ def _ffns(model: ModelConfig) -> list[Part]:
         if model.expert_width:
             norm = model.expert_width if model.field("latent_moe_use_norm")[0] else 0
             parts.append(Part("latent_projections", model.moe_layers * (2 * d * model.expert_width + norm),
-                              note="latent MoE down and up projections (not built by the transformers class)"))
+                              note="latent MoE down and up projections and the norm of the combined routed output"))
     for where, layers, shape, _ in model.gated_ffns():
         parts.append(Part("shared_experts" if where == "shared experts" else "dense_ffns", layers * 3 * d * shape["N"]))
     return parts

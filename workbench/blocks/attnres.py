@@ -26,6 +26,7 @@ nor uniform.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -103,14 +104,38 @@ def work(s: Shape) -> tuple[Work, Work]:
         Work(BF16 * (2 * lnd + nd + nl), vector_flops=8 * lnd)
 
 
+def block_sources(layers: int, block_size: int) -> tuple[collections.Counter[int], int]:
+    """How many sources each AttnRes call of Block AttnRes mixes (Kimi K3's grouping, vLLM's ``KimiDecoderLayer``):
+    ({sources: sub-layer calls}, sources of the final AttnRes). Before layer l's attention the completed blocks are
+    the embedding and the sums of layers 0 .. S * floor(l / S) - 1 in blocks of S, plus the current block's partial
+    sum unless l starts a block; before its MLP, the blocks and the partial sum with the attention's output in it;
+    the final one mixes every completed block and the last partial sum."""
+    calls: collections.Counter[int] = collections.Counter()
+    for layer in range(layers):
+        completed = layer // block_size + 1
+        calls[completed if layer % block_size == 0 else completed + 1] += 1  # attention
+        calls[completed + 1] += 1  # MLP
+    return calls, (layers - 1) // block_size + 2
+
+
 def onboard(model: ModelConfig) -> list[Found]:
-    """Every layer of a config with attn_res_block_size: the mixing with and without its norm."""
+    """Block AttnRes in every layer of a config with attn_res_block_size: one shape per number of sources a call
+    mixes, with the number of such calls (``calls``) and the pre-norm fused (``norm`` 1), and the final AttnRes
+    before the output norm (``norm`` 0)."""
     size, size_field = model.integer("attn_res_block_size")
     if not size:
         return []
-    return [Found("softmax-over-depth residual mixing before each sub-layer", model.layers,
-                  [{"L": size, "N": model.tokens, "D": model.hidden, "norm": norm} for norm in (1, 0)],
+    calls, final = block_sources(model.layers, size)
+    shapes = [{"L": sources, "N": model.tokens, "D": model.hidden, "norm": 1, "calls": count}
+              for sources, count in sorted(calls.items())]
+    return [Found(f"Block AttnRes before each sub-layer (blocks of {size} layers; 1 to {max(calls)} sources, "
+                  f"{_mean(calls, final):.1f} on average) and before the output norm", model.layers,
+                  shapes + [{"L": final, "N": model.tokens, "D": model.hidden, "norm": 0, "calls": 1}],
                   [size_field, model.hidden_field])]
+
+
+def _mean(calls: collections.Counter[int], final: int) -> float:
+    return (sum(sources * count for sources, count in calls.items()) + final) / (sum(calls.values()) + 1)
 
 
 SPEC = BlockSpec(

@@ -27,6 +27,11 @@ FAMILIES = ("linear_attention", "attention", "moe", "activation", "norm", "resid
 """The block families, in the order a model card lists its parts: the attention, the experts, the FFN activations,
 the norms, the residuals, the loss heads, the adapters."""
 
+CARD_DIMS = ("calls",)
+"""Dimensions a model card's shape may carry besides the block's own: ``calls``, how many times a step runs the block
+at that shape where it is not once per layer (Block AttnRes mixes 1 to 9 sources, a shape per count). make_inputs
+ignores them."""
+
 SUITES = ("smoke", "edge", "model")
 """smoke: tiny, for the interpreter; edge: odd sizes and degenerate cases; model: the model card's sizes (GPU)."""
 

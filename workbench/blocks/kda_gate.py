@@ -1,7 +1,9 @@
-"""kda_gate: KDA's full-rank decay gate, in its two published forms, a log decay per key channel.
+"""kda_gate: KDA's decay (forget) gate, in its two published forms, a log decay per key channel, from the gate
+projection f of each token (low rank in Kimi K3 and Kimi Linear: f = f_b_proj(f_a_proj(x)), rank head_dim; K3's
+``use_full_rank_gate`` makes the output gate full rank, not this one: vLLM ``kimi_k3/amd/kda.py``).
 
-Bounded (``lower_bound`` a number; Kimi K3's ``use_full_rank_gate`` with ``gate_lower_bound`` -5.0, GLM-5-Next's
-``Glm5NextTextForgetGate``, the "safe gate" of fla's KDA):
+Bounded (``lower_bound`` a number; Kimi K3's ``gate_lower_bound`` -5.0, GLM-5-Next's ``Glm5NextTextForgetGate``, the
+"safe gate" of fla's KDA):
 
     z = exp(A_log[h]) * (f[b, t, h, k] + dt_bias[h, k])
     g = lower_bound * sigmoid(z)                               g in (lower_bound, 0)
@@ -96,19 +98,19 @@ def onboard(model: ModelConfig) -> list[Found]:
         return []
     linear, at = model.linear, model.linear_field
     bound = linear.get("gate_lower_bound")
-    given = {"gate_lower_bound": bound is not None, "use_full_rank_gate": "use_full_rank_gate" in linear}
-    fields = [f"{at}.{key}" for key, present in given.items() if present]
+    fields = [f"{at}.gate_lower_bound"] if bound is not None else []
     shape = {"B": 1, "T": model.tokens, "H": model.kda_heads, "K": model.kda_head_dim}
+    low_rank = f"from its low-rank projection f = f_b_proj(f_a_proj(x)) (rank {model.kda_head_dim})"
     if bound is None:
-        return [Found("KDA's decay gate, -exp(A_log) softplus(f + dt_bias) (no lower bound)", model.kda_layers,
-                      [{**shape, "form": 1}], fields or model.kda_fields[:1])]
-    return [Found(f"KDA's decay gate, lower bound {bound}", model.kda_layers, [shape], fields)]
+        return [Found(f"KDA's decay gate, -exp(A_log) softplus(f + dt_bias) (no lower bound), {low_rank}",
+                      model.kda_layers, [{**shape, "form": 1}], fields or model.kda_fields[:1])]
+    return [Found(f"KDA's decay gate, lower bound {bound}, {low_rank}", model.kda_layers, [shape], fields)]
 
 
 SPEC = BlockSpec(
     name="kda_gate",
     family="linear_attention",
-    summary="KDA's full-rank decay gate, bounded lower_bound * sigmoid(exp(A_log) (f + dt_bias)) or unbounded "
+    summary="KDA's decay gate, bounded lower_bound * sigmoid(exp(A_log) (f + dt_bias)) or unbounded "
             "-exp(A_log) softplus(f + dt_bias), float32 out",
     reference=reference,
     make_inputs=make_inputs,

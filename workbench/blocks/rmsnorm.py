@@ -54,15 +54,14 @@ def liger_rmsnorm(x, weight, eps):
 
 def onboard(model: ModelConfig) -> list[Found]:
     """Every layer's pre-norms and the final norm at the hidden size, and the norms at other widths: MLA's q and kv
-    latents, the latent MoE's down projection (latent_moe_use_norm), KDA's per-head output norm."""
+    latents, the latent MoE's combined routed output (latent_moe_use_norm: before the up projection). KDA's per-head
+    output norm is gated (rmsnorm_gated)."""
     widths: list[tuple[int, str | None]] = [(model.hidden, model.hidden_field)]
     for name in ("q_lora_rank", "kv_lora_rank", "routed_expert_hidden_size"):
         value, field = model.integer(name)
         if value and (name != "routed_expert_hidden_size" or model.field("latent_moe_use_norm")[0]):
             widths.append((value, field))
-    if model.kda_layers:
-        widths.append((model.kda_head_dim, model.kda_fields[2]))
-    return [Found("pre-norms, final norm, the latent and per-head norms", model.layers,
+    return [Found("pre-norms, final norm, the latent norms", model.layers,
                   [{"rows": model.tokens, "N": w} for w, _ in dict.fromkeys(widths)], [f for _, f in widths])]
 
 

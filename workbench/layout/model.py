@@ -1,9 +1,10 @@
 """The planner's view of a model (workbench.layout.plan.Model), from a model card or from a replay preset's model.
 
-From a card: the layer schedule from its facts (kda_layers linear-attention layers with the full-attention ones
-spread evenly among them, dsa_layers of those gated DSA; the first num_layers - moe_layers layers dense FFNs), the
-sizes from its blocks' shapes, the parameters from its ``weights`` section (each part spread evenly over the layers
-that hold it), at the card's tokens_per_step per card and its lora_rank.
+From a card: the layer schedule from its facts (layer_kinds, the config's layer lists; without it kda_layers
+linear-attention layers with the full-attention ones spread evenly among them; dsa_layers of those gated DSA; the
+first num_layers - moe_layers layers dense FFNs), the sizes from its blocks' shapes, the parameters from its
+``weights`` section (each part spread evenly over the layers that hold it), at the card's tokens_per_step per card
+and its lora_rank.
 From a replay preset: the replay model itself (workbench.replay.model) built on the meta device: parameters counted
 from its modules, float32 throughout, at the preset's tokens per step over the ranks.
 
@@ -16,6 +17,7 @@ statistic, i: of an index): the tensors an implementation that keeps inputs and 
     moe_permute       the row maps                                       moe_grouped_gemm  its rows, gate and up,
     the activation                                                      moe_combine      the expert outputs
     situ              its input                                          attnres          the sub-layer's sources
+    rmsnorm_gated     its input, its gate and 1/rms
     glue              the projections' inputs and the output gates (plain torch between the blocks)
 """
 
@@ -32,8 +34,8 @@ KDA_CHUNK = 64
 
 def _kda(d: int, h: int, k: int, v: int, b: int, conv: bool, gate: bool) -> tuple[int, float, dict[str, float]]:
     """(adapters per unit rank, attention FLOPs per token beyond the projections, saved bytes per token by block)."""
-    saved = {"glue": (d + 2 * h * v) * b, "kda": (2 * h * k + 2 * h * v) * b + (h * k + h) * FP32,
-             "rmsnorm": h * v * b + h * FP32}
+    saved = {"glue": (d + h * v) * b, "kda": (2 * h * k + 2 * h * v) * b + (h * k + h) * FP32,
+             "rmsnorm_gated": 2 * h * v * b + h * FP32}
     if conv:
         saved["kda_short_conv"] = (2 * h * k + h * v) * b
     if gate:
@@ -58,15 +60,6 @@ def _gated_mla_dsa(d: int, h: int, r: int, dn: int, dr: int, dv: int, qr: int, b
     saved["dsa_sparse_attention"] = saved.pop("mla") + topk * i
     selected = min(topk, context)
     return adapters, 2 * h * selected * (2 * r + dr) + 2 * index_heads * index_dim * context, saved
-
-
-def _mqa_dsa(d: int, h: int, hd: int, b: int, i: int, topk: int, index_heads: int, index_dim: int,
-             context: float) -> tuple[int, float, dict[str, float]]:
-    """The replay's gated DSA: one shared kv head of width hd, sigmoid output gate."""
-    saved = {"glue": (d + 2 * h * hd) * b,
-             "dsa_sparse_attention": (2 * h * hd + 2 * hd) * b + topk * i + h * FP32}
-    adapters = (d + h * hd) + 2 * (d + hd) + (h * hd + d)
-    return adapters, 4 * h * hd * min(topk, context) + 2 * index_heads * index_dim * context, saved
 
 
 def _moe(d: int, dx: int, f: int, shared: int, experts: int, active: int, b: int, i: int, latent: bool
@@ -139,13 +132,17 @@ def from_card(name: str) -> Model:
     tokens, b, i = _fact(card, "tokens_per_step"), 2, 4
     kda = _shape(card, "kda") if n_kda else {}
     context = (kda.get("T") or tokens) / 2
-    full_at = {round((j + 1) * layers / n_full) - 1 for j in range(n_full)} if n_full else set()
+    kinds = card.facts.get("layer_kinds", {}).get("value")
+    if isinstance(kinds, str) and len(kinds) == layers:  # the config's layer lists
+        full_at = {i for i, kind in enumerate(kinds) if kind != "K"}
+    else:  # spread evenly among the linear-attention layers
+        full_at = {round((j + 1) * layers / n_full) - 1 for j in range(n_full)} if n_full else set()
     dsa_at = set(sorted(full_at)[:n_dsa])
     per_moe = (parts.get("routers", 0) + parts.get("latent_projections", 0) + parts.get("shared_experts", 0)) / n_moe
     shared = parts.get("shared_experts", 0) // (3 * d * n_moe)
     dense_layers = layers - n_moe
     ffn = parts.get("dense_ffns", 0) // (3 * d * dense_layers) if dense_layers else 0
-    norms = parts.get("norms", 0) / layers
+    norms = (parts.get("norms", 0) + parts.get("attnres", 0)) / layers  # the small per-layer vectors
     built = []
     for index in range(layers):
         if index in full_at:
@@ -182,42 +179,47 @@ def from_replay(name: str, preset_name: str, ranks: int) -> Model:
     over ``ranks`` (module docstring)."""
     import torch
 
+    from workbench.kimi_k3.modeling import LORA_TARGETS
     from workbench.replay.arch import architecture
-    from workbench.replay.model import Projection, ReplayModel
+    from workbench.replay.model import replay_model
     from workbench.replay.presets import get_preset
 
     p = get_preset(preset_name)
     arch = architecture(name, p.layers)
     with torch.device("meta"):
-        replay = ReplayModel(p, arch)
+        replay = replay_model(p, arch)
     b = torch.empty((), dtype=getattr(torch, p.dtype)).element_size()
     i = 8  # int64 indices
     d, dx = p.hidden, p.hidden // 2 if arch.latent else p.hidden
     context = p.seq_len / 2
+    experts = ("w1", "w3", "w2")
 
-    def count(module: torch.nn.Module, skip: tuple[str, ...] = ()) -> int:
-        return sum(t.numel() for n, t in module.named_parameters() if n not in skip)
+    def count(module: torch.nn.Module) -> int:
+        """Its parameters but the routed experts'."""
+        return sum(t.numel() for n, t in module.named_parameters() if n.rsplit(".", 1)[-1] not in experts)
 
     built = []
-    for index, kind in enumerate(arch.layers):
-        attention, moe = replay.attention[index], replay.moe[index]
+    for layer in replay.model.layers:
+        kind, moe = layer.kind, getattr(layer, "block_sparse_moe", None)
+        mla = (d, p.heads, p.mla_rank, p.head_dim, p.head_dim // 2, p.head_dim, d, b)
         if kind == "K":
-            _, flops, saved = _kda(d, p.heads, p.head_dim, p.head_dim, b, arch.short_conv, bool(arch.gate))
+            _, flops, saved = _kda(d, p.heads, p.head_dim, p.head_dim, b, True, True)
         elif kind == "D":
-            _, flops, saved = _mqa_dsa(d, p.heads, p.head_dim, b, i, p.dsa_topk, p.index_heads, p.index_dim,
-                                       context)
+            _, flops, saved = _gated_mla_dsa(*mla, i, p.dsa_topk, p.index_heads, p.index_dim, context)
         else:
-            _, flops, saved = _mla(d, p.heads, p.mla_rank, p.head_dim, p.head_dim // 2, p.head_dim, d, b, context)
-        _, moe_saved = _moe(d, dx, p.expert_ffn, p.expert_ffn, p.experts, p.active, b, i, arch.latent)
-        dense = count(attention) + count(moe, ("w1", "w3", "w2")) + count(replay.mix[2 * index]) + \
-            count(replay.mix[2 * index + 1])
-        adapters = sum(m.weight.shape[0] + m.weight.shape[1] for part in (attention, moe)
-                       for m in part.modules() if isinstance(m, Projection))
-        flops += 2 * dense + 2 * p.active * 3 * dx * p.expert_ffn
-        built.append(Layer(kind, dense, moe.w1.numel() + moe.w3.numel() + moe.w2.numel(), adapters, flops,
-                           _merge(_mixing(d, b), saved, moe_saved), dx))
+            _, flops, saved = _mla(*mla, context)
+        _, ffn_saved = _moe(d, dx, p.expert_ffn, p.expert_ffn, p.experts, p.active, b, i, arch.latent) if moe \
+            else _ffn(d, p.dense_ffn, b)
+        adapters = sum(m.weight.shape[0] + m.weight.shape[1] for n, m in layer.named_modules()
+                       if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in LORA_TARGETS)
+        routed = sum(getattr(moe.experts, n).numel() for n in experts) if moe else 0
+        flops += 2 * count(layer) + (2 * p.active * 3 * dx * p.expert_ffn if moe else 0)
+        built.append(Layer(kind, count(layer), routed, adapters, flops, _merge(_mixing(d, b), saved, ffn_saved),
+                           dx if moe else 0))
     fmt = {4: "float32", 2: "bf16"}[b]
-    return Model(f"{name} replay ({p.name})", d, tuple(built), replay.embed.numel(),
-                 replay.lm_head.numel() + count(replay.mix[-1]), 2 * d * p.vocab, _head(d, b), p.experts, p.active,
+    head = replay.lm_head.weight.numel() + sum(t.numel() for n, t in replay.model.named_parameters()
+                                               if not n.startswith(("layers.", "embed_tokens.")))
+    return Model(f"{name} replay ({p.name})", d, tuple(built), replay.model.embed_tokens.weight.numel(), head,
+                 2 * d * p.vocab, _head(d, b), p.experts, p.active,
                  fmt, fmt, p.tokens_per_step // ranks, b, p.lora_rank,
                  f"the replay model of {name} at preset {p.name} ({p.tokens_per_step // ranks} tokens a rank)")
