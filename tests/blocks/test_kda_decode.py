@@ -71,7 +71,8 @@ def test_the_card_serves_every_kda_layer_at_the_decode_batch():
     card = get_model("kimi-k3")
     entry = card.blocks["kda_decode"]
     assert entry["layers"] == card.blocks["kda"]["layers"]
-    assert entry["shapes"] == [{"N": 128, "SLOTS": 128, "H": 96, "HV": 96, "K": 128, "V": 128}]
+    # vLLM's V x K state cache: K3's published serving code keeps [slot, H, V, K]
+    assert entry["shapes"] == [{"N": 128, "SLOTS": 128, "H": 96, "HV": 96, "K": 128, "V": 128, "vk": 1}]
 
 
 def test_templates_render_each_choice_to_a_candidate():

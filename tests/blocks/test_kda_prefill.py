@@ -96,7 +96,7 @@ def test_the_card_prefills_every_kda_layer_from_packed_prompts():
     blocks = get_model("kimi-k3").blocks
     assert blocks["kda_prefill"]["layers"] == blocks["kda"]["layers"] == 69
     assert blocks["kda_prefill"]["shapes"] == [{"TOTAL": 8192, "S": 16, "SLOTS": 128, "H": 96, "HV": 96, "K": 128,
-                                                "V": 128}]
+                                                "V": 128, "vk": 1}]  # vLLM's V x K state cache
 
 
 def test_templates_render_each_choice_to_a_candidate():

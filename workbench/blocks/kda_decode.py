@@ -12,14 +12,15 @@ For sequence n, per value head, with the state S = state_cache[slots[n]] ([K, V]
 kda's recurrence for one token. The cache is updated in place (``updated_in_place``): a request's state lives in its
 slot from its prefill to its last token, and the slots of requests not in this batch are left as they are.
 
-Layout: state_cache [SLOTS, HV, K, V], K x V, the layout of kda's final_state, so a prefill's final state enters its
-slot with one copy and no transpose; the V values of a key row are contiguous, the axis a program tiles and stores.
-fla's fused_recurrent_kda keeps the same layout by default (its state_v_first transposes it for engines that store
-V x K).
+Layout: state_cache is indexed [SLOTS, HV, K, V] (K x V, the layout of kda's final_state) in any strides: stored
+K x V (fla's fused_recurrent_kda default: the V values of a key row contiguous) or V x K, as vLLM keeps it
+([slot, H, V, K], ``vllm/models/kimi_k3``'s fused_recurrent_kda), given as that storage's transposed view
+``cache.transpose(-1, -2)``: the step reads and writes vLLM's cache in place, with no copy (a transpose at the
+boundary would read and write every slot's state twice more each step). Shape dim ``vk`` 1 stores it V x K.
 
 Shapes: q, k [N, H, K]; v [N, HV, V]; g [N, HV, K] (log decay, <= 0); beta [N, HV]; state_cache [SLOTS, HV, K, V]
-(float32; float64 for float64 inputs); slots [N] int64, distinct, in [0, SLOTS). Outputs: o [N, HV, V] in v.dtype,
-and state_cache itself. Grouped value heads as in kda (HV % H == 0). Forward only: serving has no backward.
+(float32; float64 for float64 inputs; any strides); slots [N] int64, distinct, in [0, SLOTS). Outputs: o [N, HV, V]
+in v.dtype, and state_cache itself. Grouped value heads as in kda (HV % H == 0). Forward only: serving has no backward.
 """
 
 from __future__ import annotations
@@ -57,23 +58,32 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     v = torch.rand(n, hv, dv, generator=gen)
     g = F.logsigmoid(torch.randn(n, hv, dk, generator=gen)) / GATE_NORMALIZERS[seed % len(GATE_NORMALIZERS)]
     beta = torch.sigmoid(torch.randn(n, hv, generator=gen))
-    cache = torch.randn(slots, hv, dk, dv, generator=gen)
+    cache = state_cache(slots, hv, dk, dv, shape.get("vk", 0), gen)
     chosen = torch.randperm(slots, generator=gen)[:n]
     return {"q": q.to(device, dtype), "k": k.to(device, dtype), "v": v.to(device, dtype), "g": g.to(device, dtype),
             "beta": beta.to(device, dtype), "scale": dk ** -0.5,
             "state_cache": cache.to(device, state_dtype(dtype)), "slots": chosen.to(device)}
 
 
+def state_cache(slots: int, hv: int, dk: int, dv: int, vk: int, gen: torch.Generator) -> torch.Tensor:
+    """A state cache [SLOTS, HV, K, V] ~ N(0, 1): stored K x V, or with ``vk`` V x K (vLLM's layout) and returned as
+    its transposed view."""
+    if vk:
+        return torch.randn(slots, hv, dv, dk, generator=gen).transpose(-1, -2)
+    return torch.randn(slots, hv, dk, dv, generator=gen)
+
+
 SHAPES = {
     "smoke": [
         {"N": 2, "SLOTS": 4, "H": 1, "HV": 2, "K": 16, "V": 16},
-        {"N": 4, "SLOTS": 4, "H": 2, "HV": 2, "K": 32, "V": 32},
+        {"N": 4, "SLOTS": 4, "H": 2, "HV": 2, "K": 32, "V": 32, "vk": 1},  # vLLM's V x K cache
     ],
-    # one sequence in one slot; a batch in a larger cache with GVA 1:2 and odd head dims; V over several V tiles;
-    # head dims of one
+    # one sequence in one slot; a batch in a larger cache with GVA 1:2 and odd head dims (both layouts); V over
+    # several V tiles; head dims of one
     "edge": [
         {"N": 1, "SLOTS": 1, "H": 1, "HV": 1, "K": 16, "V": 16},
         {"N": 3, "SLOTS": 8, "H": 2, "HV": 4, "K": 24, "V": 20},
+        {"N": 3, "SLOTS": 8, "H": 2, "HV": 4, "K": 24, "V": 20, "vk": 1},
         {"N": 5, "SLOTS": 7, "H": 1, "HV": 1, "K": 16, "V": 80},
         {"N": 2, "SLOTS": 3, "H": 1, "HV": 3, "K": 1, "V": 1},
     ],
@@ -82,12 +92,12 @@ SHAPES = {
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
     """Two shapes drawn at verification time: any batch up to 9 in a cache up to twice as large, head dims 1-40,
-    GVA ratios 1-2."""
+    GVA ratios 1-2, the cache stored K x V or V x K."""
     shapes = []
     for _ in range(2):
         h, n = rng.randint(1, 2), rng.randint(1, 9)
         shapes.append({"N": n, "SLOTS": rng.randint(n, 2 * n), "H": h, "HV": h * rng.randint(1, 2),
-                       "K": rng.randint(1, 40), "V": rng.randint(1, 40)})
+                       "K": rng.randint(1, 40), "V": rng.randint(1, 40), "vk": rng.randint(0, 1)})
     return shapes
 
 
@@ -114,20 +124,21 @@ def fla_fused_recurrent_kda(q, k, v, g, beta, scale, state_cache, slots):
 
 def onboard(model: ModelConfig) -> list[Found]:
     """Every KDA layer serves its decode through this step: the model suite's decode batch against a cache of as many
-    slots."""
+    slots, stored V x K as vLLM keeps it."""
     if not model.kda_layers:
         return []
     heads, dim = model.kda_heads, model.kda_head_dim
     batch = model.decode_batch
-    return [Found("KDA's recurrent decode step over the state cache (serving)", model.kda_layers,
-                  [{"N": batch, "SLOTS": batch, "H": heads, "HV": heads, "K": dim, "V": dim}], model.kda_fields)]
+    return [Found("KDA's recurrent decode step over the state cache (serving; vLLM's V x K layout)",
+                  model.kda_layers, [{"N": batch, "SLOTS": batch, "H": heads, "HV": heads, "K": dim, "V": dim,
+                                      "vk": 1}], model.kda_fields)]
 
 
 SPEC = BlockSpec(
     name="kda_decode",
     family="linear_attention",
-    summary="KDA's recurrent step for serving: one token per sequence, the K x V state cache read and updated in "
-            "place by slot",
+    summary="KDA's recurrent step for serving: one token per sequence, the state cache (K x V or vLLM's V x K) read "
+            "and updated in place by slot",
     reference=reference,
     make_inputs=make_inputs,
     grad_inputs=(),

@@ -13,7 +13,8 @@ or prefilled then decoded token by token with kda_decode, equals it prefilled at
 kda's prefill of it, outputs and final state (tests/blocks/test_kda_prefill.py); no sequence sees another's tokens.
 
 Shapes: q, k [TOTAL, H, K]; v [TOTAL, HV, V]; g [TOTAL, HV, K] (log decay, <= 0); beta [TOTAL, HV]; state_cache
-[SLOTS, HV, K, V] (float32; float64 for float64 inputs); cu_seqlens [S + 1] int32; slots [S] int64, distinct;
+[SLOTS, HV, K, V] (float32; float64 for float64 inputs; any strides: kda_decode's layouts, vLLM's V x K among them);
+cu_seqlens [S + 1] int32; slots [S] int64, distinct;
 has_state [S] bool. Outputs: o [TOTAL, HV, V] in v.dtype, and state_cache itself. Grouped value heads as in kda
 (HV % H == 0). Forward only: serving has no backward.
 Inputs (make_inputs): kda_decode's distributions for TOTAL tokens; the sequences a _packed.split of TOTAL (an empty
@@ -63,7 +64,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     v = torch.rand(total, hv, dv, generator=gen)
     g = F.logsigmoid(torch.randn(total, hv, dk, generator=gen)) / GATE_NORMALIZERS[seed % len(GATE_NORMALIZERS)]
     beta = torch.sigmoid(torch.randn(total, hv, generator=gen))
-    cache = torch.randn(slots, hv, dk, dv, generator=gen)
+    cache = kda_decode.state_cache(slots, hv, dk, dv, shape.get("vk", 0), gen)
     chosen = torch.randperm(slots, generator=gen)[:s]
     has_state = (torch.arange(s) + int(torch.randint(0, 2, (1,), generator=gen))) % 2 == 1
     cu = _packed.offsets(_packed.split(total, s, gen))
@@ -77,10 +78,12 @@ def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
     """make_inputs' shapes and dtypes on the meta device."""
     total, s, slots, h, hv, dk, dv = (shape[d] for d in ("TOTAL", "S", "SLOTS", "H", "HV", "K", "V"))
     meta = {"device": "meta"}
+    vk = shape.get("vk", 0)
+    cache = torch.empty(slots, hv, *((dv, dk) if vk else (dk, dv)), dtype=state_dtype(dtype), **meta)
     return {"q": torch.empty(total, h, dk, dtype=dtype, **meta), "k": torch.empty(total, h, dk, dtype=dtype, **meta),
             "v": torch.empty(total, hv, dv, dtype=dtype, **meta), "g": torch.empty(total, hv, dk, dtype=dtype, **meta),
             "beta": torch.empty(total, hv, dtype=dtype, **meta), "scale": dk ** -0.5,
-            "state_cache": torch.empty(slots, hv, dk, dv, dtype=state_dtype(dtype), **meta),
+            "state_cache": cache.transpose(-1, -2) if vk else cache,
             "cu_seqlens": torch.empty(s + 1, dtype=torch.int32, **meta),
             "slots": torch.empty(s, dtype=torch.int64, **meta), "has_state": torch.empty(s, dtype=torch.bool, **meta)}
 
@@ -93,13 +96,14 @@ def abstract_outputs(q, k, v, g, beta, scale, state_cache, cu_seqlens, slots, ha
 SHAPES = {
     "smoke": [
         {"TOTAL": 12, "S": 3, "SLOTS": 4, "H": 1, "HV": 2, "K": 16, "V": 16},
-        {"TOTAL": 20, "S": 4, "SLOTS": 4, "H": 2, "HV": 2, "K": 32, "V": 32},
+        {"TOTAL": 20, "S": 4, "SLOTS": 4, "H": 2, "HV": 2, "K": 32, "V": 32, "vk": 1},  # vLLM's V x K cache
     ],
-    # one token in one slot; a batch in a larger cache with GVA 1:2 and odd head dims; V over several V tiles and a
-    # long prompt; head dims of one
+    # one token in one slot; a batch in a larger cache with GVA 1:2 and odd head dims (both layouts); V over several
+    # V tiles and a long prompt; head dims of one
     "edge": [
         {"TOTAL": 1, "S": 1, "SLOTS": 1, "H": 1, "HV": 1, "K": 16, "V": 16},
         {"TOTAL": 9, "S": 3, "SLOTS": 8, "H": 2, "HV": 4, "K": 24, "V": 20},
+        {"TOTAL": 9, "S": 3, "SLOTS": 8, "H": 2, "HV": 4, "K": 24, "V": 20, "vk": 1},
         {"TOTAL": 40, "S": 2, "SLOTS": 3, "H": 1, "HV": 1, "K": 16, "V": 80},
         {"TOTAL": 5, "S": 3, "SLOTS": 3, "H": 1, "HV": 3, "K": 1, "V": 1},
     ],
@@ -113,7 +117,8 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     for _ in range(2):
         h, s = rng.randint(1, 2), rng.randint(1, 5)
         shapes.append({"TOTAL": rng.randint(1, 24), "S": s, "SLOTS": rng.randint(s, 2 * s), "H": h,
-                       "HV": h * rng.randint(1, 2), "K": rng.randint(1, 40), "V": rng.randint(1, 40)})
+                       "HV": h * rng.randint(1, 2), "K": rng.randint(1, 40), "V": rng.randint(1, 40),
+                       "vk": rng.randint(0, 1)})
     return shapes
 
 
@@ -142,9 +147,10 @@ def fla_fused_recurrent_kda(q, k, v, g, beta, scale, state_cache, cu_seqlens, sl
 def onboard(model: ModelConfig) -> list[Found]:
     """Every KDA layer prefills through this step: the model suite's tokens per step packed from PREFILL_SEQUENCES
     prompts (the card's assumed prefill_sequences), against kda_decode's cache of decode-batch slots."""
-    return [Found("KDA over packed prompts from the state cache (serving prefill, the recurrent form)", found.layers,
+    return [Found("KDA over packed prompts from the state cache (serving prefill, the recurrent form; vLLM's V x K "
+                  "layout)", found.layers,
                   [{"TOTAL": model.tokens, "S": min(PREFILL_SEQUENCES, shape["SLOTS"]),
-                    **{k: shape[k] for k in ("SLOTS", "H", "HV", "K", "V")}}], found.fields)
+                    **{k: shape[k] for k in ("SLOTS", "H", "HV", "K", "V", "vk")}}], found.fields)
             for found in kda_decode.onboard(model) for shape in found.shapes[:1]]
 
 

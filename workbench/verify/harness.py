@@ -161,14 +161,16 @@ def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: l
 CAPTURE_DTYPE = torch.bfloat16  # the model suite's dtype on the GPU targets
 
 
-def build_captures(spec: BlockSpec, targets: list[Target]) -> tuple[list[dict], list[str]]:
-    """(captures sent to the sandbox, problems): the model suite's shapes as meta inputs in CAPTURE_DTYPE, once per
+def build_captures(spec: BlockSpec, targets: list[Target], shapes: list[dict] | None = None
+                   ) -> tuple[list[dict], list[str]]:
+    """(captures sent to the sandbox, problems): the model suite's shapes (``shapes`` where given, else the cards')
+    as meta inputs in CAPTURE_DTYPE, once per
     target (the host code chooses its launch settings per target), whose launches the worker records without
     running them; and per target two probes of the first smoke shape, on meta tensors and on real ones (zeros),
     whose launches must be the same (workbench.verify.integrity: capture_divergence): host code that tells a
     capture from a run would compile one thing for the targets and launch another."""
     captures, problems = [], []
-    for shape in suite_shapes(spec, "model"):
+    for shape in suite_shapes(spec, "model") if shapes is None else shapes:
         try:
             inputs = spec.meta_inputs(shape, CAPTURE_DTYPE)
         except Exception as exc:  # noqa: BLE001 - a block whose inputs cannot be made abstract: said, not fatal
@@ -378,11 +380,12 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
 
 def target_report(path: str | Path, *, block: str | None = None, targets: list[str] | None = None,
                   compile_cache: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  forward_only: bool = False) -> VerificationResult:
+                  forward_only: bool = False, shapes: list[dict] | None = None) -> VerificationResult:
     """The model-suite launches of a candidate, captured in the sandbox without running anything, compiled for
     ``targets``: a VerificationResult with builds and findings only (verdict pass, or target_compile_error, or the
     sandbox's verdict). What ``workbench targets`` tabulates; no numerics are verified here. forward_only: the
-    forward's launches only (an inference kernel without a backward)."""
+    forward's launches only (an inference kernel without a backward); shapes: the model suite to compile at in place
+    of the cards' (a benchmark's own sizes)."""
     started = time.monotonic()
     path = Path(path).resolve()
     named_block, source = read_candidate(path)
@@ -392,7 +395,7 @@ def target_report(path: str | Path, *, block: str | None = None, targets: list[s
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
                                 backend="capture", verdict="pass", message="", targets=[t.name for t in required],
                                 forward_only=forward_only)
-    captures, result.findings = build_captures(spec, required)
+    captures, result.findings = build_captures(spec, required, shapes)
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
            "in_place": spec.in_place_outputs, "trials": [], "captures": captures, "device": "cpu",
            "token": secrets.token_hex(16), "forward_only": forward_only}

@@ -38,10 +38,12 @@ LAUNCH_SETTINGS = {"default": {"num_warps": 4}}
 
 
 @triton.jit
-def kda_decode_step_kernel(Q, K, V, G, BETA, CACHE, SLOTS, O, scale, H, HV, KD, VD, BK: tl.constexpr, BV: tl.constexpr):
+def kda_decode_step_kernel(Q, K, V, G, BETA, CACHE, SLOTS, O, scale, H, HV, KD, VD, S_SLOT, S_HEAD, S_K, S_V,
+                           BK: tl.constexpr, BV: tl.constexpr):
     """Program (sequence n, value head hv, V tile): the [BK, BV] tile of the state in slot SLOTS[n] for head hv,
     stepped and stored back in place, and o's BV columns. Q, K [N, H, KD]; V, O [N, HV, VD]; G [N, HV, KD]; BETA
-    [N, HV]; CACHE [SLOTS, HV, KD, VD]; every tensor contiguous."""
+    [N, HV]; CACHE [SLOTS, HV, KD, VD] with strides S_SLOT, S_HEAD, S_K, S_V; every
+    other tensor contiguous."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1).to(tl.int64)
     ok = tl.arange(0, BK)
@@ -53,11 +55,11 @@ def kda_decode_step_kernel(Q, K, V, G, BETA, CACHE, SLOTS, O, scale, H, HV, KD, 
     decay = tl.exp(tl.load(G + (n * HV + hv) * KD + ok, mask=mk, other=0.0).to(ct))
     beta = tl.load(BETA + n * HV + hv).to(ct)
     slot = tl.load(SLOTS + n).to(tl.int64)
-    rows = ((slot * HV + hv) * KD + ok.to(tl.int64)) * VD  # the first value of each key row of the state
+    rows = slot * S_SLOT + hv * S_HEAD + ok.to(tl.int64) * S_K  # each key row of the state (any layout)
     ov = tl.program_id(2) * BV + tl.arange(0, BV)
     mv = ov < VD
     mask = mk[:, None] & mv[None, :]
-    p_s = CACHE + rows[:, None] + ov[None, :]
+    p_s = CACHE + rows[:, None] + ov[None, :] * S_V
     s = tl.load(p_s, mask=mask, other=0.0) * decay[:, None]
     v = tl.load(V + (n * HV + hv) * VD + ov, mask=mv, other=0.0).to(s.dtype)
     u = beta * (v - tl.sum(s * k[:, None], axis=0))  # beta (v - S^T k)
@@ -69,10 +71,8 @@ def kda_decode_step_kernel(Q, K, V, G, BETA, CACHE, SLOTS, O, scale, H, HV, KD, 
 
 def run(q, k, v, g, beta, scale, state_cache, slots):
     """q, k [N, H, K]; v [N, HV, V]; g [N, HV, K]; beta [N, HV] (float32/float16/bfloat16); state_cache
-    [SLOTS, HV, K, V] float32 (float64 for float64 inputs), contiguous, updated in place; slots [N] int ->
-    (o [N, HV, V] in v.dtype, state_cache)."""
-    if not state_cache.is_contiguous():
-        raise ValueError("kda_decode: the state cache is updated in place and must be contiguous")
+    [SLOTS, HV, K, V] float32 (float64 for float64 inputs) in any strides (K x V, or vLLM's V x K as a transposed
+    view), updated in place; slots [N] int -> (o [N, HV, V] in v.dtype, state_cache)."""
     n, h, kd = q.shape
     hv, vd = v.shape[1], v.shape[2]
     if hv % h:
@@ -82,5 +82,6 @@ def run(q, k, v, g, beta, scale, state_cache, slots):
         warps = target_settings(v.device)["num_warps"]
         kda_decode_step_kernel[(n, hv, triton.cdiv(vd, BV))](
             q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state_cache,
-            slots.contiguous(), o, scale, h, hv, kd, vd, BK=triton.next_power_of_2(kd), BV=BV, num_warps=warps)
+            slots.contiguous(), o, scale, h, hv, kd, vd, *state_cache.stride(), BK=triton.next_power_of_2(kd), BV=BV,
+            num_warps=warps)
     return o, state_cache

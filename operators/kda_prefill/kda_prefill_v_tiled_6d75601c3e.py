@@ -38,12 +38,12 @@ LAUNCH_SETTINGS = {"default": {"num_warps": 4}}
 
 
 @triton.jit
-def kda_prefill_recurrent_kernel(Q, K, V, G, BETA, CACHE, CU, SLOTS, HAS, O, scale, H, HV, KD, VD, BK: tl.constexpr,
-                                 BV: tl.constexpr):
+def kda_prefill_recurrent_kernel(Q, K, V, G, BETA, CACHE, CU, SLOTS, HAS, O, scale, H, HV, KD, VD, S_SLOT, S_HEAD,
+                                 S_K, S_V, BK: tl.constexpr, BV: tl.constexpr):
     """Program (sequence n, value head hv, V tile): the [BK, BV] tile of the sequence's state (from its slot, or
     zeros) stepped through its tokens in registers, each token's o columns stored, the final tile written back.
-    Q, K [TOTAL, H, KD]; V, O [TOTAL, HV, VD]; G [TOTAL, HV, KD]; BETA [TOTAL, HV]; CACHE [SLOTS, HV, KD, VD];
-    CU [S + 1]; SLOTS, HAS [S]; every tensor contiguous."""
+    Q, K [TOTAL, H, KD]; V, O [TOTAL, HV, VD]; G [TOTAL, HV, KD]; BETA [TOTAL, HV]; CACHE [SLOTS, HV, KD, VD]
+    with strides S_SLOT, S_HEAD, S_K, S_V; CU [S + 1]; SLOTS, HAS [S]; every other tensor contiguous."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1).to(tl.int64)
     ok = tl.arange(0, BK)
@@ -54,11 +54,11 @@ def kda_prefill_recurrent_kernel(Q, K, V, G, BETA, CACHE, CU, SLOTS, HAS, O, sca
     end = tl.load(CU + n + 1).to(tl.int64)
     keep = tl.load(HAS + n).to(tl.int32) != 0
     slot = tl.load(SLOTS + n).to(tl.int64)
-    rows = ((slot * HV + hv) * KD + ok.to(tl.int64)) * VD  # the first value of each key row of the state
+    rows = slot * S_SLOT + hv * S_HEAD + ok.to(tl.int64) * S_K  # each key row of the state (any layout)
     ov = tl.program_id(2) * BV + tl.arange(0, BV)
     mv = ov < VD
     mask = mk[:, None] & mv[None, :]
-    p_s = CACHE + rows[:, None] + ov[None, :]
+    p_s = CACHE + rows[:, None] + ov[None, :] * S_V
     s = tl.where(keep, tl.load(p_s, mask=mask, other=0.0), 0.0)  # without a state: zeros
     for r in range(start, end):
         q = tl.load(Q + (r * H + h) * KD + ok, mask=mk, other=0.0).to(ct) * scale
@@ -74,10 +74,9 @@ def kda_prefill_recurrent_kernel(Q, K, V, G, BETA, CACHE, CU, SLOTS, HAS, O, sca
 
 def run(q, k, v, g, beta, scale, state_cache, cu_seqlens, slots, has_state):
     """q, k [TOTAL, H, K]; v [TOTAL, HV, V]; g [TOTAL, HV, K]; beta [TOTAL, HV] (float32/float16/bfloat16);
-    state_cache [SLOTS, HV, K, V] float32 (float64 for float64 inputs), contiguous, updated in place; cu_seqlens
-    [S + 1] int32; slots [S] int (distinct); has_state [S] bool -> (o [TOTAL, HV, V] in v.dtype, state_cache)."""
-    if not state_cache.is_contiguous():
-        raise ValueError("kda_prefill: the state cache is updated in place and must be contiguous")
+    state_cache [SLOTS, HV, K, V] float32 (float64 for float64 inputs) in any strides (K x V, or vLLM's V x K as a
+    transposed view), updated in place; cu_seqlens [S + 1] int32; slots [S] int (distinct); has_state [S] bool ->
+    (o [TOTAL, HV, V] in v.dtype, state_cache)."""
     total, h, kd = q.shape
     hv, vd = v.shape[1], v.shape[2]
     if hv % h:
@@ -89,5 +88,5 @@ def run(q, k, v, g, beta, scale, state_cache, cu_seqlens, slots, has_state):
         kda_prefill_recurrent_kernel[(s, hv, triton.cdiv(vd, BV))](
             q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state_cache,
             cu_seqlens.contiguous(), slots.contiguous(), has_state.contiguous(), o, scale, h, hv, kd, vd,
-            BK=triton.next_power_of_2(kd), BV=BV, num_warps=warps)
+            *state_cache.stride(), BK=triton.next_power_of_2(kd), BV=BV, num_warps=warps)
     return o, state_cache
