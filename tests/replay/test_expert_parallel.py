@@ -15,9 +15,10 @@ import torch.multiprocessing as mp
 from workbench.replay.arch import architecture
 from workbench.replay.distributed import ExpertParallelMoE
 from workbench.replay.launcher import free_port
-from workbench.replay.model import MoE
+from workbench.replay.model import moe_layers, replay_model
 from workbench.replay.ops import load_ops, reference_ops
 from workbench.replay.presets import get_preset
+from workbench.replay.train import use_ops
 
 WORLD = 2
 TOKENS = 24  # per rank
@@ -35,36 +36,37 @@ def _errors(rank: int, port: int, results) -> None:
     torch.set_num_threads(1)
     preset = get_preset("tiny")
     arch = architecture("kimi-k3.1-pro", preset.layers)  # latent MoE with SiTU experts
-    ops = load_ops(reference_ops(arch.blocks))
     torch.manual_seed(0)
-    layer = MoE(preset, arch)
+    model = replay_model(preset, arch)
+    use_ops(model, load_ops(reference_ops(arch.blocks)))
+    layer = moe_layers(model)[0]
     x_all = torch.randn(WORLD * TOKENS, preset.hidden)
     dy_all = torch.randn(WORLD * TOKENS, preset.hidden)
     truth = copy.deepcopy(layer)
     x_truth = x_all.clone().requires_grad_()
-    y_truth = truth(x_truth, ops)
+    y_truth = truth(x_truth)
     (y_truth * dy_all).sum().backward()
     rows = slice(rank * TOKENS, (rank + 1) * TOKENS)
-    local = layer.experts // WORLD
+    local = layer.experts.num_experts // WORLD
     experts = slice(rank * local, (rank + 1) * local)
     found = {}
     for chunks in CHUNKS:
         ep = copy.deepcopy(layer)
         ExpertParallelMoE.adopt(ep, dist.group.WORLD, chunks)
         x = x_all[rows].clone().requires_grad_()
-        y = ep(x, ops)
+        y = ep(x)
         (y * dy_all[rows]).sum().backward()
-        router_grad, counts = ep.router.grad.clone(), ep.last_counts.clone()
+        router_grad, counts = ep.gate.weight.grad.clone(), ep.gate.last_counts.clone()
         dist.all_reduce(router_grad)  # each rank's tokens contribute their share
         dist.all_reduce(counts)
         found[chunks] = {
             "y": _relative(y, y_truth[rows].detach()),
             "dx": _relative(x.grad, x_truth.grad[rows]),
-            "dw1": _relative(ep.w1.grad, truth.w1.grad[experts]),
-            "dw3": _relative(ep.w3.grad, truth.w3.grad[experts]),
-            "dw2": _relative(ep.w2.grad, truth.w2.grad[experts]),
-            "d_router": _relative(router_grad, truth.router.grad),
-            "counts": float((counts - truth.last_counts).abs().max()),
+            "dw1": _relative(ep.experts.w1.grad, truth.experts.w1.grad[experts]),
+            "dw3": _relative(ep.experts.w3.grad, truth.experts.w3.grad[experts]),
+            "dw2": _relative(ep.experts.w2.grad, truth.experts.w2.grad[experts]),
+            "d_router": _relative(router_grad, truth.gate.weight.grad),
+            "counts": float((counts - truth.gate.last_counts).abs().max()),
         }
     results[rank] = found
     dist.destroy_process_group()

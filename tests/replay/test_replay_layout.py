@@ -160,7 +160,9 @@ def test_promoted_operators_on_two_ranks_stay_in_the_band(settings):
 
 @pytest.mark.slow
 def test_a_defect_on_one_rank_fails_naming_the_step_and_the_rank(shared, tmp_path):
-    rounded = write_op(tmp_path, "combine_rounded", ROUNDED_UP, block="moe_combine", bits=6)
+    # 2 bits: K3's latent MoE RMS-normalises the combined output before its up projection, which absorbs most of a
+    # rounding bias (at 6 bits rank 1's loss stays in its band; the trained parameters still differ)
+    rounded = write_op(tmp_path, "combine_rounded", ROUNDED_UP, block="moe_combine", bits=2)
     outcome = run_replay(MODEL, "scratch", shared, ops=["reference"], steps=4, ranks=2,
                          rank_ops={1: [f"moe_combine={rounded}"]})
     assert outcome.status == "fail"

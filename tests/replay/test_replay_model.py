@@ -1,5 +1,6 @@
-"""The replay model and its training loop, on reference blocks (in process, fast): the architecture each card gives,
-structure, LoRA, determinism, learning, and the judgement of a curve against its reference."""
+"""The replay model (Kimi K3's text model, workbench.kimi_k3, at a preset's sizes) and its training loop, on
+reference blocks (in process, fast): the architecture each card gives, structure, LoRA, determinism, learning, and the
+judgement of a curve against its reference."""
 
 from __future__ import annotations
 
@@ -10,12 +11,20 @@ import pytest
 import torch
 
 from workbench.errors import WorkbenchError
+from workbench.kimi_k3.modeling import (
+    KimiK3DeltaAttention,
+    KimiK3DSAAttention,
+    KimiK3ForCausalLM,
+    KimiK3MLAAttention,
+    LoRALinear,
+    OpsModule,
+)
 from workbench.replay.arch import architecture, replay_model_for
 from workbench.replay.compare import judge
-from workbench.replay.model import GatedDSA, KDAAttention, LatentAttention, Projection, ReplayModel
+from workbench.replay.model import replay_model
 from workbench.replay.ops import load_ops, reference_ops
 from workbench.replay.presets import PRESETS, get_preset
-from workbench.replay.train import make_base, train
+from workbench.replay.train import make_base, train, use_ops
 
 TINY = get_preset("tiny")
 K3 = architecture("kimi-k3", TINY.layers)
@@ -42,19 +51,22 @@ def test_every_preset_keeps_the_target_structure():
         assert set(preset.layers) == {"K", "F"}
         assert preset.vocab >= 8 * preset.hidden  # a vocabulary much larger than the hidden size
         assert 0.5 <= kda <= 0.75
-    model = ReplayModel(TINY, PRO)
-    kinds = [type(m) for m in model.attention]
-    assert kinds == [KDAAttention, GatedDSA]
-    assert [type(m) for m in ReplayModel(TINY, K3).attention] == [KDAAttention, LatentAttention]
-    assert len(model.mix) == 2 * len(TINY.layers) + 1  # AttnRes before every sub-layer and before the head
+    model = replay_model(TINY, PRO)
+    assert isinstance(model, KimiK3ForCausalLM)  # the model `workbench parity kimi-k3` holds, not a look-alike
+    assert [type(layer.self_attn) for layer in model.model.layers] == [KimiK3DeltaAttention, KimiK3DSAAttention]
+    assert [type(layer.self_attn) for layer in replay_model(TINY, K3).model.layers] == \
+        [KimiK3DeltaAttention, KimiK3MLAAttention]
+    first, second = model.model.layers
+    assert hasattr(first, "mlp") and hasattr(second, "block_sparse_moe")  # K3's dense first layer, then MoE
+    assert model.config.attn_res_block_size == TINY.attnres_block and model.config.rms_norm_eps == 1e-5
 
 
 def test_each_card_gives_its_architecture():
     """kimi-k3 (from its published config): KDA with its short convolution and bounded gate, MLA, latent MoE with
-    SiTU experts and a SiTU shared expert; kimi-k3.1-pro the same with gated DSA in the full-attention layer (MLA in
-    the second one of a longer schedule)."""
+    SiTU MLPs, Block AttnRes and a dense first layer; kimi-k3.1-pro the same with gated DSA in the full-attention
+    layer (MLA in the second one of a longer schedule)."""
     assert (K3.layers, PRO.layers) == ("KM", "KD")
-    assert K3.short_conv and K3.gate == "bounded" and K3.latent and (K3.experts, K3.shared) == ("situ", "situ")
+    assert K3.gate == "bounded" and K3.latent and K3.experts == "situ" and K3.attnres and K3.dense_first
     assert K3.route_scale == 1.0  # the config's routed_scaling_factor
     assert {"kda_short_conv", "kda_gate", "mla", "situ"} <= set(K3.blocks) and "swiglu" not in K3.blocks
     assert {"dsa_indexer", "dsa_sparse_attention"} <= set(PRO.blocks) and "mla" not in PRO.blocks
@@ -80,32 +92,37 @@ def _recording(name: str, fn, called: set):
 
 @pytest.mark.parametrize("arch", [K3, PRO], ids=["kimi-k3", "kimi-k3.1-pro"])
 def test_every_catalog_block_of_the_model_is_called(arch):
+    """The architecture's blocks are exactly those the K3 model's modules compute in training."""
     called = set()
     ops = {name: _recording(name, fn, called) for name, fn in load_ops(reference_ops(arch.blocks)).items()}
-    model = ReplayModel(TINY, arch)
+    model = replay_model(TINY, arch)
+    use_ops(model, ops)
+    trained = {b for m in model.modules() if isinstance(m, OpsModule) for b in m.TRAINING}
+    assert trained == set(arch.blocks) - {"lora_linear"}
     tokens = torch.randint(0, TINY.vocab, (TINY.batch, TINY.seq_len))
-    loss = model.loss(tokens, tokens, ops)
+    loss = model.loss(tokens, tokens)
     loss.backward()
     assert called == set(arch.blocks) - {"lora_linear"}
     model.add_lora(TINY.lora_rank, TINY.lora_alpha, seed=0)
     called.clear()
-    model.loss(tokens, tokens, ops)
+    model.loss(tokens, tokens)
     assert "lora_linear" in called
 
 
 def test_lora_freezes_the_base_and_starts_from_its_outputs():
     torch.manual_seed(0)
-    model = ReplayModel(TINY, PRO)
+    model = replay_model(TINY, PRO)
+    use_ops(model, REFERENCE_OPS)
     tokens = torch.randint(0, TINY.vocab, (TINY.batch, TINY.seq_len))
     with torch.no_grad():
-        before = model.loss(tokens, tokens, REFERENCE_OPS)
+        before = model.loss(tokens, tokens)
     adapters = model.add_lora(TINY.lora_rank, TINY.lora_alpha, seed=0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert {id(p) for p in trainable} == {id(p) for p in adapters.values()}
-    projections = [m for m in model.modules() if isinstance(m, Projection)]
+    projections = [m for m in model.modules() if isinstance(m, LoRALinear)]
     assert len(adapters) == 2 * len(projections) and all(m.lora_b.abs().sum() == 0 for m in projections)
     with torch.no_grad():
-        after = model.loss(tokens, tokens, REFERENCE_OPS)
+        after = model.loss(tokens, tokens)
     assert torch.allclose(before, after, rtol=1e-6, atol=1e-6)  # B = 0: the adapted model is the base model
 
 

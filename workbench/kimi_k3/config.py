@@ -102,6 +102,15 @@ class KimiK3Config:
         return cls(**values)
 
     @classmethod
+    def from_fields(cls, **values: Any) -> KimiK3Config:
+        """A config from json fields: ``to_dict``'s (they name ``layer_kinds``), a published config's (they name
+        ``num_hidden_layers``, at the top or in ``text_config``), or none but model_type (the published K3)."""
+        values = {k: v for k, v in values.items() if k != "model_type"}
+        if "layer_kinds" in values:
+            return cls.from_dict(values)
+        return cls.from_published(values) if values else cls()
+
+    @classmethod
     def from_published(cls, data: dict[str, Any]) -> KimiK3Config:
         """The config of a published ``config.json`` (its ``text_config``, K3's nesting, or the top level), read as
         vLLM's KimiLinearConfig reads it; a missing required field is one line naming it."""
@@ -111,6 +120,13 @@ class KimiK3Config:
             layers = int(text["num_hidden_layers"])
             kda, dsa = set(linear.get("kda_layers") or []), set(text.get("dsa_layers") or [])
             kinds = "".join("K" if (i + 1) in kda else "D" if (i + 1) in dsa else "M" for i in range(layers))
+            full = linear.get("full_attn_layers")
+            if full is not None and sorted(full) != [i + 1 for i, k in enumerate(kinds) if k != "K"]:
+                raise WorkbenchError("linear_attn_config: kda_layers and full_attn_layers (1-indexed) do not split "
+                                     f"the {layers} layers between them")
+            if text.get("mla_use_nope") is False:
+                raise WorkbenchError("mla_use_nope false: K3's MLA runs without rotary embedding; this model has none")
+            grouped = text.get("use_grouped_topk", False)
             quant = text.get("quantization_config") or data.get("quantization_config") or {}
             picked = {
                 "vocab_size": text["vocab_size"], "hidden_size": text["hidden_size"], "num_hidden_layers": layers,
@@ -124,6 +140,8 @@ class KimiK3Config:
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkbenchError(f"not a Kimi K3 config: {exc!r} missing or malformed") from None
         picked.update({name: text.get(name, off) for name, off in OFF_WHEN_ABSENT.items()})
+        if not grouped:  # vLLM's FusedMoE groups the top-k only with use_grouped_topk
+            picked.update(num_expert_group=1, topk_group=1)
         if dsa:
             picked["sources"] = {"dsa_layers": "not in K3's code: Kimi K3.1 Pro's release notes"}
         names = {f.name for f in fields(cls)} - set(picked) - {"sources", "model_type"}

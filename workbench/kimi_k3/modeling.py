@@ -103,6 +103,36 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
+class LoRALinear(OpsModule):
+    """A frozen projection with LoRA adapters through the lora_linear block: y = x W^T + x A^T B^T * scaling, with
+    PEFT's initialisation (A [r, IN] kaiming-uniform of bound 1/sqrt(IN), B [OUT, r] zeros, scaling alpha / r).
+    Parameters: weight (the base's, frozen), lora_a, lora_b."""
+
+    TRAINING = ("lora_linear",)
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator):
+        super().__init__()
+        self.weight = base.weight
+        self.weight.requires_grad_(False)
+        d_out, d_in = self.weight.shape
+        bound = 1 / math.sqrt(d_in)
+        self.lora_a = nn.Parameter(((torch.rand(rank, d_in, generator=generator) * 2 - 1) * bound)
+                                   .to(self.weight.dtype))
+        self.lora_b = nn.Parameter(torch.zeros(d_out, rank, dtype=self.weight.dtype))
+        self.scaling = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ops["lora_linear"](x.reshape(-1, x.shape[-1]), self.weight, self.lora_a, self.lora_b, self.scaling)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                "gate_proj", "up_proj", "down_proj", "routed_expert_down_proj", "routed_expert_up_proj")
+"""The projections LoRA adapts: attention (KDA's q, k, v, o and output gate; MLA's latents, o and gate), the MLPs and
+shared experts, the latent MoE's projections. kv_b_proj is read as W_uk and W_uv by the MLA ops and the AttnRes
+pseudo-queries as vectors, so neither is a projection whose output an adapter could change."""
+
+
 class KimiK3RMSNorm(OpsModule):
     """RMSNorm (vLLM's RMSNorm, eps rms_norm_eps): rows [..., N] -> [..., N]."""
 
@@ -324,7 +354,8 @@ class KimiK3Indexer(OpsModule):
     """The lightning indexer of a gated-DSA layer (Kimi K3.1 Pro's release notes; DeepSeek-V3.2's indexer without
     rotary embedding, as K3's MLA has none): q_idx = wq(c_q) [N, HI, DI], k_idx = wk(x) [N, DI], weights =
     weights_proj(x) * (HI * DI)^-0.5 [N, HI]; each token's top-k keys by sum_j w_j relu(q_idx_j . k_idx). The
-    selection takes no gradient (its inputs detached)."""
+    selection takes no gradient from the language-model loss (DeepSeek-V3.2 trains its indexer with a loss of its
+    own, which this model has not): it is computed without autograd."""
 
     TRAINING = ("dsa_indexer",)
     SERVING = ("dsa_indexer_prefill", "dsa_indexer_decode")
@@ -338,10 +369,10 @@ class KimiK3Indexer(OpsModule):
         self.weights_proj = _linear(d, hi)
 
     def inputs(self, x: torch.Tensor, c_q: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = x.detach()
-        q_idx = self.wq((x if c_q is None else c_q).detach()).view(-1, self.heads, self.dim)
+        q_idx = self.wq(x if c_q is None else c_q).view(-1, self.heads, self.dim)
         return q_idx, self.wk(x), self.weights_proj(x) * (self.heads * self.dim) ** -0.5
 
+    @torch.no_grad()
     def forward(self, x: torch.Tensor, c_q: torch.Tensor | None, rows: Rows) -> torch.Tensor:
         """The selected positions: [B, T, topk] int64 (training) or [N, topk] int32 (serving, from the cache)."""
         q_idx, k_idx, w = self.inputs(x, c_q)
@@ -602,17 +633,24 @@ class KimiK3TextModel(OpsModule):
                         self.output_attn_res_norm, None)
 
 
+def mtp_attention(config: KimiK3Config) -> str:
+    """The MTP layer's attention. vLLM builds it as layer num_hidden_layers, past the KDA layer list, so full
+    attention: MLA in K3; where the schedule has DSA layers (K3.1 Pro: no published code), the kind of its last full
+    layer."""
+    return next((kind for kind in reversed(config.layer_kinds) if kind != "K"), "M")
+
+
 class KimiK3MTPLayer(OpsModule):
     """One multi-token-prediction depth (vLLM's KimiK3MultiTokenPredictorLayer): enorm, hnorm, eh_proj [D, 2D],
-    mtp_block (a decoder layer without AttnRes: MLA, since its index is past the KDA list, and the MoE),
-    shared_head.norm and shared_head.head [V, D]."""
+    mtp_block (a decoder layer without AttnRes: full attention, ``mtp_attention``, and the MoE), shared_head.norm and
+    shared_head.head [V, D]."""
 
     def __init__(self, config: KimiK3Config, layer_idx: int):
         super().__init__()
         d = config.hidden_size
         self.enorm, self.hnorm = KimiK3RMSNorm(d, config.rms_norm_eps), KimiK3RMSNorm(d, config.rms_norm_eps)
         self.eh_proj = _linear(2 * d, d)
-        self.mtp_block = KimiK3DecoderLayer(config, layer_idx, "M", attn_res=False)
+        self.mtp_block = KimiK3DecoderLayer(config, layer_idx, mtp_attention(config), attn_res=False)
         self.shared_head = nn.Module()
         self.shared_head.norm = KimiK3RMSNorm(d, config.rms_norm_eps)
         self.shared_head.head = _linear(d, config.vocab_size)
@@ -660,9 +698,11 @@ class KimiK3ForCausalLM(OpsModule):
         self.TRAINING = (loss_block,)
         self.model = KimiK3TextModel(config)
         self.lm_head = _linear(config.hidden_size, config.vocab_size)
-        first = config.num_hidden_layers
+        self.model.apply(self._init)
+        self.lm_head.apply(self._init)
+        first = config.num_hidden_layers  # the MTP depths drawn last: the main model starts alike with or without
         self.mtp = nn.ModuleList(KimiK3MTPLayer(config, first + i) for i in range(config.num_nextn_predict_layers))
-        self.apply(self._init)
+        self.mtp.apply(self._init)
 
     @staticmethod
     def _init(module: nn.Module) -> None:
@@ -678,6 +718,24 @@ class KimiK3ForCausalLM(OpsModule):
         for module in self.modules():
             if isinstance(module, OpsModule):
                 module.ops = ops
+
+    def add_lora(self, rank: int, alpha: float, seed: int) -> dict[str, nn.Parameter]:
+        """Freeze every parameter and adapt every projection named in LORA_TARGETS (LoRALinear, its adapters drawn
+        from ``seed``, computing with this model's ops); returns the adapters by name ("<projection>.lora_a" /
+        ".lora_b")."""
+        for param in self.parameters():
+            param.requires_grad_(False)
+        g = torch.Generator().manual_seed(seed)
+        targets = [(name, module) for name, module in self.named_modules()
+                   if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in LORA_TARGETS]
+        adapters = {}
+        for name, linear in targets:
+            parent, _, child = name.rpartition(".")
+            lora = LoRALinear(linear, rank, alpha, g)
+            lora.ops = self.ops
+            setattr(self.get_submodule(parent), child, lora)
+            adapters.update({f"{name}.lora_a": lora.lora_a, f"{name}.lora_b": lora.lora_b})
+        return adapters
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, T] -> the final normed hidden states [B*T, D] (training path)."""

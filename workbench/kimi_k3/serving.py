@@ -1,10 +1,10 @@
 """What Kimi K3 keeps between serving calls, laid out as vLLM keeps it, and how a call's tokens are packed.
 
     KDA layer   conv state [S, 3 * H * K, W - 1] (q, k, v channels, inputs in the model dtype, oldest first: the
-                causal-conv1d layout) and recurrent state [S, H, K, V] float32, both by slot (sequence b in slot b),
-                updated in place by the prefill and decode forms (kda_short_conv_prefill / _decode, kda_prefill /
-                kda_decode). vLLM stores the recurrent state as [S, H, V, K] (fla's fused_recurrent default is K x V):
-                ``vllm_state`` gives that view.
+                causal-conv1d layout) and recurrent state stored [S, H, V, K] float32 as vLLM stores it (fla's
+                fused_recurrent default is K x V), both by slot (sequence b in slot b), updated in place by the
+                prefill and decode forms (kda_short_conv_prefill / _decode, kda_prefill / kda_decode), which take the
+                state as its [S, H, K, V] view: no copy, no transpose (``vllm_state`` is the storage's own view)
     MLA layer   a paged latent cache [PAGES, PAGE, R + DR] (FlashMLA's layout: mla_prefill / mla_decode write each
                 token's [c_kv | k_rope] at its position), and with DSA a paged index-key cache [PAGES, PAGE, DI]
     all layers  one block table [S, MAXP] int32 and the tokens each sequence has cached, ``seq_lens`` [S] int32
@@ -94,11 +94,12 @@ class KimiK3Cache:
 
     def kda_state(self, layer: int, channels: int, width: int, heads: int, k: int, v: int
                   ) -> dict[str, torch.Tensor]:
-        """Layer ``layer``'s KDA conv and recurrent states (zeros at first use)."""
+        """Layer ``layer``'s KDA conv state and recurrent state (its [S, H, K, V] view), zeros at first use."""
         if layer not in self.layers:
             self.layers[layer] = {
                 "conv": torch.zeros(self.batch, channels, width - 1, dtype=self.dtype, device=self.device),
-                "state": torch.zeros(self.batch, heads, k, v, dtype=state_dtype(self.dtype), device=self.device)}
+                "state": torch.zeros(self.batch, heads, v, k, dtype=state_dtype(self.dtype),
+                                     device=self.device).transpose(-1, -2)}
         return self.layers[layer]
 
     def paged(self, layer: int, name: str, width: int) -> dict[str, torch.Tensor]:
@@ -114,5 +115,5 @@ class KimiK3Cache:
         self.seq_lens += new_tokens.to(torch.int32)
 
     def vllm_state(self, layer: int) -> torch.Tensor:
-        """Layer ``layer``'s recurrent state as vLLM stores it, [S, H, V, K] (a view of this cache's K x V one)."""
+        """Layer ``layer``'s recurrent state as vLLM stores it, [S, H, V, K] contiguous (the storage itself)."""
         return self.layers[layer]["state"].transpose(-1, -2)

@@ -1,19 +1,22 @@
 """The architecture of a replay model, read from a model card: which attention runs in each layer of the preset and
-which of the card's blocks the layers run through.
+how the card's model is assembled (the replay model is Kimi K3's text model, workbench.kimi_k3, at the preset's
+sizes: workbench.replay.model).
 
     layers        the preset's schedule (K = linear attention, F = full attention) resolved against the card:
                   K -> KDA ("K") when the card has kda, F -> the card's full-attention kinds in turn, gated DSA ("D")
                   before MLA ("M") (Kimi K3.1 Pro puts DSA in some of K3's MLA layers); a card without KDA runs every
-                  layer as full attention
-    short_conv    KDA's q, k and v through kda_short_conv (the card has it)
-    gate          KDA's log decay from kda_gate in the card's form: "bounded" (lower bound -5) or "softplus"; ""
-                  (no kda_gate in the card): logsigmoid(x W) / 16
+                  layer as full attention. KDA runs its short convolution and its decay gate (kda_short_conv and
+                  kda_gate: a card with kda has both)
+    gate          KDA's decay gate in the card's form: "bounded" (lower bound -5) or "softplus"
     route_scale   the routed experts' weight scale: the card's route_scale (its config's routed_scaling_factor),
                   1.0 when the card does not say
-    experts       the routed experts' activation (moe_grouped_gemm's ``act`` in the card: swiglu or situ)
-    shared        the shared expert's activation block: situ when the card has it, else swiglu
+    experts       the MLPs' activation, the routed experts' (moe_grouped_gemm's ``act`` in the card: swiglu or situ),
+                  also the shared expert's and the dense layer's
     latent        latent MoE (the card's expert_width differs from its hidden size): routed experts at half the
-                  hidden width, between a down projection with its RMSNorm and an up projection
+                  hidden width, between a down projection and, after the combined output's RMSNorm, an up projection
+    attnres       Block AttnRes (the card has attnres), else the plain pre-norm residual
+    dense_first   the first layer's FFN a dense MLP (the card has fewer MoE layers than layers:
+                  first_k_dense_replace), the others routed MoE
 
 The replay's MLA applies no rotary embedding (Kimi's ``mla_use_nope``: position comes from the KDA layers).
 """
@@ -48,20 +51,22 @@ CALLABLE = tuple(sorted(name for name, spec in REGISTRY.items() if spec.replay))
 @dataclass(frozen=True)
 class Architecture:
     layers: str
-    short_conv: bool
     gate: str
     route_scale: float
     experts: str
-    shared: str
     latent: bool
+    attnres: bool
+    dense_first: bool
 
     @property
     def blocks(self) -> tuple[str, ...]:
-        """Every block the model calls, in catalog order."""
-        used = set(ALWAYS) | set(MOE_BLOCKS) | {self.shared}
+        """Every block the model calls, in catalog order (the K3 model's training forms: tests hold the two
+        equal)."""
+        used = set(ALWAYS) | set(MOE_BLOCKS) | {self.experts}
+        if not self.attnres:
+            used.discard("attnres")
         if "K" in self.layers:
-            used |= {"kda"} | ({"kda_short_conv"} if self.short_conv else set()) | \
-                    ({"kda_gate"} if self.gate else set())
+            used |= set(_called_in("K"))
         for letter, blocks in FULL_ATTENTION:
             if letter in self.layers:
                 used |= set(blocks)
@@ -81,6 +86,9 @@ def architecture(model: str, schedule: str) -> Architecture:
         raise WorkbenchError(f"model {model}: the replay model has routed MoE layers, the card has no {missing[0]}")
     full = [letter for letter, blocks in FULL_ATTENTION if set(blocks) <= has]
     linear = "K" if "kda" in has else None
+    if linear and not {"kda_short_conv", "kda_gate"} <= has:
+        raise WorkbenchError(f"model {model}: its KDA layers need kda_short_conv and kda_gate in the card (Kimi's KDA "
+                             f"layer runs both)")
     if not full and not linear:
         raise WorkbenchError(f"model {model}: the replay model needs an attention the catalog has (kda, mla or "
                              f"dsa_sparse_attention); the card has none")
@@ -93,12 +101,13 @@ def architecture(model: str, schedule: str) -> Architecture:
             next_full += 1
     act = (card.blocks["moe_grouped_gemm"].get("shapes") or [{}])[0].get("act", 0)
     gate = ""
-    if "kda_gate" in has:
+    if linear:
         gate = "softplus" if (card.blocks["kda_gate"].get("shapes") or [{}])[0].get("form") == 1 else "bounded"
     scale = card.facts.get("route_scale", {}).get("value")
-    return Architecture(layers="".join(layers), short_conv="kda_short_conv" in has, gate=gate,
-                        route_scale=1.0 if scale is None else float(scale), experts=ACTIVATIONS[act],
-                        shared="situ" if "situ" in has else "swiglu", latent=_is_latent(card))
+    moe_layers, all_layers = (card.facts.get(f, {}).get("value") for f in ("moe_layers", "num_layers"))
+    return Architecture(layers="".join(layers), gate=gate, route_scale=1.0 if scale is None else float(scale),
+                        experts=ACTIVATIONS[act], latent=_is_latent(card), attnres="attnres" in has,
+                        dense_first=bool(moe_layers and all_layers and moe_layers < all_layers))
 
 
 def _is_latent(card) -> bool:

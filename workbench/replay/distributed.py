@@ -41,13 +41,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workbench.blocks.situ import BETA as SITU_BETA
-from workbench.blocks.situ import LINEAR_BETA as SITU_LINEAR_BETA
 from workbench.errors import WorkbenchError
+from workbench.kimi_k3.modeling import KimiK3ForCausalLM, KimiK3MoE
 from workbench.replay.arch import Architecture
 from workbench.replay.child import send_event
 from workbench.replay.data import batches
-from workbench.replay.model import MoE, ReplayModel
+from workbench.replay.model import moe_layers, routers
 from workbench.replay.presets import Preset
 from workbench.replay.tiers import Tiers, accounted, local_bytes
 from workbench.replay.train import (
@@ -57,6 +56,7 @@ from workbench.replay.train import (
     _deterministic_and_seeded,
     build_model,
     fit,
+    use_ops,
 )
 
 LAYOUTS = ("fsdp2+ep",)
@@ -113,10 +113,11 @@ class Layout:
         return d
 
 
-class ExpertParallelMoE(MoE):
+class ExpertParallelMoE(KimiK3MoE):
     """The replay model's MoE with its routed experts spread over the ranks of ``group`` (see the module docstring):
-    routing, the latent projections and the shared expert are MoE's; only the routed step (``routed``) is its own.
-    w1, w3 [E/N, F, Dx], w2 [E/N, Dx, F] hold this rank's experts. Shapes: x [n, D] (this rank's tokens) -> [n, D].
+    routing, the latent projections and the shared expert are the MoE's; only the routed step (``routed``) is its
+    own. experts.w1, w3 [E/N, F, Dx], w2 [E/N, Dx, F] hold this rank's experts. Shapes: x [n, D] (this rank's tokens)
+    -> [n, D].
 
     With ``chunks`` > 1 the tokens go in that many chunks: every chunk's dispatch is issued at once (asynchronous
     collectives: a chunk's rows are waited for when its experts first read them), so the dispatch of chunk c+1 is in
@@ -128,26 +129,27 @@ class ExpertParallelMoE(MoE):
     chunks: int
 
     @classmethod
-    def adopt(cls, moe: MoE, group: dist.ProcessGroup, chunks: int = 1) -> None:
+    def adopt(cls, moe: KimiK3MoE, group: dist.ProcessGroup, chunks: int = 1) -> None:
         """Turn ``moe`` (built with every expert) into its expert-parallel form, in place: parameter names stay."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        local = moe.experts // world
+        experts = moe.experts
+        local = experts.num_experts // world
         for name in ("w1", "w3", "w2"):
-            full = getattr(moe, name)
-            setattr(moe, name, nn.Parameter(full.data[rank * local:(rank + 1) * local].clone(),
-                                            requires_grad=full.requires_grad))
+            full = getattr(experts, name)
+            setattr(experts, name, nn.Parameter(full.data[rank * local:(rank + 1) * local].clone(),
+                                                requires_grad=full.requires_grad))
         moe.__class__ = cls
         moe.group, moe.world, moe.local_experts, moe.chunks = group, world, local, chunks
 
-    def routed(self, xe: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ops: dict[str, Callable]
-               ) -> torch.Tensor:
-        """MoE.routed with this rank's tokens dispatched to the experts' ranks and back, chunk by chunk."""
+    def routed(self, xe: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """KimiK3MoE.routed with this rank's tokens dispatched to the experts' ranks and back, chunk by chunk."""
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
+        ops = self.experts.ops
         n = xe.shape[0]
         spans = [(n * c // self.chunks, n * (c + 1) // self.chunks) for c in range(self.chunks)]
         # per chunk: x_perm, token_of_row, row_of_slot, counts, offsets over all E experts (expert-major rows)
-        perms = [ops["moe_permute"](xe[a:b], ids[a:b], self.experts) for a, b in spans]
+        perms = [ops["moe_permute"](xe[a:b], ids[a:b], self.experts.num_experts) for a, b in spans]
         counts = torch.stack([p[3] for p in perms])  # [chunks, E]
         # counts per (destination rank, chunk, its local expert); what every source sends to this rank's experts
         send_counts = counts.view(self.chunks, self.world, self.local_experts).transpose(0, 1).contiguous()
@@ -158,15 +160,14 @@ class ExpertParallelMoE(MoE):
                     for p, (send, recv) in zip(perms, splits, strict=True)]
         parts = []
         for c, (perm, (send, recv)) in enumerate(zip(perms, splits, strict=True)):
-            y_recv = self._local_experts(received[c], recv_counts[:, c], ops)
+            y_recv = self._local_experts(received[c], recv_counts[:, c])
             y_home = all_to_all_single_autograd(y_recv, send, recv, self.group)
             y = torch.cat([y_home, y_home.new_zeros(perm[0].shape[0] - y_home.shape[0], y_home.shape[1])])
             a, b = spans[c]
             parts.append(ops["moe_combine"](y, weights[a:b], perm[2]))
         return torch.cat(parts)
 
-    def _local_experts(self, x_recv: torch.Tensor, recv_counts: torch.Tensor, ops: dict[str, Callable]
-                       ) -> torch.Tensor:
+    def _local_experts(self, x_recv: torch.Tensor, recv_counts: torch.Tensor) -> torch.Tensor:
         """Rows received from every source [sum(recv_counts), Dx] (source-major, by local expert within a source;
         recv_counts [world, E/N]) through this rank's experts, returned in the same order."""
         from torch.distributed._functional_collectives import AsyncCollectiveTensor
@@ -177,30 +178,31 @@ class ExpertParallelMoE(MoE):
         local_ids = torch.arange(self.local_experts, device=x_recv.device).repeat(self.world) \
             .repeat_interleave(recv_counts.reshape(-1))
         # source-major -> expert-major over the local experts (stable: source order kept within an expert)
-        x_local, _rows, row_of_received, _local_counts, local_offsets = ops["moe_permute"](
+        x_local, _rows, row_of_received, _local_counts, local_offsets = self.experts.ops["moe_permute"](
             x_recv, local_ids[:, None], self.local_experts)
-        y_local = ops["moe_grouped_gemm"](x_local, local_offsets, self.w1, self.w3, self.w2, self.expert_act,
-                                          SITU_BETA, SITU_LINEAR_BETA)
+        y_local = self.experts(x_local, local_offsets)
         return y_local.index_select(0, row_of_received[:, 0])  # back to source-major order
 
 
-def expert_parameters(model: ReplayModel) -> dict[str, nn.Parameter]:
+def expert_parameters(model: KimiK3ForCausalLM) -> dict[str, nn.Parameter]:
     """The routed experts' weights by name (expert parallel: each rank holds its slice)."""
-    return {f"moe.{i}.{name}": getattr(moe, name) for i, moe in enumerate(model.moe) for name in ("w1", "w3", "w2")}
+    return {name: param for name, param in model.named_parameters()
+            if ".experts." in name and name.rsplit(".", 1)[-1] in ("w1", "w3", "w2")}
 
 
-def shard(model: ReplayModel, device: str, chunks: int = 1) -> None:
+def shard(model: KimiK3ForCausalLM, device: str, chunks: int = 1) -> None:
     """Experts split over the ranks, every other parameter sharded with FSDP2 on a 1-D mesh of the ranks: one FSDP
-    unit per attention, MoE and AttnRes module, the root holding the embedding and the LM head."""
+    unit per attention and feed-forward module, the root holding the embedding, the norms, AttnRes and the LM head."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
-    for moe in model.moe:
+    for moe in moe_layers(model):
         ExpertParallelMoE.adopt(moe, dist.group.WORLD, chunks)
     mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
     ignored = set(expert_parameters(model).values())
-    for module in [*model.attention, *model.moe, *model.mix]:
-        fully_shard(module, mesh=mesh, ignored_params=ignored & set(module.parameters()))
+    for layer in model.model.layers:
+        for module in (layer.self_attn, layer.ffn):
+            fully_shard(module, mesh=mesh, ignored_params=ignored & set(module.parameters()))
     fully_shard(model, mesh=mesh, ignored_params=ignored)
     for method in ("loss", "logprobs"):  # the model is called through these, not forward
         register_fsdp_forward_method(model, method)
@@ -314,6 +316,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
     else:
         names = [n for n, _ in model.named_parameters()]
         lr, corpus = preset.lr, "pretrain"
+    use_ops(model, ops)
     shard(model, device, chunks)
     params = dict(model.named_parameters())
     trainable = {n: params[n] for n in names}
@@ -321,7 +324,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
     rows = slice(rank * (preset.batch // world), (rank + 1) * (preset.batch // world))
     local: list[float] = []
 
-    def parts(model: ReplayModel, loss: torch.Tensor) -> list[float]:
+    def parts(model: KimiK3ForCausalLM, loss: torch.Tensor) -> list[float]:
         """The global mean (the mean of the ranks' means), then each rank's local loss."""
         local[:] = _gather_rows(loss.detach().float().reshape(1).cpu().to(device)).cpu().tolist()
         return [sum(local) / world, *local]
@@ -344,7 +347,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
         if profiler is not None:
             profiler.step()
 
-    hooks = Hooks(parts=parts, balanced=(lambda m: list(m.moe)) if mode == "scratch" else None, counts=summed,
+    hooks = Hooks(parts=parts, balanced=routers if mode == "scratch" else None, counts=summed,
                   rows=rows, after_backward=scale_experts, clip=_clip_global_norm,
                   full=lambda name, param: _full(name, param, experts),
                   evaluate=functools.partial(_evaluate, rows=rows), forward=lambda: accounted(tiers),
@@ -352,7 +355,7 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
     step_event = None if on_step is None else lambda step, value, seconds: on_step(step, value, list(local), seconds)
     if profiler is not None:
         profiler.start()
-    result, rank_curves = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, step_event, hooks)
+    result, rank_curves = fit(model, trainable, lr, corpus, preset, steps, seed, device, step_event, hooks)
     if profiler is not None:
         profiler.stop()
     memory.saved_device_peak, memory.saved_host_peak = tiers.peak["device"], tiers.peak["host"]
@@ -363,12 +366,12 @@ def _train(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int,
 
 
 @torch.no_grad()
-def _evaluate(model: ReplayModel, preset: Preset, corpus: str, seed: int, ops: dict[str, Callable], device: str,
-              result: RunResult, *, rows: slice) -> None:
+def _evaluate(model: KimiK3ForCausalLM, preset: Preset, corpus: str, seed: int, device: str, result: RunResult, *,
+              rows: slice) -> None:
     """The held-out batch split like a training batch; log-probs gathered in rank order (workbench.replay.train's
     _evaluate over the whole batch)."""
     tokens, targets = batches(preset.vocab, corpus, preset.seq_len, preset.batch, 1, seed + EVAL_SEED_OFFSET)[0]
-    logprobs = model.logprobs(tokens[rows].to(device), ops)
+    logprobs = model.logprobs(tokens[rows].to(device))
     target_logprobs = _gather_rows(logprobs.gather(1, targets[rows].to(device).reshape(-1, 1)))
     result.eval_loss = float(-target_logprobs.mean())
     values, ids = logprobs.topk(preset.eval_topk, dim=-1)

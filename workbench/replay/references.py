@@ -18,6 +18,9 @@ import torch
 from workbench.backends import Backend
 from workbench.blocks import get_block
 from workbench.config import Settings
+from workbench.kimi_k3 import config as k3_config_module
+from workbench.kimi_k3 import modeling as k3_modeling_module
+from workbench.kimi_k3 import serving as k3_serving_module
 from workbench.replay import arch as arch_module
 from workbench.replay import data as data_module
 from workbench.replay import distributed as distributed_module
@@ -53,10 +56,11 @@ LAYOUT_MODULES = (distributed_module, launcher_module)
 
 @cache
 def _code_digest() -> str:
-    """The replay code and the references of every block a replay model may call, as sources: computed once per
-    process."""
+    """The replay code, the K3 model it trains and the references of every block a replay model may call, as
+    sources: computed once per process."""
     h = hashlib.sha256()
-    for module in (arch_module, data_module, model_module, train_module):
+    for module in (arch_module, data_module, model_module, train_module, k3_config_module, k3_modeling_module,
+                   k3_serving_module):
         h.update(inspect.getsource(module).encode())
     for block in CALLABLE:
         h.update(get_block(block).reference_source().encode())

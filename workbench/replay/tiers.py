@@ -102,7 +102,7 @@ class _Hooks:
         if _is_parameter(t):
             return t
         if not self.offload:
-            saved = _Saved(t, None)
+            saved = _Saved(t.detach(), None)  # detached: an op that saves its own output would else hold itself
             self.tiers.hold("device", saved, t.nbytes, self.block)
             return saved
         saved = _Saved(_to_host(t), t.device)

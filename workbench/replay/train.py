@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from workbench.blocks.moe_router import update_bias
-from workbench.replay.arch import Architecture
+from workbench.kimi_k3.modeling import KimiK3ForCausalLM
+from workbench.replay.arch import LOSS_BLOCKS, Architecture
 from workbench.replay.data import batches
-from workbench.replay.model import ReplayModel
+from workbench.replay.model import replay_model, routers
 from workbench.replay.presets import Preset
 
 WARMUP_STEPS = 10
@@ -50,20 +51,29 @@ class RunResult:
         return self.seconds / max(len(self.curve), 1)
 
 
-def _cast_parameters(model: ReplayModel, dtype: torch.dtype) -> None:
+def _cast_parameters(model: KimiK3ForCausalLM, dtype: torch.dtype) -> None:
     """Parameters to the preset's dtype; buffers (the float32 router bias) stay as they are."""
     for param in model.parameters():
         param.data = param.data.to(dtype)
 
 
-def build_model(preset: Preset, arch: Architecture, seed: int, device: str, base: Path | None = None) -> ReplayModel:
-    """The model of ``arch`` initialized from ``seed`` (scratch) or loaded from the base checkpoint ``base``."""
+def build_model(preset: Preset, arch: Architecture, seed: int, device: str, base: Path | None = None,
+                mtp: int = 0) -> KimiK3ForCausalLM:
+    """The model of ``arch`` initialized from ``seed`` (scratch) or loaded from the base checkpoint ``base``; ``mtp``
+    MTP depths."""
     torch.manual_seed(seed)
-    model = ReplayModel(preset, arch)
+    model = replay_model(preset, arch, mtp)
     if base is not None:
         model.load_state_dict(torch.load(base, map_location="cpu", weights_only=True))
     _cast_parameters(model, getattr(torch, preset.dtype))
     return model.to(device)
+
+
+def use_ops(model: KimiK3ForCausalLM, ops: dict[str, Callable]) -> None:
+    """The model computes every block with ``ops`` (an adapter added later too), its loss head the loss block among
+    them."""
+    model.loss_block = next(b for b in LOSS_BLOCKS if b in ops)
+    model.use_ops(ops)
 
 
 def fingerprint(name: str, param: torch.Tensor) -> list[float]:
@@ -102,14 +112,14 @@ def _deterministic_and_seeded() -> Iterator[None]:
 
 def _fit(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
          device: str, base: Path | None, on_step: Callable[[int, float, float], None] | None
-         ) -> tuple[ReplayModel, RunResult]:
+         ) -> tuple[KimiK3ForCausalLM, RunResult]:
     with _deterministic_and_seeded():
         return _fit_steps(preset, arch, mode, steps, seed, ops, device, base, on_step)
 
 
 def _fit_steps(preset: Preset, arch: Architecture, mode: str, steps: int, seed: int, ops: dict[str, Callable],
                device: str, base: Path | None, on_step: Callable[[int, float, float], None] | None
-               ) -> tuple[ReplayModel, RunResult]:
+               ) -> tuple[KimiK3ForCausalLM, RunResult]:
     model = build_model(preset, arch, seed, device, base if mode == "lora" else None)
     if mode == "lora":
         trainable = model.add_lora(preset.lora_rank, preset.lora_alpha, seed)
@@ -117,12 +127,13 @@ def _fit_steps(preset: Preset, arch: Architecture, mode: str, steps: int, seed: 
     else:
         trainable = {n: p for n, p in model.named_parameters()}
         lr, corpus = preset.lr, "pretrain"
-    hooks = Hooks(balanced=(lambda m: list(m.moe)) if mode == "scratch" else None)
-    result, _ = fit(model, trainable, lr, corpus, preset, steps, seed, ops, device, on_step, hooks)
+    use_ops(model, ops)
+    hooks = Hooks(balanced=routers if mode == "scratch" else None)
+    result, _ = fit(model, trainable, lr, corpus, preset, steps, seed, device, on_step, hooks)
     return model, result
 
 
-def loss_value(model: ReplayModel, loss: torch.Tensor) -> list[float]:
+def loss_value(model: KimiK3ForCausalLM, loss: torch.Tensor) -> list[float]:
     """The parts of a step's loss that a run records: the loss itself."""
     return [float(loss.detach())]
 
@@ -138,19 +149,19 @@ class Hooks:
 
     parts(model, loss): the values a step records; the first is the curve, the rest come back as further curves
         (the MTP loss; each rank's local loss); a non-finite one ends the run.
-    balanced(model): the MoE layers whose router bias is balanced after each step (aux-loss-free), from
-        ``counts(moe.last_counts)`` (the counts summed over ranks); None: no balancing (LoRA).
+    balanced(model): the routers whose correction bias is balanced after each step (aux-loss-free), from
+        ``counts(gate.last_counts)`` (the counts summed over ranks); None: no balancing (LoRA).
     rows: the rows of each batch this process trains on (a rank's share).
     after_backward(trainable): a change to the gradients before clipping (expert gradients scaled by 1 / ranks).
     clip(params, max_norm) -> the norm: the gradient clipping (over every rank's shards).
     full(name, param): the whole parameter for its fingerprint (a shard or an expert slice gathered).
-    evaluate(model, preset, corpus, seed, ops, device, result): the held-out batch (split over the ranks).
+    evaluate(model, preset, corpus, seed, device, result): the held-out batch (split over the ranks).
     forward(): the context each step's forward runs in (the saved-tensor accounting of a measured run).
     after_step(optimizer, trainable): after each optimizer step, before the gradients are dropped (measuring).
     """
 
-    parts: Callable[[ReplayModel, torch.Tensor], list[float]] = loss_value
-    balanced: Callable[[ReplayModel], list] | None = None
+    parts: Callable[[KimiK3ForCausalLM, torch.Tensor], list[float]] = loss_value
+    balanced: Callable[[KimiK3ForCausalLM], list] | None = None
     counts: Callable[[torch.Tensor], torch.Tensor] = lambda counts: counts
     rows: slice = field(default_factory=lambda: slice(None))
     after_backward: Callable[[dict[str, torch.Tensor]], None] | None = None
@@ -161,8 +172,8 @@ class Hooks:
     after_step: Callable[[torch.optim.Optimizer, dict[str, torch.Tensor]], None] | None = None
 
 
-def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpus: str, preset: Preset, steps: int,
-        seed: int, ops: dict[str, Callable], device: str, on_step: Callable[[int, float, float], None] | None,
+def fit(model: KimiK3ForCausalLM, trainable: dict[str, torch.Tensor], lr: float, corpus: str, preset: Preset,
+        steps: int, seed: int, device: str, on_step: Callable[[int, float, float], None] | None,
         hooks: Hooks | None = None) -> tuple[RunResult, list[list[float]]]:
     """The training loop every replay runs (single process, MTP, and each rank of a parallel layout): AdamW on
     ``trainable`` with warmup, the corpus in its fixed order, the gradient clipped, the router biases balanced, then
@@ -177,7 +188,7 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
     start = time.perf_counter()
     for step, (tokens, targets) in enumerate(data):
         with hooks.forward():
-            loss = model.loss(tokens[hooks.rows].to(device), targets[hooks.rows].to(device), ops)
+            loss = model.loss(tokens[hooks.rows].to(device), targets[hooks.rows].to(device))
         values = hooks.parts(model, loss)
         if not all(math.isfinite(v) for v in values):
             result.nonfinite_step = step
@@ -193,8 +204,9 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
         optimizer.zero_grad(set_to_none=True)
         if hooks.balanced is not None:
             with torch.no_grad():
-                for moe in hooks.balanced(model):
-                    moe.bias.copy_(update_bias(moe.bias, hooks.counts(moe.last_counts), BIAS_UPDATE))
+                for gate in hooks.balanced(model):
+                    bias = gate.e_score_correction_bias
+                    bias.copy_(update_bias(bias, hooks.counts(gate.last_counts), BIAS_UPDATE))
         result.curve.append(values[0])
         result.grad_norms.append(grad_norm)
         more = more or [[] for _ in values[1:]]
@@ -205,16 +217,16 @@ def fit(model: ReplayModel, trainable: dict[str, torch.Tensor], lr: float, corpu
     result.seconds = time.perf_counter() - start
     result.fingerprints = {n: fingerprint(n, hooks.full(n, p)) for n, p in trainable.items()}
     if result.nonfinite_step is None:
-        (hooks.evaluate or _evaluate)(model, preset, corpus, seed, ops, device, result)
+        (hooks.evaluate or _evaluate)(model, preset, corpus, seed, device, result)
     return result, more
 
 
 @torch.no_grad()
-def _evaluate(model: ReplayModel, preset: Preset, corpus: str, seed: int, ops: dict[str, Callable], device: str,
-              result: RunResult) -> None:
+def _evaluate(model: KimiK3ForCausalLM, preset: Preset, corpus: str, seed: int, device: str, result: RunResult
+              ) -> None:
     """Held-out batch (the same corpus, another seed): its loss and the top-k next-token log-probs of every token."""
     tokens, targets = batches(preset.vocab, corpus, preset.seq_len, preset.batch, 1, seed + EVAL_SEED_OFFSET)[0]
-    logprobs = model.logprobs(tokens.to(device), ops)
+    logprobs = model.logprobs(tokens.to(device))
     result.eval_loss = float(-logprobs.gather(1, targets.to(device).reshape(-1, 1)).mean())
     values, ids = logprobs.topk(preset.eval_topk, dim=-1)
     result.topk_values, result.topk_ids = values.cpu().tolist(), ids.cpu().tolist()
