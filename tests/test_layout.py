@@ -177,7 +177,8 @@ def test_bad_input_is_one_line(args, message):
 
 
 def test_the_replay_model_is_counted_from_its_modules():
-    """The tiny replay model, float32 throughout: the planner's weights are the parameters of the module."""
+    """The tiny replay model, float32 throughout: the planner's weights are the parameters of the module as FSDP2
+    holds them over the ranks."""
     import torch
 
     from workbench.replay.arch import architecture
@@ -188,7 +189,8 @@ def test_the_replay_model_is_counted_from_its_modules():
     with torch.device("meta"):
         module = replay_model(preset, architecture(MODEL, preset.layers))
     model = from_replay(MODEL, "tiny", 2)
-    assert model.params == sum(p.numel() for p in module.parameters())
+    assert model.params == sum(p.numel() for p in module.parameters()) + 5 * preset.hidden  # over 2 ranks, FSDP2
+    # pads each [1, D] AttnRes pseudo-query (two a layer and the final one) to a row a rank
     assert model.tokens == preset.tokens_per_step // 2 and model.dense_format == "float32"
     assert isinstance(model.layers[0], Layer) and model.layers[0].expert_params == 0  # K3's dense first layer
     assert model.layers[-1].expert_params > 0

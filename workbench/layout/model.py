@@ -6,7 +6,8 @@ first num_layers - moe_layers layers dense FFNs), the sizes from its blocks' sha
 ``weights`` section (each part spread evenly over the layers that hold it), at the card's tokens_per_step per card
 and its lora_rank.
 From a replay preset: the replay model itself (workbench.replay.model) built on the meta device: parameters counted
-from its modules, float32 throughout, at the preset's tokens per step over the ranks.
+from its modules as FSDP2 holds them over the ranks (dim 0 padded to a multiple of the ranks), float32 throughout,
+at the preset's tokens per step over the ranks.
 
 What a block saves for backward, per token (``saved`` of each layer; b: bytes of an activation, 4 for a float32
 statistic, i: of an index): the tensors an implementation that keeps inputs and outputs, not intermediates, needs:
@@ -194,9 +195,14 @@ def from_replay(name: str, preset_name: str, ranks: int) -> Model:
     context = p.seq_len / 2
     experts = ("w1", "w3", "w2")
 
+    def sharded(t: torch.Tensor) -> int:
+        """Elements of a parameter FSDP2 shards over the ranks: dim 0 padded to a multiple of them (a [1, D]
+        AttnRes pseudo-query takes a row on every rank)."""
+        return -(-t.shape[0] // ranks) * ranks * t[0].numel() if t.dim() else t.numel()
+
     def count(module: torch.nn.Module) -> int:
-        """Its parameters but the routed experts'."""
-        return sum(t.numel() for n, t in module.named_parameters() if n.rsplit(".", 1)[-1] not in experts)
+        """Its parameters but the routed experts', as FSDP2 holds them."""
+        return sum(sharded(t) for n, t in module.named_parameters() if n.rsplit(".", 1)[-1] not in experts)
 
     built = []
     for layer in replay.model.layers:
@@ -217,9 +223,9 @@ def from_replay(name: str, preset_name: str, ranks: int) -> Model:
         built.append(Layer(kind, count(layer), routed, adapters, flops, _merge(_mixing(d, b), saved, ffn_saved),
                            dx if moe else 0))
     fmt = {4: "float32", 2: "bf16"}[b]
-    head = replay.lm_head.weight.numel() + sum(t.numel() for n, t in replay.model.named_parameters()
-                                               if not n.startswith(("layers.", "embed_tokens.")))
-    return Model(f"{name} replay ({p.name})", d, tuple(built), replay.model.embed_tokens.weight.numel(), head,
+    head = sharded(replay.lm_head.weight) + sum(sharded(t) for n, t in replay.model.named_parameters()
+                                                if not n.startswith(("layers.", "embed_tokens.")))
+    return Model(f"{name} replay ({p.name})", d, tuple(built), sharded(replay.model.embed_tokens.weight), head,
                  2 * d * p.vocab, _head(d, b), p.experts, p.active,
                  fmt, fmt, p.tokens_per_step // ranks, b, p.lora_rank,
                  f"the replay model of {name} at preset {p.name} ({p.tokens_per_step // ranks} tokens a rank)")
