@@ -149,7 +149,7 @@ def test_overview_then_block_page(page, server, seeded, shots):
     expect(page.get_by_text("1 regression")).to_be_visible()
     assert seeded.running_run in cells
 
-    page.locator("[data-testid='stPageLink']").get_by_role("link", name="rmsnorm").click()
+    page.locator("[data-testid='stPageLink']").get_by_role("link", name="rmsnorm", exact=True).click()
     settle(page, "rmsnorm")
     screenshot(page, shots, "2-block")
     assert "block=rmsnorm" in page.url

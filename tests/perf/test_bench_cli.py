@@ -27,7 +27,7 @@ def test_bench_without_a_gpu_prints_and_records_modelled_figures(settings):
     assert report["gpu"] is False
     rows = report["rows"]
     assert {(r["label"], r["target"], r["subject"]) for r in rows} == {("modelled", "sm_90a", "operator")}
-    assert {r["passes"] for r in rows} == {"fwd", "fwd+bwd"} and len(rows) == 2 * 5  # five model-suite widths
+    assert {r["passes"] for r in rows} == {"fwd", "fwd+bwd"} and len(rows) == 2 * 4  # four model-suite widths
     assert all(r["floor_ms"] > 0 and (r["time_ms"] is None or r["time_ms"] >= r["floor_ms"]) for r in rows)
     with Session(get_engine(settings.db_url)) as session:
         stored = session.exec(select(Benchmark)).all()

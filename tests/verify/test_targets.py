@@ -280,7 +280,7 @@ def test_each_target_compiles_the_launches_its_own_settings_choose(tmp_path):
 @pytest.mark.interpreter
 def test_two_shapes_of_one_block_get_their_own_settings_from_one_operator(tmp_path):
     """One rmsnorm operator, two model-suite widths: the hidden size (7168) runs a 8192-wide block on 16 warps,
-    the q/k norm (128) a 128-wide block on 4, both chosen per call by the host code."""
+    MLA's kv latent norm (512) a 512-wide block on 4, both chosen per call by the host code."""
     template = load_template("rmsnorm", "row_block")
     point = {"BLOCK_N": 8192, "ACC_DTYPE": "float32", "num_warps": 16, "BWD_PROGRAMS": 128}
     path = tmp_path / "rmsnorm_rows.py"
@@ -290,5 +290,5 @@ def test_two_shapes_of_one_block_get_their_own_settings_from_one_operator(tmp_pa
     settings = {(b["specialization"]["constexprs"]["BLOCK_N"], b["specialization"]["options"]["num_warps"])
                 for b in result.builds if b["kernel"] == "rmsnorm_fwd_kernel"}
     widths = {shape["N"] for shape in model_shapes("rmsnorm")}
-    assert {7168, 128} <= widths
-    assert {(8192, 16), (128, 4)} <= settings
+    assert {7168, 512} <= widths
+    assert {(8192, 16), (512, 4)} <= settings
