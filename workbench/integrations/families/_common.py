@@ -15,19 +15,7 @@ from torch import nn
 
 from workbench.blocks.rmsnorm_gated import ACTIVATIONS as GATE_ACTIVATIONS
 from workbench.blocks.situ import BETA, LINEAR_BETA
-from workbench.kernels import (
-    kda_gate,
-    lora_linear,
-    mla,
-    mla_decode,
-    moe_combine,
-    moe_grouped_gemm,
-    moe_permute,
-    moe_router,
-    rmsnorm,
-    rmsnorm_gated,
-    swiglu,
-)
+from workbench.integrations.ops import ops
 
 EXPERTS_IMPLEMENTATION = "workbench"
 """The name the experts forward is registered under in transformers' ALL_EXPERTS_FUNCTIONS."""
@@ -42,7 +30,7 @@ def qualified(module: nn.Module) -> str:
 def rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """transformers' RMSNorm (weight, variance_epsilon) as workbench::rmsnorm. The shipped module casts the
     normalised x to its dtype before the weight (one rounding more than the block in bfloat16; equal in float32)."""
-    return rmsnorm(hidden_states, self.weight, self.variance_epsilon)
+    return ops.rmsnorm(hidden_states, self.weight, self.variance_epsilon)
 
 
 def gated_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -52,7 +40,7 @@ def gated_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor, gate: to
     x to its dtype before the weight and the product again before the gate (two roundings more than the block in
     bfloat16; equal in float32)."""
     n = hidden_states.shape[-1]
-    y = rmsnorm_gated(hidden_states.reshape(-1, n), self.weight, gate.reshape(-1, n), self.variance_epsilon,
+    y = ops.rmsnorm_gated(hidden_states.reshape(-1, n), self.weight, gate.reshape(-1, n), self.variance_epsilon,
                       self.activation)
     return y.view(hidden_states.shape)
 
@@ -69,7 +57,7 @@ def patch_gated_rmsnorm(patcher, path: str, module: nn.Module) -> None:
 
 def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """down_proj(silu(gate_proj(x)) * up_proj(x)) with the activation as workbench::swiglu."""
-    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 def sigmoid_router_forward(self: nn.Module, hidden_states: torch.Tensor):
@@ -77,7 +65,7 @@ def sigmoid_router_forward(self: nn.Module, hidden_states: torch.Tensor):
     workbench::moe_router: returns (router_logits, top_k_weights [N, k] float32, top_k_index [N, k]). The logits are
     computed (in torch) only when the model is asked for them (config.output_router_logits), else None."""
     x = hidden_states.reshape(-1, self.hidden_dim)
-    weights, ids, _ = moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
+    weights, ids, _ = ops.moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
                                  bool(self.norm_topk_prob), float(self.routed_scaling_factor), int(self.num_group),
                                  int(self.topk_group))
     return requested_logits(self, x), weights, ids
@@ -96,7 +84,7 @@ def forget_gate_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.T
     bounded one; g [B, T, H, K] float32."""
     heads, dim = self.num_heads, self.head_dim
     f = self.f_b_proj(self.f_a_proj(hidden_states)).view(*hidden_states.shape[:2], heads, dim)
-    return kda_gate(f, self.A_log.reshape(heads), self.dt_bias.view(heads, dim),
+    return ops.kda_gate(f, self.A_log.reshape(heads), self.dt_bias.view(heads, dim),
                     getattr(self, "safe_gate_lower_bound", None))
 
 
@@ -113,10 +101,10 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     SwiGLU)."""
     f = self.intermediate_dim
     activation, beta, linear_beta = getattr(self, "workbench_activation", SWIGLU)
-    x_perm, _, row_of_slot, _, offsets = moe_permute(hidden_states, top_k_index, self.num_experts)
-    y = moe_grouped_gemm(x_perm, offsets, self.gate_up_proj[:, :f], self.gate_up_proj[:, f:], self.down_proj,
+    x_perm, _, row_of_slot, _, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
+    y = ops.moe_grouped_gemm(x_perm, offsets, self.gate_up_proj[:, :f], self.gate_up_proj[:, f:], self.down_proj,
                          activation, beta, linear_beta)
-    return moe_combine(y, top_k_weights.float(), row_of_slot)
+    return ops.moe_combine(y, top_k_weights.float(), row_of_slot)
 
 
 def short_conv_supported(module: nn.Module) -> str:
@@ -204,7 +192,7 @@ def mla_attention(self: nn.Module, hidden_states: torch.Tensor, rotate=None, cac
     if cache is not None:
         cache.update(c_kv.view(b, 1, t, self.kv_lora_rank), k_rope.view(b, 1, t, self.qk_rope_head_dim), self.layer_idx)
     w_kv = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
-    out = mla(q, c_kv.contiguous(), k_rope.contiguous(), w_kv[:, :self.qk_nope_head_dim],
+    out = ops.mla(q, c_kv.contiguous(), k_rope.contiguous(), w_kv[:, :self.qk_nope_head_dim],
               w_kv[:, self.qk_nope_head_dim:], None, self.scaling)
     return self.o_proj(out.reshape(b, t, -1))
 
@@ -270,7 +258,7 @@ def mla_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention
     past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L, R + DR]
     pool, table, lengths = decode_pages(past, decode_visible(attention_mask, past.shape[1], b, past.device))
     q_abs, w_uv = absorbed(self, q)
-    o_lat, _ = mla_decode(q_abs, c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table, lengths,
+    o_lat, _ = ops.mla_decode(q_abs, c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table, lengths,
                           self.scaling)
     return self.o_proj(torch.einsum("bhr,hdr->bhd", o_lat, w_uv).reshape(b, 1, -1))
 
@@ -318,7 +306,7 @@ def lora_forward(self: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Ten
     if self.disable_adapters or self.merged or list(self.active_adapters) != [name]:
         return self.original_forward(x, *args, **kwargs)
     base = self.get_base_layer()
-    y = lora_linear(x.reshape(-1, x.shape[-1]), base.weight, self.lora_A[name].weight, self.lora_B[name].weight,
+    y = ops.lora_linear(x.reshape(-1, x.shape[-1]), base.weight, self.lora_A[name].weight, self.lora_B[name].weight,
                     float(self.scaling[name]))
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
@@ -399,3 +387,110 @@ def finish_shared(patcher) -> None:
     if any(row.blocks == EXPERT_BLOCKS for row in patcher.report.rows):
         ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, experts_forward)
         patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+
+
+KDA_LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
+KDA_DECODE_BLOCKS = ("kda_short_conv_decode", "kda_decode")
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, in float32 (fla's l2norm, which the KDA layers apply to q and k;
+    transformers' torch path computes the same)."""
+    x32 = x.float()
+    return (x32 / torch.sqrt((x32 * x32).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def padding_zeroed(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The hidden states with the padding tokens of a 2-D attention mask zeroed (transformers'
+    apply_mask_to_padding_states, which every linear-attention layer applies first)."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return hidden_states
+    return (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+
+
+def kda_output_gate(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """A KDA layer's output gate [B, T, HV * V]: low rank (g_b_proj(g_a_proj(x)), Kimi Linear) or full rank
+    (g_proj(x): Kimi K3's use_full_rank_gate, Bailing-Hybrid)."""
+    if hasattr(self, "g_a_proj"):
+        return self.g_b_proj(self.g_a_proj(hidden_states))
+    return self.g_proj(hidden_states)
+
+
+def kda_layer_supported(module: nn.Module) -> str:
+    """Why ``kda_layer_forward`` cannot compute a KDA layer ("" when it can): the projections, short convolution,
+    forget gate, beta and gated output norm of Kimi Linear's layer, under these names."""
+    missing = [n for n in ("q_proj", "k_proj", "v_proj", "conv1d", "forget_gate", "b_proj", "o_norm", "o_proj")
+               if not hasattr(module, n)]
+    if missing or not (hasattr(module, "g_proj") or hasattr(module, "g_a_proj")):
+        return f"a linear-attention layer without {', '.join(missing) or 'an output gate (g_proj, g_a_proj)'}"
+    return short_conv_supported(module)
+
+
+def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
+                      attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """A KDA layer's forward (transformers' KimiLinearDeltaAttention; GLM-5-Next's and Bailing-Hybrid's compute the
+    same) with the short convolution as workbench::kda_short_conv and the delta rule as workbench::kda (no initial
+    state); into an empty cache (a prefill from the first token) it writes the conv input's tail and the final state
+    as the shipped forward does. A cache holding this layer's past (decode), packed sequences (cu_seqlens) or an
+    adapted conv1d (its weight alone is not what it computes) run the shipped forward."""
+    if not empty_cache(cache_params, self.layer_idx) or kwargs.get("cu_seqlens") is not None \
+            or type(self.conv1d) is not nn.Conv1d:
+        return self.original_forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                                     **kwargs)
+    hidden_states = padding_zeroed(hidden_states, attention_mask)
+    b, t = hidden_states.shape[:2]
+    heads = (b, t, -1, self.head_dim)
+    mixed = torch.cat([self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)], dim=-1)
+    if cache_params is not None:
+        cache_params.update_conv_state(mixed.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
+    mixed = ops.kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
+    q, k, v = (part.reshape(heads) for part in mixed.split(self.qkv_dim, dim=-1))
+    g = self.forget_gate(hidden_states)
+    beta = torch.sigmoid(self.b_proj(hidden_states))
+    o, final_state = ops.kda(l2norm(q), l2norm(k), v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
+    if cache_params is not None:
+        cache_params.update_recurrent_state(final_state.to(torch.float32), self.layer_idx)
+    return self.o_proj(self.o_norm(o, kda_output_gate(self, hidden_states).view(heads)).reshape(b, t, -1))
+
+
+def kda_layer_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
+                                  attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """kda_layer_forward, and a decode step (one token of each sequence over a cache that holds this layer's past)
+    through workbench::kda_short_conv_decode and workbench::kda_decode: the cache's conv states [B, 3 x qkv, W] and
+    recurrent states [B, HV, K, V] float32 are the ops' caches, sequence b in slot b, updated in place as the
+    shipped causal_conv1d_update and recurrent step update them."""
+    decode = hidden_states.shape[1] == 1 and not empty_cache(cache_params, self.layer_idx)
+    if not decode or kwargs.get("cu_seqlens") is not None or type(self.conv1d) is not nn.Conv1d:
+        return kda_layer_forward(self, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                                 **kwargs)
+    conv_state = cache_params.get_conv_state(self.layer_idx, state_idx=0)
+    recurrent_state = cache_params.get_recurrent_state(self.layer_idx, state_idx=0)
+    hidden_states = padding_zeroed(hidden_states, attention_mask)
+    b = hidden_states.shape[0]
+    x = hidden_states[:, 0]
+    slots = torch.arange(b, device=x.device)
+    mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+    mixed, _ = ops.kda_short_conv_decode(mixed, self.conv1d.weight.squeeze(1), conv_state, slots)
+    q, k, v = (part.reshape(b, -1, self.head_dim) for part in mixed.split(self.qkv_dim, dim=-1))
+    g = self.forget_gate(hidden_states)[:, 0]
+    beta = torch.sigmoid(self.b_proj(hidden_states))[:, 0]
+    o, _ = ops.kda_decode(l2norm(q), l2norm(k), v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5,
+                          recurrent_state, slots)
+    gate = kda_output_gate(self, hidden_states).view(b, 1, -1, self.head_dim)
+    return self.o_proj(self.o_norm(o[:, None], gate).reshape(b, 1, -1))
+
+
+def patch_kda_layer(patcher, path: str, module: nn.Module) -> None:
+    """A KDA layer by kda_short_conv + kda, and its decode steps by their serving forms where both are promoted and
+    requested; or left alone with the reason."""
+    why = kda_layer_supported(module)
+    if why:
+        patcher.report.leave(path, module, why)
+    elif patcher.wants(path, module, "kda_short_conv", "kda"):
+        if patcher.may(*KDA_DECODE_BLOCKS):
+            patcher.set_forward(path, module, kda_layer_forward_with_decode, "kda_short_conv", "kda",
+                                *KDA_DECODE_BLOCKS)
+        else:
+            patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
+        if KDA_LEFT_IN_TORCH not in patcher.report.notes:
+            patcher.report.notes.append(KDA_LEFT_IN_TORCH)

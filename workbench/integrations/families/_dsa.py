@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from workbench.integrations.families._common import absorbed, decode_pages, decode_visible, mla_latents
-from workbench.kernels import dsa_decode, dsa_indexer, dsa_indexer_decode, dsa_sparse_attention
+from workbench.integrations.ops import ops
 
 
 def index_inputs(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, rotate
@@ -52,7 +52,7 @@ def select(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tenso
         q, k, w = index_inputs(indexer, hidden_states, q_resid, rotate)
         if cache is not None:
             cache.update_indexer(k, indexer.layer_idx)
-        return dsa_indexer(q.float(), k.float(), w, min(indexer.index_topk, hidden_states.shape[1]))[1]
+        return ops.dsa_indexer(q.float(), k.float(), w, min(indexer.index_topk, hidden_states.shape[1]))[1]
 
 
 def to_shipped(indices: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,7 @@ def dsa_attention(self: nn.Module, hidden_states: torch.Tensor, rotate, rotate_i
     k = torch.cat([k_nope, k_rope.transpose(1, 2).expand(b, t, self.num_heads, self.qk_rope_head_dim)], dim=-1)
     if indices is None:
         indices = select(self.indexer, hidden_states, q_resid, rotate_index, cache)
-    out = dsa_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), indices, None, self.scaling)
+    out = ops.dsa_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), indices, None, self.scaling)
     return self.o_proj(out.reshape(b, t, -1)), indices
 
 
@@ -117,14 +117,14 @@ def dsa_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention
             q_i, k_i, w = index_inputs(self.indexer, hidden_states, q_resid, rotate_index)
             index_keys = cache.update_indexer(k_i, self.indexer.layer_idx)  # [B, L_cache + 1, DI]
             index_pool, _, _ = decode_pages(index_keys[:, :-1].float(), visible)
-            _, indices, _ = dsa_indexer_decode(q_i[:, 0].float().contiguous(), k_i[:, 0].float().contiguous(),
+            _, indices, _ = ops.dsa_indexer_decode(q_i[:, 0].float().contiguous(), k_i[:, 0].float().contiguous(),
                                                w[:, 0].contiguous(), index_pool, table, lengths,
                                                self.indexer.index_topk)
         topk = self.indexer.index_topk
     else:
         indices, topk = from_cache_positions(given[:, 0], visible), given.shape[-1]
     q_abs, w_uv = absorbed(self, q)
-    o_lat, _ = dsa_decode(q_abs, c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table, lengths, indices,
+    o_lat, _ = ops.dsa_decode(q_abs, c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table, lengths, indices,
                           self.scaling)
     out = self.o_proj(torch.einsum("bhr,hdr->bhd", o_lat, w_uv).reshape(b, 1, -1))
     return out, to_cache_positions(indices, visible, topk)[:, None]

@@ -29,6 +29,7 @@ from workbench.integrations.families._common import (
     finish_shared,
     forget_gate_forward,
     patch_gated_rmsnorm,
+    patch_kda_layer,
     patch_shared,
     rmsnorm_forward,
     sigmoid_router_forward,
@@ -65,7 +66,7 @@ def apply(patcher: Patcher) -> None:
             report.leave(path, module, f"SwiGLU with clamped inputs silu(min(a, {limit})) * clamp(b, -{limit}, "
                                        f"{limit}) (swiglu_limit): swiglu and moe_grouped_gemm compute it unclamped")
         elif isinstance(module, shipped.Glm5NextTextLinearAttention):
-            kimi_linear.patch_kda_layer(patcher, path, module)
+            patch_kda_layer(patcher, path, module)
         elif isinstance(module, shipped.Glm5NextTextForgetGate):
             if patcher.wants(path, module, "kda_gate"):
                 patcher.set_forward(path, module, forget_gate_forward, "kda_gate")

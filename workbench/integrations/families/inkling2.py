@@ -30,8 +30,8 @@ from workbench.integrations.families._common import (
     requested_logits,
     rmsnorm_forward,
 )
+from workbench.integrations.ops import ops
 from workbench.integrations.transformers import Patcher
-from workbench.kernels import attnres, moe_router
 
 MODEL_CLASS = "Inkling2ForCausalLM"
 ROUTER = shipped.Inkling2TopKRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
@@ -45,7 +45,7 @@ def router_forward(self: nn.Module, hidden_states: torch.Tensor):
     and scaled by route_scale) as workbench::moe_router: (router_logits, top_k_weights [N, k] float32,
     top_k_index [N, k]); the logits computed in torch only where the model is asked for them."""
     x = hidden_states.reshape(-1, self.hidden_dim)
-    weights, ids, _ = moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
+    weights, ids, _ = ops.moe_router(x, self.weight, self.e_score_correction_bias.float(), self.top_k, "sigmoid", None,
                                  True, float(self.routed_scaling_factor), 1, 1)
     return requested_logits(self, x), weights, ids
 
@@ -59,7 +59,7 @@ def attention_residual_forward(self: nn.Module, block_states: torch.Tensor,
     b, t, s, d = sources.shape
     sources = sources.permute(2, 0, 1, 3).reshape(s, b * t, d)
     unweighted = torch.ones(d, dtype=sources.dtype, device=sources.device)
-    return tuple(attnres(sources, query.float(), unweighted, None, self.norm.eps, d ** -0.5, True)[0].view(b, t, d)
+    return tuple(ops.attnres(sources, query.float(), unweighted, None, self.norm.eps, d ** -0.5, True)[0].view(b, t, d)
                  for query in self.query.view(-1, d))
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from torch import nn
 
+from workbench.integrations.families._common import KDA_LEFT_IN_TORCH
 from workbench.integrations.transformers import Patcher
 from workbench.kimi_k3 import modeling as shipped
 from workbench.kimi_k3.config import KimiK3Config
@@ -36,7 +37,6 @@ WHOLE_CONFIG = True
 """The model reads the whole published config (its text_config and K3's fields), not the text config's model_type."""
 LORA_TARGETS = shipped.LORA_TARGETS
 """The projections a parity run's LoRA adapts (the model's own LoRA targets, workbench.kimi_k3.modeling)."""
-LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
 LAYER_WORDS = {"K": "kda", "M": "mla", "D": "dsa"}
 
 
@@ -82,8 +82,8 @@ def apply(patcher: Patcher) -> None:
         if isinstance(module, shipped.OpsModule) and module.TRAINING:
             if patcher.wants(path, module, *module.TRAINING):
                 patcher.set_ops(path, module, *module.TRAINING, *(b for b in module.SERVING if patcher.may(b)))
-                if isinstance(module, shipped.KimiK3DeltaAttention) and LEFT_IN_TORCH not in report.notes:
-                    report.notes.append(LEFT_IN_TORCH)
+                if isinstance(module, shipped.KimiK3DeltaAttention) and KDA_LEFT_IN_TORCH not in report.notes:
+                    report.notes.append(KDA_LEFT_IN_TORCH)
         elif isinstance(module, nn.Embedding):
             report.leave(path, module, "embedding lookup: no block")
         elif path == "lm_head" or path.endswith("shared_head.head"):

@@ -31,8 +31,8 @@ from workbench.integrations.families._common import (
     patch_shared,
     short_conv_supported,
 )
+from workbench.integrations.ops import ops
 from workbench.integrations.transformers import Patcher
-from workbench.kernels import kda, kda_gate, kda_short_conv, moe_router, rmsnorm
 
 MODEL_CLASS = "Qwen3NextForCausalLM"
 ROUTER = shipped.Qwen3NextTopKRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
@@ -47,7 +47,7 @@ LEFT_IN_TORCH = "inside each Gated DeltaNet layer the l2norm of q and k (eps 1e-
 
 def zero_centred_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """Qwen3NextRMSNorm, x / rms(x) * (1 + w) in float32, as workbench::rmsnorm with weight 1 + w."""
-    return rmsnorm(hidden_states, 1.0 + self.weight.float(), self.eps)
+    return ops.rmsnorm(hidden_states, 1.0 + self.weight.float(), self.eps)
 
 
 def softmax_router_forward(self: nn.Module, hidden_states: torch.Tensor):
@@ -56,7 +56,7 @@ def softmax_router_forward(self: nn.Module, hidden_states: torch.Tensor):
     top_k_index [N, k])."""
     x = hidden_states.reshape(-1, self.hidden_dim)
     bias = torch.zeros(self.num_experts, dtype=torch.float32, device=x.device)
-    weights, ids, _ = moe_router(x, self.weight, bias, self.top_k, "softmax", None, bool(self.norm_topk_prob), 1.0)
+    weights, ids, _ = ops.moe_router(x, self.weight, bias, self.top_k, "softmax", None, bool(self.norm_topk_prob), 1.0)
     logits = torch.nn.functional.linear(x, self.weight)
     return logits, weights.to(logits.dtype), ids
 
@@ -79,17 +79,17 @@ def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_
     mixed = torch.cat([x.reshape(b, t, -1) for x in (query, key, value)], dim=-1)
     if cache_params is not None:
         cache_params.update_conv_state(mixed.transpose(1, 2), self.layer_idx, conv_kernel_size=self.conv_kernel_size)
-    mixed = kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
+    mixed = ops.kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
     q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
     q, k = (x.reshape(b, t, -1, self.head_k_dim) for x in (q, k))
     v = v.reshape(b, t, -1, self.head_v_dim)
     heads = self.num_v_heads
-    g = kda_gate(a.reshape(b, t, heads, 1), self.A_log, self.dt_bias.view(heads, 1), None)
+    g = ops.kda_gate(a.reshape(b, t, heads, 1), self.A_log, self.dt_bias.view(heads, 1), None)
     g = g.expand(b, t, heads, self.head_k_dim).contiguous()
     beta = beta_logit.sigmoid()
     q = shipped.l2norm(q.float(), dim=-1, eps=1e-6).to(v.dtype)
     k = shipped.l2norm(k.float(), dim=-1, eps=1e-6).to(v.dtype)
-    o, final_state = kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_k_dim ** -0.5, None)
+    o, final_state = ops.kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_k_dim ** -0.5, None)
     if cache_params is not None:
         cache_params.update_recurrent_state(final_state, self.layer_idx)
     o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
