@@ -195,19 +195,25 @@ def test_a_dense_llama_has_one_gap_its_attention(tmp_path):
     assert attention["shapes"] == [{"B": 1, "T": 8192, "H": 32, "HKV": 8, "D": 128}] and "GQA" in attention["role"]
     assert card["blocks"]["swiglu"]["shapes"] == [{"rows": 8192, "N": 14336}]
     assert not {"moe_router", "kda", "attnres"} & set(card["blocks"])
-    assert card["facts"]["head_dim"]["source"] == "assumption"  # hidden_size / heads, said so
+    assert card["facts"]["head_dim"] == {"value": 128, "source": "class", "field": "head_dim (LlamaConfig default)"}
+    # the probe ran Llama's code: the attention gap is its module, the swiglu claim its MLP reproduced
+    assert attention["evidence"].startswith("probe: LlamaAttention: softmax attention: 32 heads, 8 KV heads")
+    assert card["blocks"]["swiglu"]["evidence"].startswith("probe: LlamaMLP (silu(gate) * up) reproduced")
 
 
 def test_mixtral_routes_with_softmax(tmp_path):
     card = onboard(write(tmp_path, MIXTRAL))
     blocks = card["blocks"]
-    assert blocks["moe_router"]["shapes"] == [{"N": n, "D": 4096, "E": 8, "k": 2, "mode": 1} for n in (8192, 128)]
+    # softmax, renormalized, scale 1: what the probe measured MixtralTopKRouter computes (source: probe)
+    assert blocks["moe_router"]["shapes"] == [{"N": n, "D": 4096, "E": 8, "k": 2, "mode": 1, "scale": 1.0}
+                                              for n in (8192, 128)]
+    assert card["facts"]["route_scale"]["source"] == "probe"
     assert blocks["moe_grouped_gemm"]["shapes"][0]["F"] == 14336  # Mixtral's experts are intermediate_size wide
     assert blocks["moe_router"]["layers"] == 32 and "swiglu" not in blocks  # no dense layers, no shared experts
     assert blocks["moe_grouped_gemm"]["shapes"][0]["act"] == 0 and "differs" not in blocks["moe_grouped_gemm"]
     gelu = onboard(write(tmp_path, {**MIXTRAL, "hidden_act": "gelu"}))["blocks"]["moe_grouped_gemm"]
-    assert gelu["differs"] == "the catalog's grouped GEMM computes swiglu or situ; the config's experts use gelu " \
-                              "(hidden_act)"
+    assert gelu["differs"].startswith("MixtralExperts: experts with hidden_act 'gelu': moe_grouped_gemm computes "
+                                      "SwiGLU and SiTU only")
 
 
 def test_an_unknown_family_gives_a_card_with_gaps(tmp_path):
@@ -240,8 +246,11 @@ def test_a_new_block_module_onboards_through_its_own_rule(tmp_path, monkeypatch)
     monkeypatch.setitem(REGISTRY, "softmax_attention", spec)
     card = onboard(write(tmp_path, LLAMA))
     assert seen == [(32, 32, 128)] and not gaps(card)
-    assert card["blocks"]["softmax_attention"] == {"role": "softmax attention", "shapes": [{"T": 8192, "H": 32}],
-                                                   "layers": 32, "fields": ["num_attention_heads"]}
+    entry = card["blocks"]["softmax_attention"]
+    assert {k: entry[k] for k in ("role", "shapes", "layers", "fields")} == {
+        "role": "softmax attention", "shapes": [{"T": 8192, "H": 32}], "layers": 32, "fields": ["num_attention_heads"]}
+    # a rule alone is not proof: no kind reads LlamaAttention as this block, so the probe says no module computes it
+    assert entry["differs"].startswith("no module of LlamaForCausalLM computes softmax_attention (probe)")
     assert list(card["blocks"])[0] == "softmax_attention"  # the attention family comes first in the card
 
 

@@ -9,12 +9,22 @@ catalog has no spec for is still a block of the card, named for what it is, with
 the config fields that revealed it: ``workbench plan`` shows it as "no spec" until a block of that name exists.
 
 A nested ``text_config`` (multimodal configs) is read first, the top level second.
+
+Where the installed transformers knows the config's model_type (registered here or not), the config is read
+through its class (its defaults and aliases fill what the json omits: ``source: class``) and the family's code is
+probed (workbench.integrations.probe): every module class of the model gets a row (``modules``: covered, differs,
+no spec or framework, with the probe's measured error), the variants the probe proved (the router's score function,
+renormalization, scale and groups) replace the config's reading (``source: probe``), every block entry says what
+proves it (``evidence``) or how it differs, and the gaps are the modules no block computes. Where transformers has
+no class for it, the card comes from the field rules alone and every block entry says it was not checked against
+code.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import yaml
@@ -33,6 +43,9 @@ from workbench.blocks._config import (
 )
 from workbench.blocks.base import FAMILIES
 from workbench.errors import WorkbenchError
+from workbench.integrations.class_view import ClassView, class_view
+from workbench.integrations.kinds import NO_SPEC
+from workbench.integrations.probe import COVERED, ProbeResult, Row, probe
 
 LATENT_MOE = ("latent MoE: the routed experts run at this width, between a down projection from the hidden size (no "
               "norm) and an up projection back; the combined routed output is RMS-normalised before the up "
@@ -41,11 +54,14 @@ LATENT_MOE = ("latent MoE: the routed experts run at this width, between a down 
 
 
 def read_config(path: str | Path) -> tuple[dict, Path]:
-    """The config dict of a config.json or of a folder holding one; WorkbenchError for anything unreadable."""
+    """The config dict of a config.json, of a folder holding one, or of a bare model_type transformers knows (its
+    class's defaults: ``{"model_type": ...}``, file ``<model_type>``); WorkbenchError for anything unreadable."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
-        raise WorkbenchError(f"no config at {file}")
+        if _known_model_type(str(path)):
+            return {"model_type": str(path)}, Path(str(path))
+        raise WorkbenchError(f"no config at {file} (and transformers knows no model_type '{path}')")
     try:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -53,10 +69,25 @@ def read_config(path: str | Path) -> tuple[dict, Path]:
     if not isinstance(data, dict):
         raise WorkbenchError(f"{file} is not a model config: a JSON {type(data).__name__}, not an object")
     probe = Config(data)
-    if probe.field("hidden_size", "d_model")[0] is None or probe.field("num_hidden_layers", "n_layer")[0] is None:
+    known = _known_model_type(data.get("model_type")) or _known_model_type((probe.text or {}).get("model_type"))
+    if not known and (probe.field("hidden_size", "d_model")[0] is None
+                      or probe.field("num_hidden_layers", "n_layer", "num_layers")[0] is None):
         raise WorkbenchError(f"{file} is not a model config: no hidden_size and num_hidden_layers "
-                             "(at the top or in text_config)")
+                             "(at the top or in text_config), and transformers knows no model_type in it")
     return data, file
+
+
+def _known_model_type(model_type) -> bool:
+    """Whether the installed transformers (or a family registered here) has a config class for ``model_type``."""
+    if not isinstance(model_type, str):
+        return False
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return False
+    from workbench.integrations.transformers import own_model
+
+    return model_type in CONFIG_MAPPING or own_model(model_type) is not None
 
 
 def default_name(file: Path, data: dict) -> str:
@@ -66,8 +97,16 @@ def default_name(file: Path, data: dict) -> str:
 
 
 def _fact(value, field: str | None, note: str = "") -> dict:
-    fact = {"value": value, "source": "config", "field": field} if field else \
-        {"value": value, "source": "assumption"}
+    """A fact and its source: config (the json ``field``), class (the config class's reading: "<name> (<Class>
+    default)"), probe (measured from the family's code: "probe: ..."), or assumption (``note`` says why)."""
+    if not field:
+        fact = {"value": value, "source": "assumption"}
+    elif field.startswith("probe:"):
+        fact = {"value": value, "source": "probe", "field": field.removeprefix("probe:").strip()}
+    elif field.endswith(" default)"):
+        fact = {"value": value, "source": "class", "field": field}
+    else:
+        fact = {"value": value, "source": "config", "field": field}
     return {**fact, "note": note} if note else fact
 
 
@@ -100,39 +139,172 @@ class _Card:
 
 
 def onboard(path: str | Path, name: str | None = None) -> dict:
-    """The model card (a dict in the YAML layout of workbench/models) for the config at ``path``."""
+    """The model card (a dict in the YAML layout of workbench/models) for the config at ``path`` (or a bare
+    model_type transformers knows)."""
+    started = time.monotonic()
     data, file = read_config(path)
+    view = _class_view(data)
+    found = _probe(view)
+    rows = found.rows if isinstance(found, ProbeResult) else None
     card = _Card()
-    model = _model_config(Config(data), card, _class_view(data))
-    for family in FAMILIES:  # each block's own rule, then the parts of the family no block covers
-        found = False
+    cfg = Config(data, measured=measured_fields(rows or []),  # the project's own model reads its json as given
+                 resolve=view.value if isinstance(view, ClassView) and not view.own_model else None)
+    if isinstance(view, ClassView) and rows is not None:
+        view.modules = [{"class": r.cls, "blocks": r.blocks, "status": r.status} for r in rows]
+    model = _model_config(cfg, card, view)
+    for family in FAMILIES:  # each block's own rule
         for spec in REGISTRY.values():
             if spec.family == family and spec.onboard is not None:
                 for entry in spec.onboard(model):
                     card.block(spec.name, entry)
-                    found = True
-        if not found and family in UNCOVERED:
-            UNCOVERED[family](model, card)
+    if isinstance(found, ProbeResult):
+        _evidence(card, found)
+    covered = {REGISTRY[b].family for b in card.blocks if b in REGISTRY}
+    for family, rule in UNCOVERED.items():  # the parts of a family no block (found by a rule or the probe) covers
+        if family not in covered:
+            rule(model, card)
+    if isinstance(found, ProbeResult):
+        _probe_gaps(card, found)
     _other_parts(model, card)
 
     name = name or default_name(file, data)
     arch = ", ".join(data.get("architectures") or []) or str(data.get("model_type", "unknown family"))
-    result = {"name": name, "title": f"{name} ({arch}, onboarded from {file.name})",
-              "onboarded_from": {"file": str(file), "model_type": data.get("model_type")},
+    source = file.name if file.is_file() else f"the {arch} class's defaults"
+    result = {"name": name, "title": f"{name} ({arch}, onboarded from {source})",
+              "onboarded_from": {"file": str(file) if file.is_file() else None, "model_type": data.get("model_type")},
               "facts": card.facts, "blocks": card.blocks, "weights": weights.summary(model),
               "unread_fields": model.cfg.unread()}
-    view = model.view
     if isinstance(view, str):
         result["transformers"] = {"error": view}
     elif view is not None:
         result["onboarded_from"]["class"] = view.model_class
         result["transformers"] = view.as_dict()
-        for module in view.modules:
-            if not module["blocks"] and "no block" in module["reason"]:
-                card.block(module["class"], Found(f"transformers module {module['class']} of {view.model_class}",
-                                                  None, [], [view.prefix + "model_type"]),
-                           gap=module["reason"].replace(": no block", ""))
+    if isinstance(found, ProbeResult):
+        result["probe"] = found.as_dict()
+        result["transformers"]["modules"] = result["probe"].pop("modules")
+    elif view is not None and not isinstance(view, str) and view.own_model:
+        _own_model_evidence(card, view)
+    else:
+        if isinstance(found, str):
+            result["probe"] = {"error": found}
+        why = found if isinstance(found, str) else (view if isinstance(view, str) else
+                                                    f"transformers has no class for model_type "
+                                                    f"'{data.get('model_type')}'")
+        for info in card.blocks.values():
+            if "gap" not in info:
+                info["evidence"] = f"config fields only, not checked against code: {why}"
+    result["onboard_seconds"] = round(time.monotonic() - started, 1)
     return result
+
+
+def _probe(view) -> ProbeResult | str | None:
+    """The probe of the view's config (a ProbeResult), its one-line failure, or None where there is no transformers
+    code to probe (no view, or a family whose model is the project's own)."""
+    if not isinstance(view, ClassView) or view.own_model:
+        return None
+    try:
+        return probe(view.config)
+    except WorkbenchError as exc:
+        return f"the probe could not run the family's code: {exc}"
+
+
+def measured_fields(rows: list[Row]) -> dict[str, tuple]:
+    """The config fields the probe measured, as (value, "probe: ...") for the blocks' rules: a covered router's
+    score function, renormalization, route scale and groups, whatever the config calls them."""
+    out: dict[str, tuple] = {}
+    for row in rows:
+        if row.kind != "router" or row.status != COVERED:
+            continue
+        source = f"probe: {row.cls} reproduced as {row.variant} (error {max(row.error.values()):.1e})"
+        value = {name: info["value"] for name, info in row.params.items()}
+        for field_name, key in (("scoring_func", "score"), ("norm_topk_prob", "renormalize"),
+                                ("moe_renormalize", "renormalize"), ("routed_scaling_factor", "scale"),
+                                ("n_group", "groups"), ("num_expert_group", "groups"), ("topk_group", "kept_groups")):
+            out[field_name] = (value[key], source)
+    return out
+
+
+SERVING_FORMS = {"kda_decode": "kda", "kda_prefill": "kda", "kda_short_conv_decode": "kda_short_conv",
+                 "kda_short_conv_prefill": "kda_short_conv", "mla_decode": "mla", "mla_prefill": "mla",
+                 "dsa_decode": "dsa_sparse_attention", "dsa_prefill": "dsa_sparse_attention",
+                 "dsa_indexer_decode": "dsa_indexer", "dsa_indexer_prefill": "dsa_indexer",
+                 "moe_grouped_gemm_mxfp4": "moe_grouped_gemm"}
+"""The serving and quantized forms of a block: proven where the block they serve is (the probe runs a training
+forward)."""
+NOT_MODULES = {"seq_chunked_ce": "the loss (the logits head and cross-entropy): not a module the probe runs",
+               "vocab_blockwise_ce": "the loss (the logits head and cross-entropy): not a module the probe runs",
+               "lora_linear": "the fine-tuning recipe's adapters: not a module of the published model"}
+
+
+def _evidence(card: _Card, result: ProbeResult) -> None:
+    """Hold every block entry of ``card`` to the probe's rows: the rows that prove it (``evidence``), the rows that
+    compute another variant (``differs``), none (``differs``: no module computes it); add the blocks rows prove that
+    no rule found."""
+    rows = [r for r in result.rows if r.blocks and not r.within]  # covered, differs, or an adapter that failed
+    for block, info in list(card.blocks.items()):
+        if "gap" in info:
+            continue
+        base = SERVING_FORMS.get(block, block)
+        mine = [r for r in rows if base in r.blocks]
+        proven = [r for r in mine if r.status == COVERED]
+        other = [r for r in mine if r.status != COVERED]
+        if proven:
+            worst = max(max(r.error.values()) for r in proven)
+            info["evidence"] = f"probe: {', '.join(f'{r.cls} ({r.variant})' for r in proven)} reproduced by the " \
+                               f"references within {worst:.1e}" + (" (the block it serves)" if base != block else "")
+        if other:
+            info["differs"] = "; ".join(f"{r.cls}: {r.differs}" for r in other)
+        if not mine:
+            if base in NOT_MODULES:
+                info["evidence"] = NOT_MODULES[base]
+            else:
+                info["differs"] = f"no module of {result.model_class} computes {base} (probe)" + \
+                    (f"; the config's fields named it: {', '.join(info.get('fields', []))}" if info.get("fields")
+                     else "")
+    for row in rows:  # a block the code proves and no field rule found
+        for block in row.blocks:
+            if block not in card.blocks and row.status == COVERED:
+                card.block(block, Found(f"{row.role} ({row.cls}, found by the probe; no config field gave its "
+                                        "sizes)", row.count, [], [f"probe: {row.cls}"]))
+                card.blocks[block]["evidence"] = f"probe: {row.cls} ({row.variant})"
+
+
+def _probe_gaps(card: _Card, result: ProbeResult) -> None:
+    """A gap for every module class the probe found no block for (the evidence of a rule's gap where one names
+    it)."""
+    for row in result.rows:
+        if row.status == NO_SPEC and not row.within and not row.blocks and "outside the language model" not in row.role:
+            name = gap_name(row.cls, result.model_class, row.role)
+            if name in card.blocks:  # a rule's gap for it (with the sizes the block will need): the probe's evidence
+                card.blocks[name]["evidence"] = f"probe: {row.cls}: {row.role}"
+                continue
+            card.block(name, Found(f"{row.role} ({row.cls})", row.count, [], [f"probe: {row.cls}"]),
+                       gap=f"{row.role} ({row.cls})")
+
+
+def _own_model_evidence(card: _Card, view: ClassView) -> None:
+    """A family whose model is the project's own (workbench.kimi_k3): its modules compute through the catalog's
+    references, so no probe of them against themselves proves anything; every block says whose code it follows."""
+    blocks = {b for m in view.modules for b in m["blocks"]}
+    for block, info in card.blocks.items():
+        if "gap" not in info:
+            info["evidence"] = (f"{view.model_class} ({view.code.split(':')[0]}) calls it; not probed: that model "
+                                "computes through the blocks' references") if SERVING_FORMS.get(block, block) \
+                in blocks or block in blocks else NOT_MODULES.get(block, f"no module of {view.model_class} calls it")
+
+
+def gap_name(cls: str, model_class: str, role: str) -> str:
+    """A gap's name from a module class: snake case, the family's prefix dropped ("DeepseekV4HyperConnection" ->
+    "hyper_connection"); "softmax_attention" for every softmax-attention class (the block it waits for)."""
+    if role.startswith("softmax attention"):
+        return "softmax_attention"
+    prefix = 0
+    while prefix < min(len(cls), len(model_class)) and cls[prefix] == model_class[prefix]:
+        prefix += 1
+    while prefix and not cls[prefix].isupper():  # back to the start of a word
+        prefix -= 1
+    stem = cls[prefix:] or cls
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", stem).lower()
 
 
 def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
@@ -143,8 +315,9 @@ def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
     vocab, vocab_field = cfg.integer("vocab_size")
     heads, heads_field = cfg.integer("num_attention_heads", "n_head")
     kv_heads, kv_field = cfg.integer("num_key_value_heads")
-    head_dim, head_dim_field = cfg.integer("head_dim")
-    if head_dim is None and heads and cfg.field("kv_lora_rank")[0] is None:  # MLA has its own head sizes
+    mla = cfg.field("kv_lora_rank")[0] is not None  # MLA has its own head sizes
+    head_dim, head_dim_field = (None, None) if mla else cfg.integer("head_dim")
+    if head_dim is None and heads and not mla:
         head_dim, head_dim_field = d // heads, None
     for fact, value, field in (("hidden_size", d, d_field), ("num_layers", layers, layers_field),
                                ("vocab_size", vocab, vocab_field), ("attention_heads", heads, heads_field),
@@ -201,13 +374,9 @@ def _kda_size(model: ModelConfig, key: str, class_attr: str, fallback: int | Non
     return (value, field) if value is not None else (fallback, fallback_field)
 
 
-def _class_view(data: dict):
-    """The config as its transformers class reads it (workbench.integrations.class_view), None when no registered
-    family names it or transformers is not installed, or the class's one-line error when it cannot read it."""
-    try:
-        from workbench.integrations.class_view import class_view
-    except ImportError:
-        return None
+def _class_view(data: dict) -> ClassView | str | None:
+    """The config as its transformers class reads it (workbench.integrations.class_view), None when transformers
+    knows neither its model_type nor its text's (or is not installed), or the class's one-line refusal."""
     try:
         return class_view(data)
     except WorkbenchError as exc:
@@ -256,10 +425,12 @@ def _experts(cfg: Config, card: _Card, model: ModelConfig) -> None:
 
 
 def _unrecognised_linear_attention(model: ModelConfig, card: _Card) -> None:
-    """A linear_attn_config or layer_types that no block's rule recognised."""
+    """A linear_attn_config, or layer_types naming linear-attention layers, that no block's rule recognised."""
     linear, linear_field = model.field("linear_attn_config")
     layer_types, lt_field = model.field("layer_types")
-    if isinstance(linear, dict) or layer_types is not None:
+    linear_kinds = isinstance(layer_types, list) and any(any(w in str(k) for w in weights.LINEAR_KINDS)
+                                                         for k in layer_types)
+    if isinstance(linear, dict) or linear_kinds:
         card.block("linear_attention", Found("a linear-attention layer kind the workbench does not recognise", None,
                                              [], [linear_field, lt_field]),
                    gap="linear attention of an unrecognised kind")
@@ -316,7 +487,11 @@ def write_card(card: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{card['name']}.yaml"
-    header = f"# Onboarded from {card['onboarded_from']['file']} by `workbench onboard`: every value says its " \
-             "source (config: the field; assumption: why).\n"
-    path.write_text(header + yaml.safe_dump(card, sort_keys=False, width=118))
+    source = card["onboarded_from"]["file"] or f"the {card['onboarded_from']['model_type']} class's defaults"
+    header = f"# Onboarded from {source} by `workbench onboard`: every value says its source (config: the field; " \
+             "class: the config class's reading; probe: measured from the family's code; assumption: why).\n"
+    timeless = {k: v for k, v in card.items() if k != "onboard_seconds"}  # a card is the same however fast it came
+    if "probe" in timeless:
+        timeless["probe"] = {k: v for k, v in timeless["probe"].items() if k != "seconds"}
+    path.write_text(header + yaml.safe_dump(timeless, sort_keys=False, width=118))
     return path

@@ -64,10 +64,16 @@ def uncounted(model: ModelConfig) -> list[str]:
     return names
 
 
+LINEAR_KINDS = ("linear", "mamba", "delta", "conv", "recurrent", "rwkv")
+"""Words of a layer_types entry that name a linear-attention (or state-space) layer; sliding, chunked or sparse
+attention layers are attention."""
+
+
 def _linear_layers(model: ModelConfig) -> int:
     """Layers layer_types names as linear attention, where no KDA layer list says which are KDA."""
     kinds = model.field("layer_types")[0]
-    return 0 if model.kda_layers or not isinstance(kinds, list) else sum(k != "full_attention" for k in kinds)
+    return 0 if model.kda_layers or not isinstance(kinds, list) else \
+        sum(any(word in str(k) for word in LINEAR_KINDS) for k in kinds)
 
 
 def _kda(model: ModelConfig) -> list[Part]:

@@ -199,3 +199,26 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
     assert m["op_runs"]["kda_gate"] == 1 and m["op_runs"]["kda"] == 1 and m["idle_blocks"] == []
     assert m["op_runs"]["rmsnorm_gated"] == 1
     assert m["decode_kl"] < 1e-8  # the KDA decode steps through kda_short_conv_decode and kda_decode
+
+
+@pytest.mark.parametrize("model_type, swapped", [
+    ("glm4_moe", ["moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "swiglu"]),
+    ("bailing_hybrid", ["kda", "kda_gate", "kda_short_conv", "moe_combine", "moe_grouped_gemm", "moe_permute",
+                        "moe_router", "rmsnorm", "rmsnorm_gated", "swiglu"]),
+])
+def test_a_family_with_no_integration_runs_the_kinds_the_probe_proved(settings, model_type, swapped):
+    """GLM-4.5 (a sigmoid router with a correction bias and no scoring_func field, a dense first layer) and
+    Bailing-Hybrid (KDA layers with a full-rank forget gate and output gate, MLA layers with a head-wise gate): no
+    hand-written integration, the generic kinds the onboarding probe proved swapped in, the attention left alone,
+    every swapped op run, within the float32 bounds."""
+    shutil.copytree(OPERATORS, settings.operators_dir)
+    result = runner.invoke(app, ["parity", model_type, "--tokens", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    m = report["metrics"]
+    assert report["status"] == "pass" and report["patch"]["blocks"] == swapped
+    assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3
+    assert 0 < m["logits_rel"] < 1e-5 and m["idle_blocks"] == [] and m["first_divergence"] is None
+    left = {row["class"]: row["reason"] for row in report["patch"]["modules"] if not row["blocks"]}
+    assert any(reason.startswith("no spec:") and "attention" in reason for reason in left.values())
+    assert any("generic kinds" in note for note in report["patch"]["notes"])

@@ -101,10 +101,29 @@ def test_only_the_requested_blocks_and_only_promoted_ones(tmp_path):
 
 
 def test_unknown_families_and_blocks_are_one_line_errors(promoted):
-    with pytest.raises(WorkbenchError, match="no workbench kernels for model_type 'llama'"):
-        apply_workbench_kernels(_llama())
+    model = _llama()
+    model.config.model_type = "not_a_family"
+    with pytest.raises(WorkbenchError, match="no workbench kernels for model_type 'not_a_family'"):
+        apply_workbench_kernels(model)
     with pytest.raises(WorkbenchError, match="unknown block 'nope'"):
         apply_workbench_kernels(tiny_kimi(), blocks=["nope"])
+
+
+def test_a_family_without_an_integration_gets_the_kinds_the_probe_proved(promoted):
+    """Llama has no hand-written integration: its norms and MLPs are swapped by the generic kinds the onboarding
+    probe proved on its code, its attention (no block yet) is named, and the swapped modules compute what they
+    did (workbench parity runs them: tests/integrations/test_parity.py)."""
+    model = _llama()
+    report = apply_workbench_kernels(model)
+    replaced = {r.cls: r.blocks for r in report.replaced}
+    assert replaced == {"LlamaRMSNorm": ("rmsnorm",), "LlamaMLP": ("swiglu",)}
+    left = {r.cls: r.reason for r in report.left_alone}
+    assert left["LlamaAttention"].startswith("no spec: softmax attention")
+    assert any("generic kinds" in note for note in report.notes)
+    norm = model.model.norm  # the variant the probe proved, read from this module: its own eps, a plain weight
+    assert norm.workbench_variant["weight"]["value"] == "w"
+    assert norm.workbench_variant["eps"] == {"value": norm.variance_epsilon,
+                                             "source": "module LlamaRMSNorm.variance_epsilon"}
 
 
 def _llama():

@@ -7,6 +7,7 @@ turns that into the block's entries of the card (``Found``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,21 +24,36 @@ READ_ELSEWHERE = {"architectures", "model_type", "torch_dtype", "transformers_ve
 
 
 class Config:
-    """The config's fields, ``text_config`` first; remembers which fields were read (for ``unread``)."""
+    """The config's fields, ``text_config`` first; remembers which fields were read (for ``unread``).
 
-    def __init__(self, data: dict):
+    ``measured``: values the onboarding probe proved from the family's code ({name: (value, source)}), which take
+    precedence over the json (the code is what runs); ``resolve(name)``: (value, source) of a field the json does
+    not set, as the family's config class reads it (its default, or another field under an alias), else (None,
+    None)."""
+
+    def __init__(self, data: dict, measured: dict[str, tuple[Any, str]] | None = None,
+                 resolve: Callable[[str], tuple[Any, str | None]] | None = None):
         self.top = data
         self.text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
         self.read: set[str] = set()
+        self.measured = measured or {}
+        self.resolve = resolve
 
     def field(self, *names: str) -> tuple[Any, str | None]:
-        """(value, "text_config.<name>" or "<name>") of the first of ``names`` that is set; (None, None)."""
+        """(value, where it came from) of the first of ``names`` that is set: the probe's measurement, the json
+        ("text_config.<name>" or "<name>"), or the config class's reading; (None, None)."""
         for name in names:
+            if name in self.measured:
+                return self.measured[name]
             for where, prefix in ((self.text, "text_config."), (self.top, "")):
                 if name in where:
                     self.read.add(prefix + name)
                 if where.get(name) is not None:
                     return where[name], prefix + name
+        for name in names if self.resolve is not None else ():
+            value, source = self.resolve(name)
+            if value is not None:
+                return value, source
         return None, None
 
     def integer(self, *names: str) -> tuple[int | None, str | None]:

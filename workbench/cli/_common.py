@@ -60,14 +60,18 @@ def _emit_json(data) -> None:
 
 
 def command(fn):
-    """Register ``fn`` as a command whose user mistakes (WorkbenchError) are one line on stderr and exit code 2."""
+    """Register ``fn`` as a command whose user mistakes (WorkbenchError) are one line on stderr and exit code 2; with
+    ``--json``, that line is ``{"error": ...}`` on stdout (a script reads one stream)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except WorkbenchError as exc:
-            err_console.print(f"[red]error:[/] {escape(str(exc))}")
+            if kwargs.get("as_json"):
+                _emit_json({"error": str(exc)})
+            else:
+                err_console.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(2) from None
 
     return app.command()(wrapper)

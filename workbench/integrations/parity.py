@@ -117,6 +117,12 @@ def _families():
     return FAMILIES
 
 
+def _transformers_knows(model_type: str) -> bool:
+    from transformers import CONFIG_MAPPING
+
+    return model_type in CONFIG_MAPPING
+
+
 def family_module(model_type: str):
     from workbench.integrations.transformers import family
 
@@ -147,7 +153,7 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
         if not path.is_file():
             raise WorkbenchError(f"no config file {source}")
         data, label = _read_json(path), str(path)
-    elif source in _families():
+    elif source in _families() or _transformers_knows(source):
         from workbench.integrations.transformers import config_class
 
         if getattr(family_module(source), "WHOLE_CONFIG", False):
@@ -165,6 +171,8 @@ def config_fields(source: str) -> tuple[dict[str, Any], str, list[str]]:
                          "published code")
             card = get_model(card.derived_from)
         onboarded = card.onboarded_from or {}
+        if not onboarded.get("file") and onboarded.get("model_type"):  # onboarded from a bare model_type
+            return config_fields(onboarded["model_type"])
         if not onboarded.get("file"):
             raise WorkbenchError(f"model card {source} names no config (onboarded_from.file): parity needs one")
         config_path = Path(onboarded["file"])
@@ -203,7 +211,7 @@ def card_parity_sources() -> list[str]:
 def load_config(fields: dict[str, Any]) -> tuple[Any, list[str]]:
     """The family's config class instance of ``fields`` (defaults filled by the class) and notes on the fields the
     class cannot compute (which the tiny instance replaces by the class's default)."""
-    from workbench.integrations.transformers import config_class
+    from workbench.integrations.transformers import config_class, own_model
 
     model_type = fields.get("model_type")
     if not model_type:
@@ -211,7 +219,7 @@ def load_config(fields: dict[str, Any]) -> tuple[Any, list[str]]:
     cls = config_class(model_type)
     fields, notes = dict(fields), []
     act = fields.get("hidden_act")
-    own = hasattr(family_module(model_type), "config_class")  # the project's own model: it computes what it reads
+    own = own_model(model_type) is not None  # the project's own model: it computes what it reads
     if act is not None and not own and act not in _activations():
         default = cls().hidden_act
         notes.append(f"hidden_act '{act}' has no transformers implementation (ACT2FN): the class cannot compute it; "

@@ -304,7 +304,7 @@ def run(job: dict) -> dict:
                             "in the shipped model")
     g = torch.Generator().manual_seed(job["seed"] + 1)
     ids = torch.randint(0, config.vocab_size, (job["batch"], job["tokens"]), generator=g).to(device)
-    router = getattr(fam, "ROUTER", None)
+    router = fam.router_classes(config) if hasattr(fam, "router_classes") else getattr(fam, "ROUTER", None)
     outputs = {}
     for name, model in (("shipped", shipped), ("patched", patched)):
         recorder = Recorder(model, router)

@@ -7,15 +7,15 @@
     report = apply_workbench_kernels(model)                    # every module a catalog block computes
     print(report.table())                                      # what was replaced, by which op; what not, and why
 
-The family is chosen by ``model.config.model_type`` (``FAMILIES``: model_type -> its patch function, the registry
-of ``workbench/integrations/families/``). Each family swaps the ops of ``workbench.kernels`` in through transformers'
-own plug points where they fit (the experts-implementation registry ``ALL_EXPERTS_FUNCTIONS`` with
-``set_experts_implementation``) and by replacing a module instance's ``forward`` where they do not (the module keeps
-its parameters, names and state dict; ``original_forward`` gives the shipped one back). A module whose math no
-catalog block computes, or computes in another variant, is left alone and named in the report with the reason; it
-is never replaced by a look-alike. PEFT's LoRA layers (``peft.get_peft_model``) are swapped for ``lora_linear`` in
-any family (``apply_to_lora``). ``blocks`` restricts the swap to those blocks (the rest are left alone, "not
-requested").
+The family is chosen by ``model.config.model_type`` (``FAMILIES``: model_type -> its patch function, the registry of
+``workbench/integrations/families/``; any other model_type transformers ships gets the generic family, which swaps what
+the onboarding probe proves: ``families/generic.py``). Each family swaps the ops of ``workbench.kernels`` in through
+transformers' own plug points where they fit (the experts-implementation registry ``ALL_EXPERTS_FUNCTIONS`` with
+``set_experts_implementation``) and by replacing a module instance's ``forward`` where they do not (the module keeps its
+parameters, names and state dict; ``original_forward`` gives the shipped one back). A module whose math no catalog block
+computes, or computes in another variant, is left alone and named in the report with the reason; it is never replaced by
+a look-alike. PEFT's LoRA layers (``peft.get_peft_model``) are swapped for ``lora_linear`` in any family
+(``apply_to_lora``). ``blocks`` restricts the swap to those blocks (the rest are left alone, "not requested").
 
 The kernels run where the operators run: on a GPU they compile; on CPU only through the Triton interpreter
 (``TRITON_INTERPRET=1`` before anything imports triton), in float32 or float16.
@@ -172,22 +172,48 @@ def family_fields(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
 
 
 def config_class(model_type: str):
-    """The config class (a callable of the json's fields) of a registered family: its own ``config_class``, else
-    transformers' CONFIG_MAPPING entry."""
-    own = getattr(family(model_type), "config_class", None)
-    if own is not None:
-        return own
+    """The config class (a callable of the json's fields) of ``model_type``: a registered family's own
+    ``config_class`` (Kimi K3's), else transformers' CONFIG_MAPPING entry; WorkbenchError when neither knows it."""
+    own = own_model(model_type)
+    if own:
+        return own.config_class
     from transformers import CONFIG_MAPPING
 
-    return CONFIG_MAPPING[model_type]
+    try:
+        return CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise WorkbenchError(f"transformers {_version()} has no config class for model_type '{model_type}'") from None
+
+
+def own_model(model_type: str):
+    """The family module of ``model_type`` where its model is the project's own (it names a ``config_class``: Kimi
+    K3's), else None."""
+    if model_type not in FAMILIES:
+        return None
+    fam = family(model_type)
+    return fam if getattr(fam, "config_class", None) is not None else None
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def family(model_type: str):
-    """The family module of ``model_type``; WorkbenchError (one line, with the known ones) when none is registered."""
-    if model_type not in FAMILIES:
-        raise WorkbenchError(f"no workbench kernels for model_type '{model_type}' "
-                             f"(registered: {', '.join(sorted(FAMILIES))})")
-    return importlib.import_module(FAMILIES[model_type])
+    """The family module of ``model_type``: its hand-written integration where one is registered, else (a
+    model_type the installed transformers ships) the generic family (workbench.integrations.families.generic: the
+    kinds the onboarding probe proves); WorkbenchError (one line, with the registered ones) when neither."""
+    if model_type in FAMILIES:
+        return importlib.import_module(FAMILIES[model_type])
+    from transformers import CONFIG_MAPPING
+
+    if model_type in CONFIG_MAPPING:
+        from workbench.integrations.families.generic import generic_family
+
+        return generic_family(model_type)
+    raise WorkbenchError(f"no workbench kernels for model_type '{model_type}': no family is registered for it "
+                         f"({', '.join(sorted(FAMILIES))}) and transformers {_version()} does not know it")
 
 
 def apply_workbench_kernels(model: nn.Module, blocks: Iterable[str] | None = None) -> PatchReport:

@@ -1,0 +1,544 @@
+"""Module kinds: how a transformers module of any family is computed by the catalog's blocks, read from the module
+itself (its parameters, attributes and children), never from its class's name alone.
+
+A ``Kind`` recognises the modules it can read (``match``) and lists the variants a module may compute
+(``variants``: the reading first, the block's other modes after); each ``Variant`` is a forward that computes the
+module through ``workbench.integrations.ops`` (the promoted operators, or the references in a probe) with the
+variant's parameters, each with its source. The onboarding probe (workbench.integrations.probe) runs every variant on
+the module's recorded inputs in float64 until one reproduces its outputs and gradients; ``apply_workbench_kernels``
+swaps the proven one in (workbench.integrations.families.generic). A module no kind reads is described
+(``describe``): framework glue, a part of its parent, or what it computes without a block ("no spec").
+
+    kind                module                                   blocks
+    rmsnorm             x / rms(x) * w (or 1 + w, or no weight)  rmsnorm
+    rmsnorm_gated       rmsnorm(x) * w * act(gate)               rmsnorm_gated
+    gated_mlp           down(act(gate(x)) * up(x))               swiglu
+    router              top-k routing: (logits, weights, ids)    moe_router
+    experts             transformers' experts interface          moe_permute, moe_grouped_gemm, moe_combine
+    kda_gate            KDA's forget gate (A_log, dt_bias)       kda_gate
+    kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda
+    mla                 MLA attention (DeepSeek's layout)        mla
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.integrations.families import _common
+from workbench.integrations.ops import ops
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way the blocks may compute a module: the ``forward(self, *args, **kwargs)`` that computes it with the
+    module's ``workbench_variant`` (this variant's ``params``), the parameters' values and sources, and what the
+    reading already says the blocks do not compute (``differs``: the probe then measures by how much)."""
+
+    label: str
+    forward: Callable[..., Any]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    differs: str = ""
+
+    def value(self, name: str) -> Any:
+        return self.params[name]["value"]
+
+
+def param(value: Any, source: str) -> dict[str, Any]:
+    """A variant parameter: its value and where it was read (``module <Class>.<attr>``, ``config <field>``, or
+    ``probe: ...`` for a value only the measurement decides)."""
+    return {"value": value, "source": source}
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    role: str
+    blocks: tuple[str, ...]
+    match: Callable[[nn.Module], bool]
+    variants: Callable[[nn.Module, Any], list[Variant]]
+
+
+def _attr(module: nn.Module, *names: str) -> tuple[Any, str | None]:
+    """(the first of ``names`` the module sets (not None), ``module <Class>.<name>``)."""
+    for name in names:
+        value = getattr(module, name, None)
+        if value is not None and not isinstance(value, nn.Module | torch.Tensor):
+            return value, f"module {type(module).__name__}.{name}"
+    return None, None
+
+
+def _config(config: Any, *names: str) -> tuple[Any, str | None]:
+    """(the first of ``names`` the config sets, ``config <name>``)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value, f"config {name}"
+    return None, None
+
+
+def _eps(module: nn.Module) -> tuple[float | None, str | None]:
+    return _attr(module, "variance_epsilon", "eps", "epsilon")
+
+
+def _own(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's own parameters and buffers (not its children's)."""
+    return {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+
+
+def activation_name(fn: Any) -> str | None:
+    """The ACT2FN name of an activation module or function ("silu", "gelu", ...); None when unknown."""
+    from transformers.activations import ACT2CLS
+
+    kind = fn if isinstance(fn, type) else type(fn)
+    if kind in (nn.SiLU,) or getattr(fn, "__name__", "") == "silu":
+        return "silu"
+    for name, cls in ACT2CLS.items():
+        target = cls[0] if isinstance(cls, tuple) else cls
+        if kind is target:
+            return name
+    return None
+
+
+# --- norms -----------------------------------------------------------------------------------------------------
+
+
+def rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm [..., D] as workbench::rmsnorm with the variant's eps and weight: w, 1 + w (a zero-centred norm) or
+    ones (a norm without weight)."""
+    form = self.workbench_variant["weight"]["value"]
+    weight = hidden_states.new_ones(hidden_states.shape[-1]) if form == "none" else \
+        self.weight + 1.0 if form == "1 + w" else self.weight
+    return ops.rmsnorm(hidden_states, weight, self.workbench_variant["eps"]["value"])
+
+
+def _is_rmsnorm(module: nn.Module) -> bool:
+    own = _own(module)
+    name = type(module).__name__.lower()
+    return "rmsnorm" in name and "gated" not in name and not list(module.children()) \
+        and set(own) <= {"weight"} and (not own or own["weight"].dim() == 1) and _eps(module)[0] is not None
+
+
+def _rmsnorm_variants(module: nn.Module, config: Any) -> list[Variant]:
+    eps, eps_source = _eps(module)
+    forms = ("w", "1 + w") if hasattr(module, "weight") else ("none",)
+    return [Variant(f"weight {form}", rmsnorm_forward,
+                    {"eps": param(eps, eps_source), "weight": param(form, "probe: the weight form that reproduces "
+                                                                           "the module" if len(forms) > 1 else
+                                                    f"module {type(module).__name__}: no weight")})
+            for form in forms]
+
+
+def gated_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """A gated output norm as workbench::rmsnorm_gated over rows of the last dim, with the variant's activation."""
+    n = hidden_states.shape[-1]
+    variant = self.workbench_variant
+    weight = self.weight + 1.0 if variant["weight"]["value"] == "1 + w" else self.weight
+    y = ops.rmsnorm_gated(hidden_states.reshape(-1, n), weight, gate.reshape(-1, n), variant["eps"]["value"],
+                          variant["activation"]["value"])
+    return y.view(hidden_states.shape)
+
+
+def _is_gated_rmsnorm(module: nn.Module) -> bool:
+    name = type(module).__name__.lower()
+    return "gated" in name and "norm" in name and set(_own(module)) == {"weight"} and _eps(module)[0] is not None
+
+
+def _gated_rmsnorm_variants(module: nn.Module, config: Any) -> list[Variant]:
+    from workbench.blocks.rmsnorm_gated import ACTIVATIONS
+
+    eps, eps_source = _eps(module)
+    act, act_source = _attr(module, "activation")
+    acts = [(act, act_source)] if act in ACTIVATIONS else [(a, "probe: the gate activation that reproduces the module")
+                                                           for a in ACTIVATIONS]
+    differs = f"gate activation '{act}': rmsnorm_gated gates by {' or '.join(ACTIVATIONS)}" \
+        if act is not None and act not in ACTIVATIONS else ""
+    return [Variant(f"{a} gate, weight {form}", gated_rmsnorm_forward,
+                    {"eps": param(eps, eps_source), "activation": param(a, source),
+                     "weight": param(form, "probe: the weight form that reproduces the module")}, differs)
+            for (a, source), form in itertools.product(acts, ("w", "1 + w"))]
+
+
+# --- MLPs, routers, experts --------------------------------------------------------------------------------------
+
+CLAMPS = ("swiglu_limit", "limit", "swiglu_alpha", "alpha")
+"""Attributes and config fields of SwiGLU variants the catalog's swiglu does not compute (GPT-OSS's clamped alpha
+SwiGLU, DeepSeek-V4's and HY-V4's clamped SwiGLU)."""
+
+
+def _clamps(module: nn.Module, config: Any) -> str:
+    """The SwiGLU clamps and alpha a module or its config sets, as one phrase ("" when none)."""
+    found = []
+    for name in CLAMPS:
+        value, source = _attr(module, name)
+        if value is None and name.startswith("swiglu"):
+            value, source = _config(config, name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value:
+            found.append(f"{name} {value} ({source})")
+    return ", ".join(found)
+
+
+def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """down_proj(silu(gate_proj(x)) * up_proj(x)) with the activation as workbench::swiglu."""
+    return _common.gated_mlp_forward(self, x)
+
+
+def _is_gated_mlp(module: nn.Module) -> bool:
+    return all(isinstance(getattr(module, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")) \
+        and hasattr(module, "act_fn") and not _own(module)
+
+
+def _mlp_variants(module: nn.Module, config: Any) -> list[Variant]:
+    act = activation_name(module.act_fn)
+    clamps = _clamps(module, config)
+    differs = "; ".join(filter(None, [
+        f"activation {act or type(module.act_fn).__name__}: swiglu computes silu(a) * b" if act != "silu" else "",
+        f"clamped SwiGLU ({clamps}): swiglu computes silu(a) * b unclamped" if clamps else ""]))
+    return [Variant("silu(gate) * up", mlp_forward,
+                    {"activation": param(act, f"module {type(module).__name__}.act_fn")}, differs)]
+
+
+def router_forward(self: nn.Module, hidden_states: torch.Tensor, *args) -> tuple:
+    """A top-k router (weight [E, D]) as workbench::moe_router with the variant's score function, selection bias,
+    renormalization, route scale and groups: returns (router_logits, top_k_weights [N, k], top_k_index [N, k]),
+    as transformers' routers do; the logits (x W^T in float32) only when the model asks for them. A bias passed as
+    an argument (MiniMax-M2's block passes its e_score_correction_bias) is the call's."""
+    v = self.workbench_variant
+    x = hidden_states.reshape(-1, self.weight.shape[1])
+    bias = _router_bias(self, args)
+    weights, ids, _ = ops.moe_router(x, self.weight, bias, int(v["top_k"]["value"]), v["score"]["value"], None,
+                                     bool(v["renormalize"]["value"]), float(v["scale"]["value"]),
+                                     int(v["groups"]["value"]), int(v["kept_groups"]["value"]))
+    return _common.requested_logits(self, x), weights, ids
+
+
+def _router_bias(self: nn.Module, args: tuple) -> torch.Tensor:
+    """The selection bias [E] float32 the variant names: the module's, a child's, the call's argument, or zeros."""
+    where = self.workbench_variant["bias"]["value"]
+    experts = self.weight.shape[0]
+    if where == "argument" and args:
+        return args[0].float()
+    if where.startswith("child "):
+        return getattr(self, where.split()[1]).e_score_correction_bias.float()
+    if where == "module":
+        return self.e_score_correction_bias.float()
+    return torch.zeros(experts, dtype=torch.float32, device=self.weight.device)
+
+
+def _is_router(module: nn.Module) -> bool:
+    weight = _own(module).get("weight")
+    takes_k = any(hasattr(module, n) for n in ("top_k", "num_experts_per_tok"))
+    return weight is not None and weight.dim() == 2 and takes_k and set(_own(module)) <= {
+        "weight", "bias", "e_score_correction_bias"}
+
+
+def _router_variants(module: nn.Module, config: Any) -> list[Variant]:
+    """Every combination of the score functions and renormalization moe_router computes, the reading first: the
+    score function is sigmoid where the router carries a selection bias (its own, a child's, or an argument of its
+    forward), softmax otherwise; renormalization and scale as the module (else the config) sets them."""
+    import inspect
+
+    cls = type(module).__name__
+    k, k_source = _attr(module, "top_k", "num_experts_per_tok")
+    child = next((n for n, c in module.named_children() if hasattr(c, "e_score_correction_bias")), None)
+    takes_bias = "e_score_correction_bias" in inspect.signature(type(module).forward).parameters
+    if hasattr(module, "e_score_correction_bias"):
+        bias = param("module", f"module {cls}.e_score_correction_bias")
+    elif child:
+        bias = param(f"child {child}", f"module {cls}.{child}.e_score_correction_bias")
+    elif takes_bias:
+        bias = param("argument", f"module {cls}.forward(e_score_correction_bias)")
+    else:
+        bias = param("none", f"module {cls}: no selection bias")
+    renorm, renorm_source = _attr(module, "norm_topk_prob")
+    if renorm is None:
+        renorm, renorm_source = _config(config, "norm_topk_prob", "moe_renormalize")
+    scale, scale_source = _attr(module, "routed_scaling_factor", "route_scale")
+    if scale is None:
+        scale, scale_source = _config(config, "routed_scaling_factor", "router_scaling_factor", "route_scale")
+    groups, groups_source = _attr(module, "num_group", "n_group")
+    kept, kept_source = _attr(module, "topk_group")
+    func, func_source = _attr(module, "score_func", "scoring_func")
+    if func is None:
+        func, func_source = _config(config, "scoring_func", "moe_router_activation_func")
+    logit_bias = isinstance(getattr(module, "bias", None), torch.Tensor)
+    differs = "; ".join(filter(None, [
+        f"logits with a bias (module {cls}.bias): moe_router computes x W^T" if logit_bias else "",
+        f"score function {func} ({func_source}): moe_router scores with sigmoid or softmax"
+        if func is not None and str(func).lower() not in ("sigmoid", "softmax") else ""]))
+    reading = str(func).lower() if str(func).lower() in ("sigmoid", "softmax") else \
+        "sigmoid" if bias["value"] != "none" else "softmax"
+    scores = (reading, "softmax" if reading == "sigmoid" else "sigmoid")
+    renorms = (bool(renorm), not renorm) if renorm is not None else (True, False)
+    scales = [(float(scale), scale_source)] if scale is not None else []
+    scales += [(1.0, "probe: no route scale")] if scale != 1.0 else []
+    variants = []
+    for score, norm, (value, value_source) in itertools.product(scores, renorms, scales):
+        variants.append(Variant(
+            f"{score}{', renormalized' if norm else ''}, scale {value:g}", router_forward,
+            {"score": param(score, (func_source or "reading: sigmoid where a selection bias is carried, else softmax")
+                            if score == scores[0] else "probe: the other score function"),
+             "renormalize": param(norm, renorm_source if norm == renorms[0] and renorm is not None
+                                  else "probe: the other renormalization"),
+             "scale": param(value, value_source), "bias": bias, "top_k": param(k, k_source),
+             "groups": param(int(groups or 1), groups_source or "module: no groups"),
+             "kept_groups": param(int(kept or 1), kept_source or "module: no groups")}, differs))
+    return variants
+
+
+def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' experts module through moe_permute, moe_grouped_gemm (SwiGLU) and moe_combine."""
+    return _common.experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _is_experts(module: nn.Module) -> bool:
+    own = _own(module)
+    return all(n in own and own[n].dim() == 3 for n in ("gate_up_proj", "down_proj"))
+
+
+def _experts_variants(module: nn.Module, config: Any) -> list[Variant]:
+    act = activation_name(getattr(module, "act_fn", None)) if hasattr(module, "act_fn") else None
+    act = act or getattr(config, "hidden_act", None)
+    layout = _common.experts_supported(module, act or "unknown")
+    clamps = _clamps(module, config)
+    missing = [n for n in ("intermediate_dim", "num_experts") if not hasattr(module, n)]
+    differs = "; ".join(filter(None, [
+        layout, f"clamped SwiGLU ({clamps}): moe_grouped_gemm computes silu(a) * b unclamped" if clamps else "",
+        f"no {', '.join(missing)}: the adapter cannot map its weights" if missing else ""]))
+    return [Variant("SwiGLU experts", experts_forward, {"activation": param(act, "module act_fn / config "
+                                                                                  "hidden_act")}, differs)]
+
+
+# --- linear attention --------------------------------------------------------------------------------------------
+
+
+def forget_gate_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """KDA's forget gate as workbench::kda_gate: f from the low-rank (f_b_proj(f_a_proj(x))) or full-rank (f_proj(x))
+    projection [B, T, H, K]; the softplus form, or the bounded one with the variant's lower bound; g float32."""
+    heads, dim = self.num_heads, self.head_dim
+    proj = self.f_b_proj(self.f_a_proj(hidden_states)) if hasattr(self, "f_a_proj") else self.f_proj(hidden_states)
+    f = proj.view(*hidden_states.shape[:2], heads, dim)
+    return ops.kda_gate(f, self.A_log.reshape(heads), self.dt_bias.view(heads, dim),
+                        self.workbench_variant["lower_bound"]["value"])
+
+
+def _is_forget_gate(module: nn.Module) -> bool:
+    return {"A_log", "dt_bias"} <= set(_own(module)) and (hasattr(module, "f_proj") or hasattr(module, "f_a_proj")) \
+        and all(hasattr(module, n) for n in ("num_heads", "head_dim"))
+
+
+def _forget_gate_variants(module: nn.Module, config: Any) -> list[Variant]:
+    bound, source = _attr(module, "safe_gate_lower_bound")
+    if bound is None and getattr(module, "safe_gate", False):
+        bound, source = _attr(module, "lower_bound")
+    rank = "low rank (f_b_proj(f_a_proj(x)))" if hasattr(module, "f_a_proj") else "full rank (f_proj(x))"
+    form = f"bounded, lower bound {bound}" if bound is not None else "softplus"
+    return [Variant(f"{form}, {rank}", forget_gate_forward,
+                    {"lower_bound": param(bound, source or f"module {type(module).__name__}: no lower bound"),
+                     "projection": param(rank, f"module {type(module).__name__}")})]
+
+
+def kda_layer_forward(self: nn.Module, *args, **kwargs) -> torch.Tensor:
+    """A KDA layer through kda_short_conv and kda (``_common.kda_layer_forward``)."""
+    return _common.kda_layer_forward(self, *args, **kwargs)
+
+
+def _is_kda_layer(module: nn.Module) -> bool:
+    return hasattr(module, "forget_gate") and isinstance(getattr(module, "conv1d", None), nn.Conv1d) \
+        and all(hasattr(module, n) for n in ("head_dim", "qkv_dim", "layer_idx", "conv_kernel_size"))
+
+
+def _kda_layer_variants(module: nn.Module, config: Any) -> list[Variant]:
+    why = _common.kda_layer_supported(module)
+    gate = "full rank (g_proj)" if hasattr(module, "g_proj") else "low rank (g_b_proj(g_a_proj(x)))"
+    return [Variant(f"KDA, output gate {gate}", kda_layer_forward,
+                    {"output_gate": param(gate, f"module {type(module).__name__}"),
+                     "conv_activation": param(getattr(module, "activation", None),
+                                              f"module {type(module).__name__}.activation")}, why)]
+
+
+# --- MLA ---------------------------------------------------------------------------------------------------------
+
+
+def mla_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
+                attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs):
+    """An MLA module (DeepSeek's layout) with the attention as workbench::mla; q's and k's rope parts rotated by the
+    module's own modeling functions (apply_rotary_pos_emb, or its _interleave form, as the variant says) on the
+    position embeddings it is given; none where the variant has no rotary embedding. What
+    ``_common.mla_runs_shipped`` names runs the shipped forward."""
+    rope = self.workbench_variant["rope"]["value"]
+    if (rope != "none" and position_embeddings is None) or \
+            _common.mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
+        return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
+                                     attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+    rotate = None
+    if rope != "none":
+        modeling = sys.modules[type(self).__module__]
+        apply = getattr(modeling, "apply_rotary_pos_emb_interleave" if rope == "interleaved" else
+                        "apply_rotary_pos_emb")
+        cos, sin = position_embeddings
+        rotate = lambda q, k: apply(q, k, cos, sin)  # noqa: E731 - the rotation mla_attention takes
+    return _common.mla_attention(self, hidden_states, rotate, past_key_values), None
+
+
+MLA_PARTS = ("kv_a_proj_with_mqa", "kv_b_proj", "kv_a_layernorm", "o_proj")
+MLA_SIZES = ("num_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank",
+             "scaling", "qk_head_dim", "layer_idx")
+
+
+def _is_mla(module: nn.Module) -> bool:
+    return all(hasattr(module, n) for n in MLA_PARTS + MLA_SIZES) and not hasattr(module, "indexer")
+
+
+def _mla_variants(module: nn.Module, config: Any) -> list[Variant]:
+    modeling = sys.modules[type(module).__module__]
+    interleave, source = _config(config, "rope_interleave")
+    forms = ["interleaved" if interleave else "half", "half" if interleave else "interleaved", "none"]
+    forms = [f for f in forms if f == "none" or hasattr(modeling, "apply_rotary_pos_emb" + (
+        "_interleave" if f == "interleaved" else ""))]
+    return [Variant(f"MLA, rotary embedding {form}", mla_forward,
+                    {"rope": param(form, source if (form == forms[0] and source) else
+                                   "probe: the rotary form that reproduces the module")}) for form in forms]
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("rmsnorm", "RMSNorm", ("rmsnorm",), _is_rmsnorm, _rmsnorm_variants),
+    Kind("rmsnorm_gated", "gated output norm", ("rmsnorm_gated",), _is_gated_rmsnorm, _gated_rmsnorm_variants),
+    Kind("gated_mlp", "gated MLP (projections in torch)", ("swiglu",), _is_gated_mlp, _mlp_variants),
+    Kind("router", "top-k expert router", ("moe_router",), _is_router, _router_variants),
+    Kind("experts", "routed experts", ("moe_permute", "moe_grouped_gemm", "moe_combine"), _is_experts,
+         _experts_variants),
+    Kind("kda_gate", "KDA forget gate (projections in torch)", ("kda_gate",), _is_forget_gate,
+         _forget_gate_variants),
+    Kind("kda_layer", "KDA linear attention (projections, l2norm and beta in torch)", ("kda_short_conv", "kda"),
+         _is_kda_layer, _kda_layer_variants),
+    Kind("mla", "MLA attention (projections and rotary embedding in torch)", ("mla",), _is_mla, _mla_variants),
+)
+
+
+def kind_of(module: nn.Module) -> Kind | None:
+    """The kind that reads ``module``; None when none does."""
+    return next((kind for kind in KINDS if kind.match(module)), None)
+
+
+def install(module: nn.Module, variant: Variant) -> None:
+    """Make ``module`` compute ``variant`` (its forward through the ops, its parameters on the module)."""
+    if not hasattr(module, "original_forward"):
+        module.original_forward = module.forward
+    module.workbench_variant = variant.params
+    module.forward = variant.forward.__get__(module)
+
+
+def uninstall(module: nn.Module) -> None:
+    """Give ``module`` its shipped forward back."""
+    if hasattr(module, "original_forward"):
+        module.forward = module.original_forward
+        del module.original_forward
+    module.__dict__.pop("workbench_variant", None)
+
+
+# --- what no kind reads ------------------------------------------------------------------------------------------
+
+FRAMEWORK = "framework"
+NO_SPEC = "no spec"
+WITHIN = "within"
+HINTS = (
+    (("hyperconnection", "hyperhead"), "hyper-connections: mixes the hc_mult residual streams (Sinkhorn-normalised "
+                                       "mixing matrices)"),
+    (("hashrouter", "hash"), "hash routing: experts chosen by the token id"),
+    (("compressor",), "KV compressor (pools keys and values along the sequence)"),
+    (("indexer", "scorer"), "sparse-attention indexer (scores keys and selects the top k)"),
+    (("router", "topk", "gate"), "expert router of a form the router kind does not read"),
+    (("mamba", "mixer", "ssm"), "state-space mixer"),
+    (("deltanet", "delta", "linearattention", "lightning"), "linear attention of a form the kda_layer kind does "
+                                                            "not read"),
+    (("attention", "attn", "mla"), "attention"),
+    (("conv",), "convolution"),
+    (("mtp", "nextn"), "multi-token prediction"),
+    (("vision", "visual", "audio", "patch", "merger", "tower"), "a multimodal tower's module"),
+    (("layernorm",), "layer norm (mean-centred, with weight and bias)"),
+)
+"""Class-name words and the role of a module no kind reads (the first that the lower-cased class name contains)."""
+
+
+def class_words(cls: str) -> set[str]:
+    """The lower-cased words of a CamelCase class name and every run of consecutive ones ("GptOssTopKRouter" ->
+    gpt, oss, top, k, router, topk, ...): what HINTS match, so that "ssm" is not found in "GptOssModel"."""
+    words = [w.lower() for w in re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+", cls)]
+    return {"".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)}
+
+
+def hint(module: nn.Module) -> str | None:
+    words = class_words(type(module).__name__)
+    return next((role for keys, role in HINTS if any(k in words for k in keys)), None)
+
+
+def describe(module: nn.Module) -> tuple[str, str]:
+    """(status, role) of a module no kind reads: FRAMEWORK (embedding, plain projection, dropout, containers whose
+    forward composes their children, the rotary position table), WITHIN (an activation or convolution its parent's
+    forward calls: its parent's row says how it is computed), or NO_SPEC (what it computes)."""
+    if isinstance(module, nn.ModuleList | nn.ModuleDict | nn.Sequential):
+        return FRAMEWORK, "container"
+    if isinstance(module, nn.Embedding):
+        return FRAMEWORK, "embedding lookup"
+    if type(module) is nn.Linear:
+        return FRAMEWORK, "plain projection (a GEMM)"
+    if isinstance(module, nn.Dropout | nn.Identity):
+        return FRAMEWORK, "dropout / identity"
+    if "rotary" in type(module).__name__.lower() and not any(p.requires_grad for p in module.parameters()):
+        return FRAMEWORK, "rotary position table (cos, sin per position); the rotation is applied inside the attention"
+    own = dict(module.named_parameters(recurse=False))
+    children = list(module.children())
+    if own and all(name.endswith("correction_bias") for name in own) and not children:
+        return WITHIN, "the selection bias its parent router reads"
+    if isinstance(module, nn.Conv1d) or (not own and not children and activation_name(module) is not None) or \
+            (not own and not children and type(module).__name__.endswith("Activation")):
+        return WITHIN, "called by its parent's forward"
+    role = hint(module)
+    if role is not None:
+        return NO_SPEC, role
+    if own:
+        return NO_SPEC, f"a module with its own parameters ({', '.join(sorted(own))}) that no kind reads"
+    if children:
+        return FRAMEWORK, "container: its forward composes its children (residual adds, routing and shared-expert " \
+                          "sums in torch)"
+    return WITHIN, "called by its parent's forward"
+
+
+def attention_summary(instances: list[nn.Module], config: Any) -> str:
+    """What an attention class no kind reads computes across its instances (the layers of the full model): softmax
+    or MLA attention, heads, KV heads, head size, sinks, sliding windows per layer, q/k norms, an output gate, an
+    indexer."""
+    first = instances[0]
+    form = "MLA attention" if hasattr(first, "kv_b_proj") else "softmax attention"
+    heads, _ = _attr(first, "num_heads", "num_attention_heads")
+    heads = heads or getattr(config, "num_attention_heads", None)
+    kv, _ = _attr(first, "num_key_value_heads")
+    groups, _ = _attr(first, "num_key_value_groups")
+    kv = kv or (heads // groups if heads and groups else getattr(config, "num_key_value_heads", None))
+    dim, _ = _attr(first, "head_dim")
+    parts = [f"{heads} heads" + (f", {kv} KV heads" if kv and kv != heads else "") + (f", head size {dim}" if dim
+                                                                                        else "")]
+    if "sinks" in _own(first):
+        parts.append("attention sinks")
+    windows = [getattr(m, "sliding_window", None) for m in instances]
+    sliding = [w for w in windows if isinstance(w, int) and w > 0]
+    if sliding:
+        parts.append(f"sliding window {max(sliding)} in {len(sliding)} of {len(instances)} layers")
+    names = {n for n, _ in first.named_children()}
+    if {"q_norm", "k_norm"} & names:
+        parts.append("q/k RMSNorm")
+    if any("gate" in n for n in names):
+        parts.append("output gate")
+    if hasattr(first, "indexer"):
+        parts.append("a sparse indexer")
+    return f"{form}: {', '.join(parts)}"
+
