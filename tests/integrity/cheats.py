@@ -13,7 +13,10 @@ from pathlib import Path
 
 import workbench
 from workbench.templating import load_template
+from workbench.verify import warm
 
+# The hanging cheat's timeout: the job's start fits (see tests/verify/test_broken_candidates.py)
+HANG_S = 10 if warm.enabled() else 30
 # The source file of the rmsnorm reference, as a candidate that knows the checkout's layout would name it.
 REFERENCE_FILE = str(Path(workbench.__file__).resolve().parent / "blocks" / "rmsnorm.py")
 # Every width of the rmsnorm / swiglu smoke and edge suites (workbench/blocks/_rows.py): what an author was shown.
@@ -384,7 +387,7 @@ CHEATS = [
     Cheat("hangs", "rmsnorm", [prelude("import time\n"), run_body(
         "    while True:\n"
         "        time.sleep(0.1)\n")],
-        "timeout", "no result within 30 s", {"timeout_s": 30}),  # (the worker's start fits: see test_broken_candidates)
+        "timeout", f"no result within {HANG_S} s", {"timeout_s": HANG_S}),
     Cheat("exits the process", "rmsnorm", [prelude("import os\n"), run_body(
         "    y = RMSNormFunction.apply(x, weight, eps)\n"
         "    os._exit(3)\n")],

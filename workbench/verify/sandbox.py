@@ -90,17 +90,40 @@ def isolated(command: list[str], writable: list[Path], readable: list[Path], cwd
     lie under /tmp) read-only over the private /tmp, working directory ``cwd``."""
     if isolation() != "bwrap":
         return command
-    # the interpreter, its packages and the workbench's own source may live under /tmp too (a clone in a temporary
-    # folder, a site-packages folder a .pth line adds to the import path): they stay visible, read-only
-    readable = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, PACKAGE_ROOT,
-                *(Path(p) for p in sys.path if p and Path(p).is_dir()), cwd, *readable]
     binds = []
-    for path in dict.fromkeys(Path(p).resolve() for p in readable if Path(p).exists()):
+    for path in visible(readable, cwd):
         binds += ["--ro-bind", str(path), str(path)]
     for path in dict.fromkeys(Path(p).resolve() for p in writable):
         binds += ["--bind", str(path), str(path)]
     return [_bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *binds,
             "--chdir", str(cwd), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", *command]
+
+
+def visible(readable: list[Path], cwd: Path | None = None) -> list[Path]:
+    """The folders a child reads, resolved and existing: ``readable`` and ``cwd``, and the interpreter, its packages
+    and the workbench's own source, which may live in a temporary folder too (a clone there, a site-packages folder
+    a .pth line adds to the import path)."""
+    paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, PACKAGE_ROOT,
+             *(Path(p) for p in sys.path if p and Path(p).is_dir()), *([cwd] if cwd else []), *readable]
+    return list(dict.fromkeys(Path(p).resolve() for p in paths if Path(p).exists()))
+
+
+def server_command(command: list[str], writable: list[Path]) -> list[str]:
+    """How a warm worker's server starts (workbench.verify.warm): dying with its parent and, where bubblewrap is
+    the isolation, inside it with / read-only, the ``writable`` folders (the temporary folder, where every job folder
+    lives) writable, no network and its own PID and IPC namespaces. Its jobs take their own limits and namespaces
+    (workbench/verify/forkserver.py)."""
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        raise WorkbenchError("the sandbox needs setpriv (util-linux) to tie its servers to their parent")
+    if isolation() == "bwrap":
+        binds = [arg for path in writable for arg in ("--bind", str(path), str(path))]
+        # as root, the server keeps the two capabilities its jobs' namespaces need; each job drops them before it
+        # runs anything (without them, a job's namespaces include a user namespace)
+        caps = ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if os.geteuid() == 0 else []
+        command = [_bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *binds, *caps,
+                   "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", *command]
+    return [setpriv, "--pdeathsig", "KILL", *command]
 
 
 def child_env(backend_env: dict[str, str]) -> dict[str, str]:
@@ -124,38 +147,32 @@ class ChildOutcome:
 
 def run_child(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_s: float,
               memory_bytes: int | None, readable: list[Path] = ()) -> ChildOutcome:
-    """Run ``python -s -P -B worker JOB_DIR RESULT_FD`` in job_dir under the limits and the isolation in force (see the
+    """Run ``worker``'s ``main(JOB_DIR, RESULT_FD)`` on job_dir under the limits and the isolation in force (see the
     module docstring; ``readable``: folders the worker reads besides the installed packages, e.g. the candidate's),
-    and collect what it sends."""
+    and collect what it sends: in a fork of the warm worker (workbench.verify.warm) where it runs and the job
+    folder lies in the temporary folder, else in a cold ``python -s -P -B worker JOB_DIR RESULT_FD``."""
+    from workbench.verify.warm import job_root, warm_server
+
     log_path = job_dir / "output.log"
     read_fd, write_fd = os.pipe()
     received = io.BytesIO()
     reader = threading.Thread(target=_drain, args=(read_fd, received), daemon=True)
-    with open(log_path, "wb") as log:
+    reader.start()
+    server = warm_server("verify", backend_env) if job_dir.resolve().is_relative_to(job_root()) else None
+    if server is not None:
+        log_path.touch()
         try:
-            # -s -P: no user site, no script folder on sys.path; the environment is child_env's alone, so its
-            # PYTHONHASHSEED and PYTHONDONTWRITEBYTECODE hold (-I would drop them); -B: no bytecode either way
-            command = [sys.executable, "-s", "-P", "-B", str(worker), str(job_dir), str(write_fd)]
-            proc = subprocess.Popen(
-                child_command(command, memory_bytes=memory_bytes, timeout_s=timeout_s, writable=[job_dir],
-                              readable=list(readable), cwd=job_dir), pass_fds=(write_fd,),
-                cwd=job_dir, env=child_env(backend_env), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
-        finally:
-            os.close(write_fd)
-        reader.start()
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            reader.join(5)
-            return ChildOutcome("timeout", f"no result within {timeout_s:g} s", received.getvalue(),
-                                _tail(log_path), None)
-    _kill_group(proc.pid)  # whatever the candidate left running in its process group
+            code = server.run(worker, job_dir, child_env(backend_env), timeout_s, memory_bytes, list(readable),
+                              write_fd)
+        except WorkbenchError as exc:  # the server stopped under the job: classified as a crash, never lost
+            return ChildOutcome("crashed", str(exc), received.getvalue(), _tail(log_path), None)
+    else:
+        code = _run_cold(worker, job_dir, backend_env, timeout_s, memory_bytes, readable, write_fd)
+    if code is None:
+        reader.join(5)
+        return ChildOutcome("timeout", f"no result within {timeout_s:g} s", received.getvalue(), _tail(log_path),
+                            None)
     reader.join(30)
-    if code > 128 and isolation() == "bwrap":  # bubblewrap exits 128 + N for a child killed by signal N
-        code = 128 - code
     tail, payload = _tail(log_path), received.getvalue()
     if log_path.stat().st_size >= OUTPUT_LIMIT_BYTES:  # Python ignores SIGXFSZ: its writes fail with EFBIG
         return ChildOutcome("crashed", f"printed more than {OUTPUT_LIMIT_BYTES >> 20} MiB", payload, tail, code)
@@ -171,6 +188,34 @@ def run_child(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_
         return ChildOutcome("crashed", f"candidate process exited with code {code} without a result", payload,
                             tail, code)
     return ChildOutcome("ok", "", payload, tail, code)
+
+
+def _run_cold(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_s: float, memory_bytes: int | None,
+              readable, write_fd: int) -> int | None:
+    """A cold child: a new interpreter under its limits and isolation. Its exit code (negative: the signal), None
+    on timeout; closes ``write_fd``."""
+    with open(job_dir / "output.log", "wb") as log:
+        try:
+            # -s -P: no user site, no script folder on sys.path; the environment is child_env's alone, so its
+            # PYTHONHASHSEED and PYTHONDONTWRITEBYTECODE hold (-I would drop them); -B: no bytecode either way
+            command = [sys.executable, "-s", "-P", "-B", str(worker), str(job_dir), str(write_fd)]
+            proc = subprocess.Popen(
+                child_command(command, memory_bytes=memory_bytes, timeout_s=timeout_s, writable=[job_dir],
+                              readable=list(readable), cwd=job_dir), pass_fds=(write_fd,),
+                cwd=job_dir, env=child_env(backend_env), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.close(write_fd)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+    _kill_group(proc.pid)  # whatever the candidate left running in its process group
+    if code > 128 and isolation() == "bwrap":  # bubblewrap exits 128 + N for a child killed by signal N
+        code = 128 - code
+    return code
 
 
 def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: float,
