@@ -30,6 +30,7 @@ from typing import Any
 
 from workbench.errors import WorkbenchError, one_line
 from workbench.verify.sandbox import child_command, child_env
+from workbench.verify.warm import warm_popen
 from workbench.vocabulary import ParityStatus
 
 THRESHOLDS: dict[str, dict[str, float]] = {
@@ -333,21 +334,27 @@ def run_parity(source: str, layers: int = 4, tokens: int = 32, blocks: list[str]
     with tempfile.TemporaryDirectory(prefix="parity-") as scratch:
         env = {**child_env(backend.env), "TMPDIR": scratch, "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"),
                "HF_HOME": str(Path(scratch) / "hf")}
-        command = child_command([sys.executable, "-m", "workbench.integrations.parity_child"], memory_bytes=None,
-                                timeout_s=timeout_s, writable=[Path(scratch)], readable=[Path(job.operators_dir)],
-                                cwd=Path.cwd())
+        entry, given = "workbench.integrations.parity_child", json.dumps({**asdict(job), "scratch": scratch})
         try:
-            proc = subprocess.run(command, input=json.dumps({**asdict(job), "scratch": scratch}),
-                                  capture_output=True, text=True, timeout=timeout_s, env=env)
+            # a fork of the warm worker where it runs, else a cold child
+            proc = warm_popen(entry, env, Path.cwd(), timeout_s, [Path(scratch)], [Path(job.operators_dir)])
+            if proc is not None:
+                stdout, stderr = proc.communicate(given, timeout_s)
+            else:
+                command = child_command([sys.executable, "-m", entry], memory_bytes=None, timeout_s=timeout_s,
+                                        writable=[Path(scratch)], readable=[Path(job.operators_dir)], cwd=Path.cwd())
+                cold = subprocess.run(command, input=given, capture_output=True, text=True, timeout=timeout_s,
+                                      env=env)
+                stdout, stderr = cold.stdout, cold.stderr
         except subprocess.TimeoutExpired:
             result.message = f"the parity child ran past {timeout_s:.0f} s"
             result.seconds = time.monotonic() - started
             return result
     result.seconds = time.monotonic() - started
-    answer = next((json.loads(line[len(MARK):]) for line in reversed(proc.stdout.splitlines())
+    answer = next((json.loads(line[len(MARK):]) for line in reversed(stdout.splitlines())
                    if line.startswith(MARK)), None)
     if answer is None or "error" in answer:
-        tail = (answer or {}).get("error") or (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (answer or {}).get("error") or (stderr.strip().splitlines() or ["no output"])[-1]
         result.message = f"the parity child failed: {tail}"[:500]
         return result
     result.metrics, result.patch = answer["metrics"], answer["patch"]

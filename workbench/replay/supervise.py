@@ -23,6 +23,7 @@ from workbench.replay.ops import operator_file
 from workbench.replay.presets import Preset
 from workbench.replay.train import RunResult
 from workbench.verify.sandbox import child_command, child_env
+from workbench.verify.warm import WarmProcess, warm_popen
 
 DEFAULT_TIMEOUT_S = 3600.0
 CHILD, LAUNCHER = "workbench.replay.child", "workbench.replay.launcher"
@@ -77,11 +78,15 @@ def launch_process(job: dict, backend: Backend, timeout_s: float,
         # the operators' own temporary files and Triton's cache: the only other place the child may write
         job = {**job, "writable": [str(p) for p in writable] + [scratch]}
         env = {**child_env(backend.env), "TMPDIR": scratch, "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache")}
-        command = child_command([sys.executable, "-m", entry], memory_bytes=None,
-                                timeout_s=timeout_s, writable=[*writable, Path(scratch)], readable=readable,
-                                cwd=Path.cwd())
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, start_new_session=True)
+        # one training child: a fork of the warm worker where it runs (the ranks of a distributed replay start cold)
+        proc = warm_popen(entry, env, Path.cwd(), timeout_s, [Path(scratch), *writable], readable, stderr) \
+            if entry == CHILD else None
+        if proc is None:
+            command = child_command([sys.executable, "-m", entry], memory_bytes=None,
+                                    timeout_s=timeout_s, writable=[*writable, Path(scratch)], readable=readable,
+                                    cwd=Path.cwd())
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                                    text=True, start_new_session=True)
         timed_out = threading.Event()
 
         def expire() -> None:
@@ -121,8 +126,12 @@ def launch_process(job: dict, backend: Backend, timeout_s: float,
         raise ReplayError(f"the training process died (exit {code}) at step {last_step + 1}: {tail[0][:300]}")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen | WarmProcess) -> None:
     """The child and everything it started (its own session: the ranks of a distributed replay) stopped."""
+    if isinstance(proc, WarmProcess):  # the server kills the job's PID namespace, or its session
+        proc.kill()
+        proc.wait()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
