@@ -177,30 +177,22 @@ class WarmServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def server_pid(self) -> int | None:
+        """The server's process id as seen here (the first python below setpriv, or below bubblewrap)."""
+        below = _below(self.proc.pid, _parents())
+        return next((pid for pid in [self.proc.pid, *below] if _command(pid)[:1] == [sys.executable]), None)
+
     def job_pids(self) -> list[int]:
         """The processes the server's jobs are running now (keepers, and the jobs' processes seen from here), by a
         walk of /proc below the server: what a timeout or a kill must leave empty."""
-        parents = {}
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit():
-                    parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue  # gone while we looked
-        below, frontier = [], [self.proc.pid]
-        while frontier:
-            children = [pid for pid, parent in parents.items() if parent in frontier]
-            below += children
-            frontier = children
-        servers = [pid for pid in [self.proc.pid, *below] if _command(pid)[:1] == [sys.executable]]
-        if not servers:
-            return []
-        server = servers[0]  # the first python below bubblewrap (or setpriv's): the server; the others are forks
-        jobs, frontier = [], [server]
-        while frontier:
-            frontier = [pid for pid, parent in parents.items() if parent in frontier]
-            jobs += frontier
-        return jobs
+        server = self.server_pid()
+        return _below(server, _parents()) if server else []
+
+    def jobs_cpu_s(self) -> float:
+        """The CPU time (user + system) of the server's finished jobs: every process of a job is reaped up the chain
+        to the server, whose children's times hold them (/proc/PID/stat's cutime and cstime)."""
+        fields = Path(f"/proc/{self.server_pid()}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -208,6 +200,27 @@ class WarmServer:
             self.proc.wait()
         self.log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _parents() -> dict[int, int]:
+    """Every process here and its parent, from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone while we looked
+    return parents
+
+
+def _below(root: int, parents: dict[int, int]) -> list[int]:
+    """The descendants of ``root``, nearest first."""
+    below, frontier = [], {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier}
+        below += sorted(frontier)
+    return below
 
 
 def _command(pid: int) -> list[str]:
