@@ -6,6 +6,7 @@ suite; and what a parity child costs, cold and warm.
     python bench/verify_cost.py --blocks kda mla --runs 5
     python bench/verify_cost.py --isolation audit         # the audit hook's isolation instead of bubblewrap's
     python bench/verify_cost.py --parity glm4_moe         # also a 2-layer parity of that family, cold and warm
+    python bench/verify_cost.py --full --runs 1           # a port's verification: all suites, five targets
 
 What the figures are. Each run is one verify_candidate call (float32, one seed, no GPU target) on the backend seen
 here (the Triton interpreter on a CPU). "wall s" is the call's wall time; "job cpu s" the CPU time (user + system)
@@ -23,6 +24,7 @@ import os
 import platform
 import resource
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -42,9 +44,9 @@ def job_cpu(warm_on: bool, backend) -> float | None:
     """The CPU seconds of every finished job so far: this process's children (cold), the server's (warm)."""
     from workbench.verify import sandbox, warm
 
-    if warm_on:
-        server = warm.warm_server("verify", backend.env)
-        return server.jobs_cpu_s() if server else None
+    if warm_on:  # the interpreter's server and the compilers' (a full verification's compile jobs)
+        servers = [s for key, s in warm._servers.items() if key[0] == "verify" and s is not None and s.alive()]
+        return sum(s.jobs_cpu_s() for s in servers) if servers else None
     if sandbox.isolation() != "audit":
         return None
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -70,6 +72,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--isolation", default="auto", choices=("audit", "auto"))
     parser.add_argument("--parity", nargs="*", default=[], help="families whose 2-layer parity is timed too")
+    parser.add_argument("--full", action="store_true",
+                        help="a port's verification instead of the smoke suite: every suite, dtype and default "
+                             "target, each run with an empty compile cache")
     args = parser.parse_args()
     os.environ["WORKBENCH_ISOLATION"] = args.isolation
 
@@ -84,8 +89,13 @@ def main() -> None:
 
     def verification(path: Path, block: str):
         def call():
-            result = verify_candidate(path, block=block, backend=backend, suites=["smoke"], dtypes=["float32"],
-                                      seeds=1, base_seed=0, targets=[])
+            if args.full:  # a port's verification: every suite, dtype and default target, compiled afresh
+                os.environ["WORKBENCH_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="compile-cache-")
+                result = verify_candidate(path, block=block, backend=backend)
+                shutil.rmtree(os.environ.pop("WORKBENCH_COMPILE_CACHE"), ignore_errors=True)
+            else:
+                result = verify_candidate(path, block=block, backend=backend, suites=["smoke"], dtypes=["float32"],
+                                          seeds=1, base_seed=0, targets=[])
             verdicts[path.name] = str(result.verdict)
         return call
 
@@ -117,7 +127,8 @@ def main() -> None:
         rows.append((f"parity {family} (2 layers, 16 tokens)", *figures, verdicts[family]))
 
     print(f"$ python {' '.join(shlex.quote(a) for a in sys.argv)}")
-    print(f"backend {backend.name}, isolation {isolation()}, smoke suite, float32, medians of {args.runs} runs, "
+    what = "every suite, dtype and default target, empty compile cache" if args.full else "smoke suite, float32"
+    print(f"backend {backend.name}, isolation {isolation()}, {what}, medians of {args.runs} runs, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     print(f"warm server start (imports, once per process): {server_start:.2f} s")
     print(f"{'job':52s} {'cold wall s':>11s} {'cold cpu s':>10s} {'warm wall s':>11s} {'warm cpu s':>10s}  verdict")

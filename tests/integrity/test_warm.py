@@ -94,7 +94,7 @@ def test_a_candidate_that_patches_torch_and_leaves_modules_leaves_nothing_for_th
     assert polluter.verdict == "monkeypatch", polluter.message  # torch's and triton's: refused in its own job
     observed = verify(candidate(tmp_path, "observer", OBSERVE, OBSERVED_RUN))
     assert observed.verdict == "pass", observed.message  # nothing of the polluter in the next job
-    assert served is server() and served.alive() and observed.isolation == isolation()
+    assert served is server() and served.alive() and observed.isolation == isolation() and observed.start == "warm"
     assert no_job_left(served) == []
 
 

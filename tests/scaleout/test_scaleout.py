@@ -180,6 +180,8 @@ def test_exploring_on_two_workers_verifies_two_candidates_side_by_side(settings,
     candidates = run_candidates(engine, outcome["run_id"])
     steps = [(s.node, s.message) for s in run_steps(engine, outcome["run_id"])]
     assert sorted(c.iteration for c in candidates) == [1, 2, 3] and all(c.status == "pass" for c in candidates)
+    # each Ray worker holds warm servers of its own: every job there started as a fork of one
+    assert [c.target_report["start"] for c in candidates] == ["warm"] * 3
     nodes = [node for node, _ in steps]
     assert nodes.count("verify") == 3 and "3 passing" in next(m for n, m in steps if n == "promote")
     # the first two were in flight at once: both rendered before either's verification ended, joined once; the

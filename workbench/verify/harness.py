@@ -318,7 +318,7 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
         outcome = run_job(job_dir, job, backend.env, timeout_s, cap)
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
-    result.output_tail = outcome.output_tail
+    result.output_tail, result.start = outcome.output_tail, "warm" if outcome.warm else "cold"
     if outcome.status != "ok":
         result.verdict, result.message = Verdict(outcome.status), outcome.message
     elif outcome.results.get("token") != job["token"]:

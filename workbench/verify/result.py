@@ -59,18 +59,20 @@ class VerificationResult:
     compile_seconds: float = 0.0
     forward_only: bool = False  # only the outputs were verified: the backward was not
     isolation: str = ""  # the sandbox's isolation in force: "bwrap" or "audit" (workbench.verify.sandbox)
+    start: str = ""  # how its job started: "warm" (a fork of the warm worker) or "cold" (a new interpreter)
 
     def target_report(self) -> dict:
         """Where this verification showed the candidate to work: the backend (its suites and dtypes are in the
         checks), the targets each kernel compiled on and those without spills at the model suite, the static findings,
-        whether the backward was verified, the sandbox's isolation."""
+        whether the backward was verified, the sandbox's isolation and how its job started."""
         report = {t: [b for b in self.builds if b["target"] == t] for t in self.targets}
         compiled = [t for t, bs in report.items() if bs and all(b["ok"] for b in bs)]
         spill_free = [t for t in compiled if not any(b["suite"] == "model" and b["spilled_bytes"]
                                                      for b in report[t])]
         return {"backend": self.backend, "targets": list(self.targets), "compiles_on": compiled,
                 "spill_free_on": spill_free, "findings": list(self.findings),
-                "backward": "not verified" if self.forward_only else "verified", "isolation": self.isolation}
+                "backward": "not verified" if self.forward_only else "verified", "isolation": self.isolation,
+                "start": self.start}
 
     @property
     def passed(self) -> bool:

@@ -40,6 +40,7 @@ class SandboxOutcome:
     message: str
     results: dict | None
     output_tail: str
+    warm: bool = False  # the job ran as a fork of the warm worker (workbench.verify.warm), not a cold child
 
 
 def limited(command: list[str], memory_bytes: int | None, timeout_s: float) -> list[str]:
@@ -143,6 +144,7 @@ class ChildOutcome:
     payload: bytes
     output_tail: str
     code: int | None
+    warm: bool = False
 
 
 def run_child(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_s: float,
@@ -168,6 +170,14 @@ def run_child(worker: Path, job_dir: Path, backend_env: dict[str, str], timeout_
             return ChildOutcome("crashed", str(exc), received.getvalue(), _tail(log_path), None)
     else:
         code = _run_cold(worker, job_dir, backend_env, timeout_s, memory_bytes, readable, write_fd)
+    outcome = _classify(code, timeout_s, reader, received, log_path)
+    outcome.warm = server is not None
+    return outcome
+
+
+def _classify(code: int | None, timeout_s: float, reader: threading.Thread, received: io.BytesIO,
+              log_path: Path) -> ChildOutcome:
+    """What a finished job's exit code, output and pipe say."""
     if code is None:
         reader.join(5)
         return ChildOutcome("timeout", f"no result within {timeout_s:g} s", received.getvalue(), _tail(log_path),
@@ -227,13 +237,13 @@ def run_job(job_dir: Path, job: dict, backend_env: dict[str, str], timeout_s: fl
     env = {**backend_env, "TRITON_CACHE_DIR": str(job_dir / "scratch" / "triton-cache")}
     child = run_child(WORKER, job_dir, env, timeout_s, memory_bytes, [Path(job["candidate"]).parent])
     if child.status != "ok":
-        return SandboxOutcome(child.status, child.message, None, child.output_tail)
+        return SandboxOutcome(child.status, child.message, None, child.output_tail, child.warm)
     try:
         results = torch.load(io.BytesIO(child.payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a result we cannot read is the candidate's fault
         return SandboxOutcome("crashed", f"unreadable result: {type(exc).__name__}: {exc}"[:300], None,
-                              child.output_tail)
-    return SandboxOutcome("ok", "", results, child.output_tail)
+                              child.output_tail, child.warm)
+    return SandboxOutcome("ok", "", results, child.output_tail, child.warm)
 
 
 def _drain(fd: int, sink: io.BytesIO) -> None:

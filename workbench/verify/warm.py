@@ -149,7 +149,7 @@ class WarmServer:
         ``fds``. Neither: the server's probe (the job sets its isolation up and exits 0)."""
         from workbench.verify.sandbox import visible
 
-        hidden = sorted({str(job_root()), "/tmp"}) if self.isolate else []
+        hidden = [str(p) for p in _outermost([job_root(), Path("/tmp").resolve()])] if self.isolate else []
         request = {"worker": str(worker or ""), "module": module or "", "job_dir": str(job_dir),
                    "cwd": str(cwd or job_dir), "timeout_s": timeout_s, "memory_bytes": memory_bytes, "env": env,
                    "isolate": self.isolate, "hidden": hidden, "stdio": module is not None,
@@ -200,6 +200,11 @@ class WarmServer:
             self.proc.wait()
         self.log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _outermost(folders: list[Path]) -> list[Path]:
+    """The folders that lie in none of the others (a tmpfs over /tmp hides a job root inside it too)."""
+    return sorted({f for f in folders if not any(f != other and f.is_relative_to(other) for other in folders)})
 
 
 def _parents() -> dict[int, int]:
