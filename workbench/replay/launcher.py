@@ -16,12 +16,14 @@ import json
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
 from workbench.replay.child import MARK, send_event
@@ -64,23 +66,88 @@ def _last_line(stderr) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def _popen(env: dict[str, str], stderr) -> subprocess.Popen:
+    """A rank as a new interpreter."""
+    return subprocess.Popen([sys.executable, "-m", "workbench.replay.distributed"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
+
+
+class ForkedRank:
+    """A rank as a fork of this process (a fork of the warm worker's model server, where the ranks' code is
+    imported): what run_ranks uses of subprocess.Popen (stdin, stdout, poll, wait, kill)."""
+
+    def __init__(self, env: dict[str, str], stderr):
+        stdin_read, stdin_write = os.pipe()
+        stdout_read, stdout_write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                os.close(stdin_write)  # or its stdin never ends
+                os.close(stdout_read)
+                os.dup2(stdin_read, 0)
+                os.dup2(stdout_write, 1)
+                os.dup2(stderr.fileno(), 2)
+                sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)  # noqa: SIM115
+                os.environ.clear()
+                os.environ.update(env)
+                from workbench.replay import distributed
+
+                distributed.main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # noqa: BLE001 - the rank's traceback, on its stderr
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(stdin_read)
+        os.close(stdout_write)
+        self.stdin, self.stdout = open(stdin_write, "w"), open(stdout_read)  # noqa: SIM115 - closed by their users
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_ranks(job: dict) -> int:
     """Start the ranks, relay their events, return the launcher's exit code (0: every rank finished)."""
     world = job["layout"]["ranks"]
     port = free_port()
     events: queue.Queue = queue.Queue()
     procs, stderrs = [], []
+    # a fork of the warm worker (the ranks' code already imported, no thread started yet) forks its ranks
+    start = ForkedRank if os.environ.get("WORKBENCH_WARM_JOB") == "1" else _popen
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         stderr = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-m", "workbench.replay.distributed"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
+        proc = start(env, stderr)
         proc.stdin.write(json.dumps(job))
         proc.stdin.close()
-        threading.Thread(target=_read, args=(rank, proc.stdout, events), daemon=True).start()
         procs.append(proc)
         stderrs.append(stderr)
+    for rank, proc in enumerate(procs):
+        threading.Thread(target=_read, args=(rank, proc.stdout, events), daemon=True).start()
     failures: list[Failure] = []
     ended: set[int] = set()
     step = -1

@@ -78,9 +78,8 @@ def launch_process(job: dict, backend: Backend, timeout_s: float,
         # the operators' own temporary files and Triton's cache: the only other place the child may write
         job = {**job, "writable": [str(p) for p in writable] + [scratch]}
         env = {**child_env(backend.env), "TMPDIR": scratch, "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache")}
-        # one training child: a fork of the warm worker where it runs (the ranks of a distributed replay start cold)
-        proc = warm_popen(entry, env, Path.cwd(), timeout_s, [Path(scratch), *writable], readable, stderr) \
-            if entry == CHILD else None
+        # the training child, or the launcher (which forks its ranks): a fork of the warm worker where it runs
+        proc = warm_popen(entry, env, Path.cwd(), timeout_s, [Path(scratch), *writable], readable, stderr)
         if proc is None:
             command = child_command([sys.executable, "-m", entry], memory_bytes=None,
                                     timeout_s=timeout_s, writable=[*writable, Path(scratch)], readable=readable,

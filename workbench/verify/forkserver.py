@@ -15,8 +15,9 @@ the job's process:
   of that PID namespace, so a candidate sees no process outside its job, cannot signal the server, and every
   process it starts dies with the job;
 - the first process mounts its own /proc, hides the temporary folders (a tmpfs over each), binds back the job's
-  folders (the job folder and ``writable``: writable; ``readable``: read-only), drops every privilege and forks the
-  job's process; it runs nothing else (a PID 1 ignores the signals it has no handler for, even its own faults);
+  folders (the job folder and ``writable``: writable; ``readable``: read-only), brings its loopback interface up,
+  drops every privilege and forks the job's process; it runs nothing else (a PID 1 ignores the signals it has no
+  handler for, even its own faults);
 - the job's process takes its limits (address space, CPU time, file size, no core dumps), its output (JOB_DIR/
   output.log, or the passed stdio), its environment and working folder, and calls the worker's ``main(job_dir,
   result_fd)`` or runs the module as ``python -m MODULE`` would: the same code a cold child runs, from the same
@@ -50,7 +51,8 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWIPC, CLONE_NEWNET = \
     0x00020000, 0x10000000, 0x20000000, 0x08000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = \
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-CAP_SETPCAP, CAP_SYS_ADMIN, CAP_LAST = 8, 21, 63
+CAP_SETPCAP, CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_LAST = 8, 12, 21, 63
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 28, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SECUREBITS_LOCKED_NOROOT = 0xEF  # no root privileges on exec, no setuid fix-up, no keeping or raising: each locked
@@ -72,11 +74,11 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 
 def privileged() -> bool:
-    """Whether this process may make namespaces and mount in them without a user namespace of its own (CAP_SYS_ADMIN
-    and CAP_SETPCAP effective: a server bubblewrap started as root with those two kept)."""
+    """Whether this process may make namespaces and mount in them without a user namespace of its own (CAP_SYS_ADMIN,
+    CAP_SETPCAP and CAP_NET_ADMIN effective: a server bubblewrap started as root with those three kept)."""
     with open("/proc/self/status") as f:
         effective = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
-    return effective & (1 << CAP_SYS_ADMIN) != 0 and effective & (1 << CAP_SETPCAP) != 0
+    return all(effective & (1 << cap) for cap in (CAP_SYS_ADMIN, CAP_SETPCAP, CAP_NET_ADMIN))
 
 
 def enter_namespaces(privileged_server: bool) -> None:
@@ -112,6 +114,18 @@ def restrict_view(readable: list[str], writable: list[str], hidden: list[str]) -
         if read_only:
             _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
         os.close(fd)
+
+
+def loopback_up() -> None:
+    """The job's network namespace gets its loopback interface up (as bubblewrap's --unshare-net does): a
+    distributed replay's ranks meet there; nothing outside the job is reachable."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def drop_privileges() -> None:
@@ -154,6 +168,7 @@ def init_job(request: dict, fds: list[int], jobs_code: dict) -> None:
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
         if request["isolate"]:
             restrict_view(request["readable"], [request["job_dir"], *request["writable"]], request["hidden"])
+            loopback_up()
             drop_privileges()
         _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")  # the job's process cannot trace it
         if not (request["worker"] or request["module"]):  # the server's start-up probe: the isolation holds
@@ -191,6 +206,7 @@ def run_job(request: dict, kept: list[int], jobs_code: dict) -> None:
         os.environ.update(request["env"])
         tempfile.tempdir = None  # from the job's TMPDIR, or set by the worker under the job folder
         if request["module"]:
+            os.environ["WORKBENCH_WARM_JOB"] = "1"  # the module may fork what it would start as new interpreters
             sys.argv = [request["module"]]
             try:
                 runpy.run_module(request["module"], run_name="__main__", alter_sys=True)

@@ -119,9 +119,10 @@ def server_command(command: list[str], writable: list[Path]) -> list[str]:
         raise WorkbenchError("the sandbox needs setpriv (util-linux) to tie its servers to their parent")
     if isolation() == "bwrap":
         binds = [arg for path in writable for arg in ("--bind", str(path), str(path))]
-        # as root, the server keeps the two capabilities its jobs' namespaces need; each job drops them before it
+        # as root, the server keeps the three capabilities its jobs' namespaces need; each job drops them before it
         # runs anything (without them, a job's namespaces include a user namespace)
-        caps = ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if os.geteuid() == 0 else []
+        caps = [a for cap in ("CAP_SYS_ADMIN", "CAP_SETPCAP", "CAP_NET_ADMIN") for a in ("--cap-add", cap)] \
+            if os.geteuid() == 0 else []
         command = [_bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *binds, *caps,
                    "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", *command]
     return [setpriv, "--pdeathsig", "KILL", *command]

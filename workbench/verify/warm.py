@@ -3,8 +3,9 @@ kept until the process ends, inside the isolation in force, one per kind and Tri
 when triton is imported):
 
 - "verify" serves the sandbox workers (verification, compile-for-target, timing); it imports no workbench module;
-- "model" serves the replay's and parity's training children (python -m MODULE with a JSON job on stdin), with
-  torch, transformers, PEFT and the workbench's training code imported.
+- "model" serves the replay's and parity's training children (python -m MODULE with a JSON job on stdin; a
+  distributed replay's launcher, which forks its ranks), with torch, transformers, PEFT and the workbench's
+  training code imported.
 
     code = warm_server("verify", env).run(worker, job_dir, env, timeout_s, memory_bytes, readable, result_fd)
     proc = warm_popen("workbench.replay.child", env, cwd, timeout_s, writable, readable)   # None: run it cold
@@ -37,7 +38,8 @@ FORKSERVER = Path(__file__).with_name("forkserver.py")
 WORKERS = (Path(__file__).with_name("worker.py"), Path(__file__).with_name("compile_worker.py"),
            Path(__file__).resolve().parents[1] / "perf" / "measure_worker.py")
 """The sandbox workers the "verify" server imports once (each imports only the standard library at module level)."""
-MODULES = ("workbench.replay.child", "workbench.integrations.parity_child", "workbench.replay.train",
+MODULES = ("workbench.replay.child", "workbench.replay.launcher", "workbench.replay.distributed",
+           "workbench.integrations.parity_child", "workbench.replay.train",
            "workbench.replay.mtp", "workbench.replay.tiers", "workbench.integrations.families", "workbench.kernels",
            "transformers", "peft")
 """The "model" server's imports: its entry modules and what they import when they run."""
