@@ -1,7 +1,8 @@
 """The warm worker keeps every guarantee of a cold child: a job leaves nothing for the next one (modules, patched torch
-or Triton, environment), cannot reach the server or another job, and a job that hangs or leaves processes behind
-ends whole at its deadline, the server serving on. Each test checks that its jobs ran in the warm server (its
-process is the same before and after) and that no job of it is left running."""
+or Triton, environment) and finds no workbench module (the references) imported, cannot reach the server or another
+job, and a job that hangs or leaves processes behind ends whole at its deadline, the server serving on. Each test
+checks that its jobs ran in the warm server (its process is the same before and after) and that no job of it is
+left running."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ import triton.language as _l
 
 _LEFT = [name for name, found in (("module", "warm_leftover" in _s.modules), ("env", "WARM_LEFTOVER" in _o.environ),
          ("math", hasattr(_m, "warm_leftover")), ("triton", hasattr(_l, "warm_leftover")),
-         ("torch", hasattr(_t.nn.functional.silu, "warm_leftover"))) if found]
+         ("torch", hasattr(_t.nn.functional.silu, "warm_leftover")),
+         ("workbench", any(n.split(".")[0] == "workbench" for n in list(_s.modules)))) if found]
 '''
 OBSERVED_RUN = "    return RMSNormFunction.apply(x, weight, eps * 1e6 if _LEFT else eps)\n"  # wrong where it finds any
 

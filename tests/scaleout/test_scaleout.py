@@ -121,6 +121,13 @@ def test_a_whole_model_port_on_two_workers_promotes_every_block_and_records_each
     assert runs["situ"].started_at < runs["rmsnorm"].finished_at
 
 
+def verifying(worker: int) -> bool:
+    """Whether the worker's verification job is running: its job folder has its output log and no job.pt any more
+    (the sandbox worker removes it when it starts)."""
+    return any((job / "output.log").exists() and not (job / "job.pt").exists()
+               for job in (SYSTEM_TEMP / f"{WORKER_SCRATCH}{worker}").glob("verify-*"))
+
+
 @pytest.mark.slow
 @pytest.mark.interpreter
 def test_a_worker_killed_mid_verification_is_retried_and_the_candidate_gets_one_verdict(settings, ray_instance):
@@ -135,7 +142,10 @@ def test_a_worker_killed_mid_verification_is_retried_and_the_candidate_gets_one_
         time.sleep(0.05)
     assert len(first) == 1, "no worker ran the verification"
     killed = first.pop()
-    time.sleep(1.0)  # into the verification: the sandboxed child runs the candidate
+    deadline = time.monotonic() + 120
+    while not verifying(killed) and time.monotonic() < deadline:  # into the verification: the job runs
+        time.sleep(0.005)
+    assert verifying(killed), "the worker never started the verification's job"
     os.kill(killed, signal.SIGKILL)
     retried = set()
     while port.is_alive() and not retried:
