@@ -230,6 +230,8 @@ def start_job(request: dict, fds: list[int], jobs_code: dict, server_fds: list[i
     if pid:
         return pid
     try:
+        signal.set_wakeup_fd(-1)  # the server's SIGCHLD wake-up is not the job's: default dispositions from here
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in server_fds:
             os.close(fd)
         os.setsid()
@@ -286,16 +288,23 @@ def serve(path: str, files: list[str], modules: list[str]) -> None:
     listener.listen(64)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
+    ended_read, ended_write = os.pipe()  # a keeper's end wakes the loop: SIGCHLD writes a byte here
+    os.set_blocking(ended_write, False)
+    signal.set_wakeup_fd(ended_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector.register(ended_read, selectors.EVENT_READ)
+    own_fds = [listener.fileno(), ended_read, ended_write]
     jobs: dict[int, dict] = {}  # keeper pid -> {"conn", "deadline", "timed_out"}
     print("ready", flush=True)
     while True:
         now = time.monotonic()
-        wait = min([0.05, *(max(0.0, j["deadline"] - now) for j in jobs.values())])
+        wait = min([1.0, *(max(0.0, j["deadline"] - now) for j in jobs.values())])
         for key, _ in selector.select(wait):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                _accept(conn, jobs, workers, [listener.fileno()] + [j["conn"].fileno() for j in jobs.values()],
-                        selector)
+                _accept(conn, jobs, workers, own_fds + [j["conn"].fileno() for j in jobs.values()], selector)
+            elif key.fileobj == ended_read:
+                os.read(ended_read, 4096)
             else:  # a parent gave up on its job (closed its end): the job ends
                 pid = key.data
                 if pid in jobs and not key.fileobj.recv(1, socket.MSG_PEEK):
