@@ -1,0 +1,175 @@
+"""attention: causal softmax attention with grouped KV heads, the block every transformer family has (Llama, Qwen,
+Mistral, Gemma, GPT-OSS; the full-attention layers of Qwen3-Next and the other hybrids), with the variants the
+published code passes to its attention function (transformers' ``eager_attention_forward`` and the
+``AttentionInterface`` functions): a sliding window, learnt per-head sinks, a logit soft cap, an explicit scale.
+
+For query t (at position t + TK - TQ: the queries are the last TQ of the TK keys, FlashAttention's bottom-right
+alignment, which is how a query chunk attends over a cache) of head h, whose KV head is h // (H / HKV):
+
+    s_j  = scale * q[b, t, h] . k[b, j, h // G]                       j = 0 .. TK - 1
+    s_j  = softcap * tanh(s_j / softcap)                              when softcap > 0 (Gemma 2)
+    seen = j <= t + TK - TQ   and   j > t + TK - TQ - window           (window > 0: the last ``window`` keys, itself
+                                                                        included: transformers' sliding_window)
+    out[b, t, h] = sum_{j seen} exp(s_j) v[b, j, h // G] / (sum_{j seen} exp(s_j) + exp(sinks[h]))
+                                                                      (the sink term only with sinks: GPT-OSS)
+
+computed in float32 (float64 for float64 inputs), cast to q.dtype once. A sink is a logit with a zero value: it only
+takes probability mass, and its gradient is -exp(sinks[h] - lse) (dO . O) summed over the batch and the queries.
+
+Shapes: q [B, TQ, H, D], k and v [B, TK, HKV, D] with TQ <= TK and H a multiple of HKV (MHA: HKV = H; MQA: 1);
+sinks [H] float or None; scale a float; window an int (0: none); softcap a float (0: none). out [B, TQ, H, D].
+Gradients: q, k, v, sinks (a KV head's dk and dv summed over its query group).
+Real sizes: Qwen3-Next-80B-A3B 16 heads, 2 KV heads, head_dim 256 (12 of 48 layers); GPT-OSS-120B 64 heads, 8 KV,
+64 wide, window 128 on every other layer, sinks; Gemma 2 soft cap 50.
+Inputs (make_inputs): q, k, v ~ N(0, 1); scale D^-0.5; sinks ~ N(1, 1) (a sink near the scores' range, so it takes a
+share worth checking); with a soft cap, q ~ N(0, 4) so that the cap bends the scores.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from workbench.blocks._config import Found, ModelConfig
+from workbench.blocks.base import BF16, BlockSpec, Shape, Work
+from workbench.numerics import compute_dtype
+
+
+def seen_keys(tq: int, tk: int, window: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[TQ, TK] bool: the keys each query sees (causal, bottom-right aligned; the last ``window`` when window > 0)."""
+    t = torch.arange(tq, device=device)[:, None] + (tk - tq)
+    j = torch.arange(tk, device=device)[None, :]
+    seen = j <= t
+    return seen & (j > t - window) if window > 0 else seen
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, scale: float,
+              window: int, softcap: float) -> torch.Tensor:
+    """The formula above with every KV head repeated over its query group (transformers' ``repeat_kv``)."""
+    ct = compute_dtype(q)
+    b, tq, h, _ = q.shape
+    tk, group = k.shape[1], h // k.shape[2]
+    keys, values = (x.to(ct).repeat_interleave(group, dim=2) for x in (k, v))
+    s = torch.einsum("bthd,bshd->bhts", q.to(ct), keys) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~seen_keys(tq, tk, window, q.device), float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(ct).view(1, h, 1, 1).expand(b, h, tq, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :tk]
+    return torch.einsum("bhts,bshd->bthd", p, values).to(q.dtype)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """q [B,TQ,H,D], k and v [B,TK,HKV,D] ~ N(0, 1) (q ~ N(0, 4) under a soft cap); sinks [H] ~ N(1, 1) or None."""
+    g = torch.Generator().manual_seed(seed)
+    b, tq, tk, h, hkv, d = (shape[n] for n in ("B", "TQ", "TK", "H", "HKV", "D"))
+    softcap = float(shape.get("softcap", 0))
+    q = torch.randn(b, tq, h, d, generator=g) * (2.0 if softcap else 1.0)
+    k = torch.randn(b, tk, hkv, d, generator=g)
+    v = torch.randn(b, tk, hkv, d, generator=g)
+    sinks = torch.randn(h, generator=g) + 1.0
+    cast = {"device": device, "dtype": dtype}
+    return {"q": q.to(**cast), "k": k.to(**cast), "v": v.to(**cast),
+            "sinks": sinks.to(**cast) if shape.get("sinks", 0) else None, "scale": d ** -0.5,
+            "window": int(shape.get("window", 0)), "softcap": softcap}
+
+
+SHAPES = {
+    "smoke": [
+        {"B": 1, "TQ": 40, "TK": 40, "H": 4, "HKV": 2, "D": 32, "window": 0, "sinks": 0, "softcap": 0},
+        {"B": 2, "TQ": 24, "TK": 24, "H": 2, "HKV": 1, "D": 16, "window": 9, "sinks": 1, "softcap": 0},
+    ],
+    # one token; a query chunk over a longer cache (generate) with a head size no power of two; MHA with a soft cap
+    # and a window wider than the sequence; a window of one (each query sees itself) with sinks over 80-wide heads
+    "edge": [
+        {"B": 1, "TQ": 1, "TK": 1, "H": 2, "HKV": 2, "D": 16, "window": 0, "sinks": 1, "softcap": 0},
+        {"B": 2, "TQ": 5, "TK": 70, "H": 6, "HKV": 2, "D": 24, "window": 0, "sinks": 0, "softcap": 0},
+        {"B": 1, "TQ": 33, "TK": 33, "H": 3, "HKV": 3, "D": 16, "window": 50, "sinks": 0, "softcap": 3},
+        {"B": 1, "TQ": 20, "TK": 20, "H": 2, "HKV": 1, "D": 80, "window": 1, "sinks": 1, "softcap": 0},
+    ],
+}
+
+
+def hidden_shapes(rng: random.Random) -> list[Shape]:
+    """A plain and a variant shape (window, sinks and soft cap drawn) within the suites' ranges."""
+    shapes = []
+    for variant in (0, 1):
+        hkv = rng.randint(1, 3)
+        tk = rng.randint(1, 72)
+        shapes.append({"B": rng.randint(1, 2), "TQ": rng.randint(1, tk), "TK": tk, "H": hkv * rng.randint(1, 3),
+                       "HKV": hkv, "D": rng.choice([16, 24, 32, 40, 48]),
+                       "window": rng.randint(1, 40) * variant, "sinks": variant * rng.randint(0, 1),
+                       "softcap": variant * rng.choice([0, 2, 5])})
+    return shapes
+
+
+# --- work (the cost model) ---------------------------------------------------------------------------------
+
+def seen_pairs(tq: int, tk: int, window: int) -> int:
+    """How many (query, key) pairs ``seen_keys`` admits, in closed form: query rows see a = TK - TQ + 1 .. TK keys,
+    each capped at the window."""
+    first, last = tk - tq + 1, tk
+    cap = window if window > 0 else last
+    below = min(last, cap)  # rows that see all their causal keys
+    uncapped = (below * (below + 1) - (first - 1) * first) // 2 if below >= first else 0
+    return uncapped + cap * max(0, last - max(first, cap + 1) + 1)
+
+
+def work(s: Shape) -> tuple[Work, Work]:
+    """QK^T and PV over the pairs the queries see (2 D flops each per head, twice); the backward recomputes the
+    scores and forms dV, dP, dQ and dK (2.5 times the forward's products, FlashAttention-2's count); exp per pair."""
+    b, tq, tk, h, hkv, d = (s[n] for n in ("B", "TQ", "TK", "H", "HKV", "D"))
+    pairs = b * h * seen_pairs(tq, tk, s.get("window", 0))
+    flops = 4 * pairs * d
+    q_out = BF16 * b * tq * h * d
+    kv = BF16 * 2 * b * tk * hkv * d
+    forward = Work(2 * q_out + kv, flops, 2 * pairs)
+    backward = Work(3 * q_out + 2 * kv + 2 * q_out, int(2.5 * flops), 3 * pairs)
+    return forward, backward
+
+
+def onboard(model: ModelConfig) -> list[Found]:
+    """The softmax-attention layers of a config without an MLA latent (kv_lora_rank): heads, KV heads and head size,
+    a sliding window (sliding_window, on the layers layer_types marks sliding), sinks (GPT-OSS) and a logit soft cap
+    (attn_logit_softcapping), one shape per kind of layer."""
+    if not model.full_layers or model.integer("kv_lora_rank")[0] or not model.heads:
+        return []
+    kv_heads, kv_field = model.integer("num_key_value_heads")
+    head_dim, dim_field = model.integer("head_dim")
+    window, window_field = model.integer("sliding_window")
+    softcap, softcap_field = model.field("attn_logit_softcapping")
+    types, types_field = model.field("layer_types")
+    sinks = model.field("model_type")[0] == "gpt_oss"
+    kinds: dict[int, int] = {}
+    for kind in (types if isinstance(types, list) else []):
+        if kind in ("sliding_attention", "full_attention"):
+            w = window or 0 if kind == "sliding_attention" else 0
+            kinds[w] = kinds.get(w, 0) + 1
+    if not kinds:
+        kinds = {window or 0: model.full_layers}
+    base = {"B": 1, "TQ": model.tokens, "TK": model.tokens, "H": model.heads, "HKV": kv_heads or model.heads,
+            "D": head_dim or model.head_dim or model.hidden // model.heads, "sinks": int(sinks),
+            "softcap": int(softcap or 0)}
+    fields = [model.heads_field, kv_field, dim_field, window_field, softcap_field, types_field]
+    return [Found(f"causal softmax attention{f', a {w}-token sliding window' if w else ''}"
+                  f"{', learnt sinks' if sinks else ''}{', logit soft cap' if softcap else ''}",
+                  layers, [{**base, "window": w}], fields)
+            for w, layers in sorted(kinds.items())]
+
+
+SPEC = BlockSpec(
+    name="attention",
+    family="attention",
+    summary="causal softmax attention over grouped KV heads (MHA, GQA, MQA) with the published variants: a sliding "
+            "window, learnt per-head sinks, a logit soft cap, an explicit scale; queries may be the last of the keys",
+    reference=reference,
+    make_inputs=make_inputs,
+    grad_inputs=("q", "k", "v", "sinks"),
+    outputs=("out",),
+    shapes=SHAPES,
+    hidden_shapes=hidden_shapes,
+    work=work,
+    onboard=onboard,
+)
