@@ -188,16 +188,17 @@ def test_deepseek_v32_adds_the_sparse_attention_blocks(tmp_path):
     assert card["facts"]["dsa_topk"] == {"value": 2048, "source": "config", "field": "index_topk"}
 
 
-def test_a_dense_llama_has_one_gap_its_attention(tmp_path):
+def test_a_dense_llama_has_no_gap(tmp_path):
     card = onboard(write(tmp_path, LLAMA))
-    assert gaps(card) == {"softmax_attention"}
-    attention = card["blocks"]["softmax_attention"]
-    assert attention["shapes"] == [{"B": 1, "T": 8192, "H": 32, "HKV": 8, "D": 128}] and "GQA" in attention["role"]
+    assert gaps(card) == set()
+    attention = card["blocks"]["attention"]
+    assert attention["shapes"] == [{"B": 1, "TQ": 8192, "TK": 8192, "H": 32, "HKV": 8, "D": 128, "sinks": 0,
+                                    "softcap": 0, "window": 0}]
     assert card["blocks"]["swiglu"]["shapes"] == [{"rows": 8192, "N": 14336}]
     assert not {"moe_router", "kda", "attnres"} & set(card["blocks"])
     assert card["facts"]["head_dim"] == {"value": 128, "source": "class", "field": "head_dim (LlamaConfig default)"}
-    # the probe ran Llama's code: the attention gap is its module, the swiglu claim its MLP reproduced
-    assert attention["evidence"].startswith("probe: LlamaAttention: softmax attention: 32 heads, 8 KV heads")
+    # the probe ran Llama's code: its attention and MLP modules reproduced through the blocks
+    assert attention["evidence"].startswith("probe: LlamaAttention"), attention["evidence"]
     assert card["blocks"]["swiglu"]["evidence"].startswith("probe: LlamaMLP (silu(gate) * up) reproduced")
 
 
@@ -220,7 +221,7 @@ def test_an_unknown_family_gives_a_card_with_gaps(tmp_path):
     card = onboard(write(tmp_path, {"model_type": "rwkv7", "hidden_size": 512, "num_hidden_layers": 4,
                                     "attention_hidden_size": 512, "hidden_act": "relu_squared", "vocab_size": 65536,
                                     "intermediate_size": 2048, "layer_types": ["rwkv"] * 4}))
-    assert {"attention", "linear_attention"} <= gaps(card)
+    assert {"unrecognised_attention", "linear_attention"} <= gaps(card)
     assert "attention_hidden_size" in card["unread_fields"]
 
 
@@ -233,8 +234,8 @@ def test_a_router_no_mode_computes_is_marked_as_a_different_variant(tmp_path):
 
 
 def test_a_new_block_module_onboards_through_its_own_rule(tmp_path, monkeypatch):
-    """The recipe for a block: its module's SPEC carries its onboarding rule. A softmax attention block registered
-    beside the catalog takes Llama's attention, which was a gap, and the family's gap rule stands down."""
+    """The recipe for a block: its module's SPEC carries its onboarding rule. A second softmax-attention block
+    registered beside the catalog's gets its entry from its own rule, and no gap."""
     seen = []
 
     def softmax_rule(model):
@@ -251,7 +252,7 @@ def test_a_new_block_module_onboards_through_its_own_rule(tmp_path, monkeypatch)
         "role": "softmax attention", "shapes": [{"T": 8192, "H": 32}], "layers": 32, "fields": ["num_attention_heads"]}
     # a rule alone is not proof: no kind reads LlamaAttention as this block, so the probe says no module computes it
     assert entry["differs"].startswith("no module of LlamaForCausalLM computes softmax_attention (probe)")
-    assert list(card["blocks"])[0] == "softmax_attention"  # the attention family comes first in the card
+    assert list(card["blocks"])[:2] == ["attention", "softmax_attention"]  # the attention family comes first
 
 
 def test_every_block_of_the_catalog_has_an_onboarding_rule_and_a_family():

@@ -295,7 +295,8 @@ def _own_model_evidence(card: _Card, view: ClassView) -> None:
 
 def gap_name(cls: str, model_class: str, role: str) -> str:
     """A gap's name from a module class: snake case, the family's prefix dropped ("DeepseekV4HyperConnection" ->
-    "hyper_connection"); "softmax_attention" for every softmax-attention class (the block it waits for)."""
+    "hyper_connection"); "softmax_attention" for every softmax-attention class no kind reads as the attention
+    block; a name a catalog block has gets "_variant" (the module computes another variant of that block)."""
     if role.startswith("softmax attention"):
         return "softmax_attention"
     prefix = 0
@@ -304,7 +305,8 @@ def gap_name(cls: str, model_class: str, role: str) -> str:
     while prefix and not cls[prefix].isupper():  # back to the start of a word
         prefix -= 1
     stem = cls[prefix:] or cls
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", stem).lower()
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", stem).lower()
+    return f"{name}_variant" if name in REGISTRY else name
 
 
 def _model_config(cfg: Config, card: _Card, view) -> ModelConfig:
@@ -437,19 +439,11 @@ def _unrecognised_linear_attention(model: ModelConfig, card: _Card) -> None:
 
 
 def _unrecognised_attention(model: ModelConfig, card: _Card) -> None:
-    """Full-attention layers that no block's rule recognised: softmax attention (GQA) when the config has heads."""
-    if not model.full_layers:
-        return
-    if not model.heads:
-        card.block("attention", Found("the full-attention layers", model.full_layers, [], []),
+    """Full-attention layers that no block's rule recognised (the attention and mla rules read every config with
+    heads): a gap named for them."""
+    if model.full_layers:
+        card.block("unrecognised_attention", Found("the full-attention layers", model.full_layers, [], []),
                    gap="attention of an unrecognised kind (no num_attention_heads)")
-        return
-    kv_heads, kv_field = model.integer("num_key_value_heads")
-    gqa = f" (GQA, {kv_heads} KV heads)" if kv_heads and kv_heads != model.heads else ""
-    card.block("softmax_attention", Found(f"softmax attention{gqa}", model.full_layers,
-                                          [{"B": 1, "T": model.tokens, "H": model.heads, "HKV": kv_heads or model.heads,
-                                            "D": model.head_dim}], [model.heads_field, kv_field]),
-               gap="softmax attention (FlashAttention-style, causal)")
 
 
 def _ungated_activation(model: ModelConfig, card: _Card) -> None:

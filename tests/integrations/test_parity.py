@@ -94,9 +94,10 @@ def test_qwen3_next_gated_delta_net_through_kda_matches_but_for_the_decay_rate_g
     assert m["grad_worst_param"].endswith("linear_attn.A_log") and m["grad_rel_median"] < 1e-5
     assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["decode_kl"] < 1e-8
     assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
-    assert {"kda", "kda_gate", "kda_short_conv", "moe_router", "rmsnorm", "rmsnorm_gated"} <= \
+    assert {"attention", "kda", "kda_gate", "kda_short_conv", "moe_router", "rmsnorm", "rmsnorm_gated"} <= \
         set(report["patch"]["blocks"])
     assert m["op_runs"]["rmsnorm_gated"] == 3  # each Gated DeltaNet layer's SiLU-gated output norm
+    assert m["op_runs"]["attention"] == 1 and m["decode_op_runs"]["attention"] == 5  # the prompt, then 4 steps
 
 
 def test_a_broken_operator_fails_parity_and_is_named_as_the_first_divergence(settings):
@@ -202,15 +203,16 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
 
 
 @pytest.mark.parametrize("model_type, swapped", [
-    ("glm4_moe", ["moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "swiglu"]),
+    ("glm4_moe", ["attention", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "swiglu"]),
     ("bailing_hybrid", ["kda", "kda_gate", "kda_short_conv", "moe_combine", "moe_grouped_gemm", "moe_permute",
                         "moe_router", "rmsnorm", "rmsnorm_gated", "swiglu"]),
 ])
 def test_a_family_with_no_integration_runs_the_kinds_the_probe_proved(settings, model_type, swapped):
     """GLM-4.5 (a sigmoid router with a correction bias and no scoring_func field, a dense first layer) and
     Bailing-Hybrid (KDA layers with a full-rank forget gate and output gate, MLA layers with a head-wise gate): no
-    hand-written integration, the generic kinds the onboarding probe proved swapped in, the attention left alone,
-    every swapped op run, within the float32 bounds."""
+    hand-written integration, the generic kinds the onboarding probe proved swapped in (GLM-4.5's softmax attention
+    through the attention registry, at the decode steps too), Bailing's MLA left alone, every swapped op run,
+    within the float32 bounds."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", model_type, "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -220,5 +222,8 @@ def test_a_family_with_no_integration_runs_the_kinds_the_probe_proved(settings, 
     assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3
     assert 0 < m["logits_rel"] < 1e-5 and m["idle_blocks"] == [] and m["first_divergence"] is None
     left = {row["class"]: row["reason"] for row in report["patch"]["modules"] if not row["blocks"]}
-    assert any(reason.startswith("no spec:") and "attention" in reason for reason in left.values())
+    if "attention" in swapped:
+        assert m["decode_op_runs"]["attention"] > m["op_runs"]["attention"] > 0 and m["decode_kl"] < 1e-8
+    else:
+        assert any(reason.startswith("no spec: MLA attention") for reason in left.values())
     assert any("generic kinds" in note for note in report["patch"]["notes"])

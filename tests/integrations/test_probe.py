@@ -88,7 +88,9 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
     oss = rows(cards["gpt_oss"])
     assert oss["GptOssTopKRouter"]["status"] == "differs" and "bias" in oss["GptOssTopKRouter"]["differs"]
     assert oss["GptOssExperts"]["status"] == "no spec" and "has_bias" in oss["GptOssExperts"]["differs"]
-    assert "attention sinks, sliding window 128 in 18 of 36 layers" in oss["GptOssAttention"]["role"]
+    attention = oss["GptOssAttention"]  # learnt per-head sinks and a sliding window: the attention block's variant
+    assert attention["status"] == "covered" and attention["blocks"] == ["attention"]
+    assert attention["params"]["sinks"]["value"] == "per head" and attention["params"]["window"]["value"] > 0
     assert "differs" in cards["gpt_oss"]["blocks"]["moe_grouped_gemm"]  # not claimed as plain SwiGLU experts
 
 

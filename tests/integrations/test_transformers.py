@@ -111,14 +111,12 @@ def test_unknown_families_and_blocks_are_one_line_errors(promoted):
 
 def test_a_family_without_an_integration_gets_the_kinds_the_probe_proved(promoted):
     """Llama has no hand-written integration: its norms and MLPs are swapped by the generic kinds the onboarding
-    probe proved on its code, its attention (no block yet) is named, and the swapped modules compute what they
-    did (workbench parity runs them: tests/integrations/test_parity.py)."""
+    probe proved on its code, its attention among them (through the attention registry), and the swapped modules
+    compute what they did (workbench parity runs them: tests/integrations/test_parity.py)."""
     model = _llama()
     report = apply_workbench_kernels(model)
     replaced = {r.cls: r.blocks for r in report.replaced}
-    assert replaced == {"LlamaRMSNorm": ("rmsnorm",), "LlamaMLP": ("swiglu",)}
-    left = {r.cls: r.reason for r in report.left_alone}
-    assert left["LlamaAttention"].startswith("no spec: softmax attention")
+    assert replaced == {"LlamaRMSNorm": ("rmsnorm",), "LlamaMLP": ("swiglu",), "LlamaAttention": ("attention",)}
     assert any("generic kinds" in note for note in report.notes)
     norm = model.model.norm  # the variant the probe proved, read from this module: its own eps, a plain weight
     assert norm.workbench_variant["weight"]["value"] == "w"
@@ -197,7 +195,7 @@ def test_deepseek_v3_swaps_mla_with_its_rotary_embedding_and_group_limited_route
     assert any("apply_rotary_pos_emb_interleave" in note for note in report.notes)  # rope_interleave: True
 
 
-def test_qwen3_next_swaps_the_gated_delta_net_and_leaves_softmax_attention_alone(promoted):
+def test_qwen3_next_swaps_the_gated_delta_net_and_its_softmax_attention(promoted):
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     from workbench.integrations.families import qwen3_next
@@ -212,7 +210,7 @@ def test_qwen3_next_swaps_the_gated_delta_net_and_leaves_softmax_attention_alone
     found = outcome(report)
     assert found["Qwen3NextGatedDeltaNet"] == ("kda_short_conv", "kda_gate", "kda")
     assert found["Qwen3NextRMSNorm"] == ("rmsnorm",) and found["Qwen3NextTopKRouter"] == ("moe_router",)
-    assert "no block" in found["Qwen3NextAttention"] and found["Qwen3NextRMSNormGated"] == ("rmsnorm_gated",)
+    assert found["Qwen3NextAttention"] == ("attention",) and found["Qwen3NextRMSNormGated"] == ("rmsnorm_gated",)
 
 
 def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_attention_everywhere(promoted):
@@ -252,7 +250,8 @@ def test_inkling2_swaps_the_residual_mixes_router_and_situ_experts_and_leaves_it
     assert found["Inkling2TopKRouter"] == ("moe_router",)
     assert found["Inkling2Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert model.model.layers[0].mlp.experts.workbench_activation == ("situ", 3.0, 25.0)  # the config's soft caps
-    assert "no block" in found["Inkling2SlidingAttention"] and "no block" in found["Inkling2FullAttention"]
+    for attention in ("Inkling2SlidingAttention", "Inkling2FullAttention"):  # another variant than the block's
+        assert "per-token sinks" in found[attention] and "relative-position logits" in found[attention]
     assert "silu(conv(x))" in found["Inkling2ShortConvolution"]
     other = ink.Inkling2ForCausalLM(ink.Inkling2TextConfig(**{**fields, "scoring_func": "tanh"}))
     assert "sigmoid scores" in outcome(apply_workbench_kernels(other))["Inkling2TopKRouter"]

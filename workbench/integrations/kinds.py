@@ -18,6 +18,7 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
     kda_gate            KDA's forget gate (A_log, dt_bias)       kda_gate
     kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda
     mla                 MLA attention (DeepSeek's layout)        mla
+    attention           softmax attention (the attention registry) attention
 """
 
 from __future__ import annotations
@@ -409,6 +410,49 @@ def _mla_variants(module: nn.Module, config: Any) -> list[Variant]:
                                    "probe: the rotary form that reproduces the module")}) for form in forms]
 
 
+# --- softmax attention ---------------------------------------------------------------------------------------------
+
+
+def attention_forward(self: nn.Module, *args, **kwargs):
+    """The module's own forward with its attention function the workbench's (``workbench.integrations.attention``,
+    through ``ops.attention``): the projections, norms, rotary embedding and gates stay the module's."""
+    from workbench.integrations.attention import NAME, register
+
+    register()
+    config = self.config
+    before = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        return self.original_forward(*args, **kwargs)
+    finally:
+        config._attn_implementation = before
+
+
+ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _is_attention(module: nn.Module) -> bool:
+    """A module that calls transformers' attention registry (its modeling module imports ALL_ATTENTION_FUNCTIONS)
+    with q/k/v/o projections: softmax attention of any family (MLA and sparse attention have their own kinds)."""
+    modeling = sys.modules.get(type(module).__module__)
+    return all(hasattr(module, n) for n in ATTENTION_PARTS) and hasattr(module, "config") and \
+        hasattr(modeling, "ALL_ATTENTION_FUNCTIONS") and not _is_mla(module) and not hasattr(module, "indexer")
+
+
+def _attention_variants(module: nn.Module, config: Any) -> list[Variant]:
+    from workbench.integrations.attention import unsupported
+
+    name = type(module).__name__
+    window = getattr(module, "sliding_window", None)
+    sinks = isinstance(getattr(module, "sinks", None), torch.Tensor)
+    softcap = getattr(module, "attn_logit_softcapping", None)
+    return [Variant("softmax attention through the attention registry", attention_forward,
+                    {"window": param(window or 0, f"module {name}.sliding_window"),
+                     "sinks": param("per head" if sinks else "none", f"module {name}.sinks"),
+                     "softcap": param(softcap or 0, f"module {name}.attn_logit_softcapping")},
+                    unsupported(module))]
+
+
 KINDS: tuple[Kind, ...] = (
     Kind("rmsnorm", "RMSNorm", ("rmsnorm",), _is_rmsnorm, _rmsnorm_variants),
     Kind("rmsnorm_gated", "gated output norm", ("rmsnorm_gated",), _is_gated_rmsnorm, _gated_rmsnorm_variants),
@@ -421,6 +465,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("kda_layer", "KDA linear attention (projections, l2norm and beta in torch)", ("kda_short_conv", "kda"),
          _is_kda_layer, _kda_layer_variants),
     Kind("mla", "MLA attention (projections and rotary embedding in torch)", ("mla",), _is_mla, _mla_variants),
+    Kind("attention", "softmax attention (projections, q/k norms, rotary embedding and gates in torch)",
+         ("attention",), _is_attention, _attention_variants),
 )
 
 

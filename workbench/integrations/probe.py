@@ -53,6 +53,9 @@ SCALED = ("swiglu", "moe_grouped_gemm", "situ")
 """The blocks whose modules get the scaled probe (the SwiGLU variants: clamps, alpha, softcaps)."""
 UNSCALED = ("position_embeddings", "attention_mask", "cos", "sin", "position_ids", "cache_position")
 """Inputs that are tables or masks, not activations: never scaled (a scaled rotary table no longer rotates)."""
+CONSTANT = ("attention_mask",)
+"""Inputs no gradient is compared for: a mask is a pattern, not a value the model learns or passes on (an attention
+function that applies its causal pattern itself, as flash-attention does, takes no gradient into it)."""
 COVERED, DIFFERS = "covered", "differs"
 STATUSES = (COVERED, DIFFERS, K.NO_SPEC, K.FRAMEWORK)
 WORST = {K.FRAMEWORK: 0, COVERED: 1, DIFFERS: 2, K.NO_SPEC: 3}
@@ -201,7 +204,8 @@ def measure(module: nn.Module, args: tuple, kwargs: dict, original, patched, exa
         runs = []
         for call in (original, patched):
             inputs = (_map_tensors(args, functools.partial(_leaf, scale=scale)),
-                      {k: _map_tensors(v, functools.partial(_leaf, scale=1.0 if k in UNSCALED else scale))
+                      {k: _map_tensors(v, torch.clone if k in CONSTANT else
+                                       functools.partial(_leaf, scale=1.0 if k in UNSCALED else scale))
                        for k, v in kwargs.items()})
             with Float64Casts():
                 outputs = _canonical(_tensors(call(*inputs[0], **inputs[1])))

@@ -531,9 +531,67 @@ def lora_linear() -> Comparison:
                     lambda: layer(x), [x, a, b])
 
 
+def _attention_module(heads: int, kv_heads: int, dim: int, sinks: torch.Tensor | None = None) -> torch.nn.Module:
+    """What transformers' eager attention functions read from their module: the KV groups, the head size, training
+    off, and (GPT-OSS) its learnt sinks."""
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.head_dim = heads // kv_heads, dim
+    if sinks is not None:
+        module.sinks = sinks
+    return module.eval()
+
+
+ATTENTION_VARIANTS = (
+    # (family, its variant: TQ, TK, H, HKV, D, window, sinks, softcap, scale)
+    ("qwen3_next", "GQA, causal (Qwen3-Next's gated full attention, head size 256 there)", 9, 9, 4, 2, 24, 0, 0, 0,
+     None),
+    ("mistral", "GQA, a sliding window (Mistral, Qwen2's sliding layers)", 13, 13, 4, 1, 16, 5, 0, 0, None),
+    ("gpt_oss", "GQA, learnt per-head sinks (s_aux), a sliding window on alternate layers", 11, 11, 4, 2, 16, 4, 1,
+     0, None),
+    ("gemma2", "GQA, a logit soft cap and a sliding window, scale query_pre_attn_scalar^-0.5", 10, 10, 4, 2, 16, 6,
+     0, 3.0, 0.2),
+    ("llama", "MHA, a query chunk over a longer cache (generate: the queries are the last keys)", 3, 12, 3, 3, 20, 0,
+     0, 0, None),
+)
+"""The attention variants transformers' families pass to their attention functions, each held to that family's own
+eager_attention_forward with the mask transformers builds for it."""
+
+
+def attention() -> list[Comparison]:
+    """The attention block against each family's eager_attention_forward (queries [B, H, TQ, D], the 4D mask from
+    masking_utils.eager_mask with the causal or sliding-window function, offset for a cache), per variant."""
+    import importlib
+
+    from transformers import masking_utils
+
+    rows = []
+    for i, (family, label, tq, tk, h, hkv, d, window, with_sinks, softcap, scale) in enumerate(ATTENTION_VARIANTS):
+        modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        g = torch.Generator().manual_seed(30 + i)
+        q, k, v = _leaf(1, h, tq, d, g=g), _leaf(1, hkv, tk, d, g=g), _leaf(1, hkv, tk, d, g=g)
+        sinks = (torch.randn(h, generator=g, dtype=F64) + 1).requires_grad_(True) if with_sinks else None
+        scale = scale or d ** -0.5
+        rule = masking_utils.sliding_window_causal_mask_function(window) if window else \
+            masking_utils.causal_mask_function
+        mask = masking_utils.eager_mask(1, tq, tk, q_offset=tk - tq, mask_function=rule, dtype=F64)
+        module = _attention_module(h, hkv, d, sinks)
+        extra = {"softcap": softcap} if softcap else {}
+
+        def ours(q=q, k=k, v=v, sinks=sinks, scale=scale, window=window, softcap=softcap):
+            return get_block("attention").reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks,
+                                                     scale, window, float(softcap))
+
+        def theirs(modeling=modeling, module=module, q=q, k=k, v=v, mask=mask, scale=scale, extra=extra):
+            return modeling.eager_attention_forward(module, q, k, v, mask, scaling=scale, dropout=0.0, **extra)[0]
+
+        rows.append(_compare("attention", f"{family} eager_attention_forward: {label}", ours, theirs,
+                             [q, k, v] + ([sinks] if sinks is not None else [])))
+    return rows
+
+
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla,
-    mla_rope, attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    mla_rope, attention, attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

@@ -389,6 +389,29 @@ def finish_shared(patcher) -> None:
         patcher.model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
 
 
+def patch_attention(patcher, attention_classes: tuple[type, ...], role: str) -> None:
+    """The softmax-attention modules of ``attention_classes`` through the attention block: where every one of them
+    computes the block's variant (workbench.integrations.attention.unsupported) and the block may be used, the
+    model's attention implementation becomes the workbench's (one for the whole model, as transformers has it) and
+    each module is reported replaced; else each is left alone with the reason. ``role``: what stays in torch
+    around the attention function (projections, norms, rotary embedding, gate)."""
+    from workbench.integrations.attention import unsupported, use_workbench_attention
+
+    found = [(path, m) for path, m in patcher.model.named_modules() if isinstance(m, attention_classes)]
+    why = next((reason for _, m in found if (reason := unsupported(m))), "")
+    if not found:
+        return
+    if why:
+        for path, module in found:
+            patcher.report.leave(path, module, why)
+        return
+    if all(patcher.wants(path, module, "attention") for path, module in found):
+        use_workbench_attention(patcher.model)
+        for path, module in found:
+            patcher.report.replace(path, module, "attention")
+        patcher.report.notes.append(f"around each attention function, {role} stay in torch")
+
+
 KDA_LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
 KDA_DECODE_BLOCKS = ("kda_short_conv_decode", "kda_decode")
 

@@ -10,8 +10,9 @@ each sublayer, RMSNorm.
     Inkling2TopKRouter (sigmoid)        moe_router (sigmoid + renormalise, no groups, the config's route_scale)
     Inkling2Experts                     moe_permute, moe_grouped_gemm with the SiTU activation (the experts'
                                         mlp_gate_softcap and mlp_up_softcap), moe_combine (the experts implementation)
-    Inkling2SlidingAttention,           left alone: relative-position logits, attention sinks, L2-clipped q and k,
-    Inkling2FullAttention               a sliding window (no block computes them)
+    Inkling2SlidingAttention,           left alone: per-token sinks (sink_proj) and relative-position logits (a dense
+    Inkling2FullAttention               bias per query and key) are another variant than the attention block's
+                                        (learnt per-head sinks, no bias); the sliding window, GQA and scale match
     Inkling2ShortConvolution            left alone: (conv(x) + x) / sqrt(W + 1), no activation (kda_short_conv
                                         computes silu(conv(x)))
 """
@@ -26,6 +27,7 @@ from workbench.integrations.families._common import (
     EXPERT_BLOCKS,
     SharedModules,
     finish_shared,
+    patch_attention,
     patch_shared,
     requested_logits,
     rmsnorm_forward,
@@ -67,10 +69,6 @@ SHARED = SharedModules(rmsnorm=shipped.Inkling2RMSNorm, rmsnorm_forward=rmsnorm_
                        router=shipped.Inkling2TopKRouter, router_forward=router_forward, experts=None)
 
 LEFT_ALONE = {
-    shipped.Inkling2SlidingAttention: "relative-position logits, attention sinks, L2-clipped q and k and a sliding "
-                                      "window: no block",
-    shipped.Inkling2FullAttention: "relative-position logits, attention sinks, L2-clipped q and k and per-token "
-                                   "short-convolution taps: no block",
     shipped.Inkling2ShortConvolution: "residual short convolution (conv(x) + x) / sqrt(W + 1) without activation: "
                                       "kda_short_conv computes silu(conv(x))",
 }
@@ -96,6 +94,8 @@ def apply(patcher: Patcher) -> None:
         elif type(module) in LEFT_ALONE:
             report.leave(path, module, LEFT_ALONE[type(module)])
     finish_shared(patcher)
+    patch_attention(patcher, (shipped.Inkling2SlidingAttention, shipped.Inkling2FullAttention),
+                    "the projections, L2-clipped q and k and the output gate")
     report.notes.append("plain projections (nn.Linear) run in torch")
 
 

@@ -14,7 +14,9 @@ softmax-routed MoE with a sigmoid-gated shared expert; zero-centred RMSNorm.
                                       zero-centred); the module rounds the normed o and its product with the weight
                                       to the input dtype before the gate (in bfloat16 two roundings more than the
                                       block's one; in float32 the same)
-    Qwen3NextAttention                left alone: gated softmax attention (GQA, q/k norm, partial rope), no block
+    Qwen3NextAttention                attention (GQA, through transformers' attention registry: the model's
+                                      attention implementation becomes the workbench's); the projections, the q/k
+                                      RMSNorm, the partial rotary embedding and the sigmoid output gate stay in torch
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from workbench.integrations.families._common import (
     SharedModules,
     empty_cache,
     finish_shared,
+    patch_attention,
     patch_gated_rmsnorm,
     patch_shared,
     short_conv_supported,
@@ -115,9 +118,9 @@ def apply(patcher: Patcher) -> None:
                 report.leave(path, module, why)
             elif patcher.wants(path, module, "kda_short_conv", "kda_gate", "kda"):
                 patcher.set_forward(path, module, gated_delta_net_forward, "kda_short_conv", "kda_gate", "kda")
-        elif isinstance(module, shipped.Qwen3NextAttention):
-            report.leave(path, module, "gated softmax attention (GQA, q/k RMSNorm, partial rotary): no block")
     finish_shared(patcher)
+    patch_attention(patcher, (shipped.Qwen3NextAttention,),
+                    "the projections, the q/k RMSNorm, the partial rotary embedding and the sigmoid output gate")
     if any(r.cls == "Qwen3NextGatedDeltaNet" and r.replaced for r in report.rows):
         report.notes.append(LEFT_IN_TORCH)
     report.notes.append("plain projections (nn.Linear, the shared expert's sigmoid gate) run in torch")

@@ -1,0 +1,100 @@
+"""Softmax attention through transformers' attention registry: ``attention_forward`` is an ``AttentionInterface``
+function (what ``sdpa`` and ``flash_attention_2`` are) computed by ``ops.attention``, registered as
+``"workbench"`` with flash-attention's mask function (no mask where a batch has no padding: the causal and sliding
+patterns are the kernel's own), so ``model.set_attn_implementation("workbench")`` runs every attention layer of a
+model through it, training and ``generate()`` over the cache alike (the queries are the last of the cached keys).
+
+What the published modules pass it: query [B, H, TQ, D], key and value [B, HKV, TK, D] (the cache's keys included),
+``scaling``, and per family ``sliding_window`` (Mistral, Gemma, GPT-OSS, ...), ``softcap`` (Gemma 2), ``s_aux``
+(GPT-OSS's learnt sinks, [H]); it returns ([B, TQ, H, D], None). Anything it cannot compute exactly (a padded batch,
+dropout while training, per-token sinks or a position bias: Inkling2) is one clear error, never a silent
+approximation; ``unsupported(module)`` names it before a family swaps a module in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from workbench.blocks.attention import seen_keys
+from workbench.errors import WorkbenchError
+from workbench.integrations.ops import ops
+
+NAME = "workbench"
+"""The attention implementation's name in transformers' registries."""
+
+
+def unsupported(module: nn.Module) -> str:
+    """Why ``module``'s attention cannot run through ``attention_forward`` (its variant is another), or ""."""
+    names = {n for n, _ in module.named_children()}
+    if {"sink_proj", "rel_logits_proj"} & names:
+        return ("attention with per-token sinks (sink_proj) and relative-position logits (a dense [B, H, TQ, TK] "
+                "bias, rel_logits_proj): the attention block has learnt per-head sinks and no bias")
+    sinks = getattr(module, "sinks", None)
+    if isinstance(sinks, torch.Tensor) and sinks.dim() != 1:
+        return f"sinks of shape {tuple(sinks.shape)}: the attention block's are one per head"
+    if hasattr(module, "kv_b_proj"):
+        return "MLA attention: the mla block computes it"
+    return ""
+
+
+def _window(sliding_window) -> int:
+    return int(sliding_window) if sliding_window else 0
+
+
+def _check_mask(mask: torch.Tensor | None, batch: int, tq: int, tk: int, window: int) -> None:
+    """Accept no mask, a 2D padding mask with no padding, or a 4D mask that is exactly the causal (and window)
+    pattern the kernel applies; anything else (padding, a custom mask) is a WorkbenchError."""
+    if mask is None:
+        return
+    if mask.dim() == 2:
+        if mask.shape[-1] >= tk and bool(mask[:, -tk:].all()):
+            return
+        raise WorkbenchError("workbench attention: a padded batch (a 2D mask with padding) is not supported; "
+                             "pack the sequences or run unpadded")
+    seen = seen_keys(tq, tk, window, mask.device)
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    if allowed.shape[-2:] == (tq, tk) and bool((allowed == seen).all()):
+        return
+    raise WorkbenchError("workbench attention: the attention mask is not the causal (sliding-window) pattern the "
+                         "kernel applies (padding or a custom mask); not supported")
+
+
+def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      sliding_window: int | None = None, softcap: float | None = None,
+                      s_aux: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                      position_bias: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention function signature: query [B, H, TQ, D], key/value [B, HKV, TK, D] ->
+    ([B, TQ, H, D], None), through ops.attention."""
+    if dropout and module.training:
+        raise WorkbenchError(f"workbench attention: attention dropout {dropout} while training is not supported")
+    if position_bias is not None:
+        raise WorkbenchError("workbench attention: a position bias (relative-position logits) is not supported")
+    head_sinks = s_aux if s_aux is not None else sinks
+    if head_sinks is not None and head_sinks.dim() != 1:
+        raise WorkbenchError(f"workbench attention: sinks of shape {tuple(head_sinks.shape)} (per token) are not "
+                             "supported; the block's are one per head")
+    b, _, tq, d = query.shape
+    tk = key.shape[2]
+    window = _window(sliding_window)
+    _check_mask(attention_mask, b, tq, tk, window)
+    scale = scaling if scaling is not None else d ** -0.5
+    out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), head_sinks, scale, window,
+                        float(softcap or 0.0))
+    return out, None
+
+
+def register() -> None:
+    """Register ``attention_forward`` and flash-attention's mask function under ``NAME`` (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)
+
+
+def use_workbench_attention(model: nn.Module) -> None:
+    """Run every attention layer of ``model`` through ``attention_forward``."""
+    register()
+    model.set_attn_implementation(NAME)
