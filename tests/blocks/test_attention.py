@@ -151,3 +151,20 @@ def test_the_templates_verify_with_their_backward(tmp_path, template):
     result = verify_first_point(tmp_path, "attention", template, base_seed=11)
     assert result.passed, result.summary()
     assert numeric_directions(result) == {"forward:out", *(f"grad:{n}" for n in SPEC.grad_inputs)}
+
+
+def test_the_peers_that_run_here_compute_the_block():
+    """torch SDPA (plain and windowed; no sinks or soft cap: a NotImplementedError names it) and FlexAttention
+    (every variant, eager on CPU) against the reference in float32."""
+    from workbench.blocks.attention import flex, sdpa
+
+    for shape in SPEC.shapes["smoke"] + SPEC.shapes["edge"]:
+        inputs = SPEC.make_inputs(shape, torch.float32, 0)
+        want = ref(**inputs)
+        torch.testing.assert_close(flex(**inputs), want, rtol=1e-5, atol=1e-5)
+        if shape["sinks"] or shape["softcap"]:
+            with pytest.raises(NotImplementedError, match="sinks"):
+                sdpa(**inputs)
+        else:
+            torch.testing.assert_close(sdpa(**inputs), want, rtol=1e-5, atol=1e-5)
+    assert [p.name for p in SPEC.peers] == ["torch sdpa", "flex_attention", "flash-attn"]

@@ -32,7 +32,7 @@ import random
 import torch
 
 from workbench.blocks._config import Found, ModelConfig
-from workbench.blocks.base import BF16, BlockSpec, Shape, Work
+from workbench.blocks.base import BF16, BlockSpec, Peer, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -105,6 +105,61 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     return shapes
 
 
+# --- peers (what users would run instead; timed beside the operator on a GPU: workbench.perf.bench) -------------
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, scale: float, window: int,
+         softcap: float) -> torch.Tensor:
+    """torch's scaled_dot_product_attention (its FlashAttention, cuDNN or memory-efficient backend), causal, GQA; a
+    window or a query chunk over a cache as a boolean mask (which the flash backend does not take). No sinks, no soft
+    cap: NotImplementedError."""
+    if sinks is not None or softcap > 0:
+        raise NotImplementedError("torch SDPA has no attention sinks or logit soft cap")
+    tq, tk = q.shape[1], k.shape[1]
+    mask = seen_keys(tq, tk, window, q.device) if window or tq != tk else None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=mask is None, scale=scale,
+        enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, scale: float, window: int,
+         softcap: float) -> torch.Tensor:
+    """FlexAttention (torch.nn.attention.flex_attention, compiled on a GPU): the causal window as a block mask, the
+    soft cap as a score_mod, GQA; sinks by its log-sum-exp (out * sigmoid(lse - sink): the sink's share of the
+    denominator taken out)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    tq, tk = q.shape[1], k.shape[1]
+    offset = tk - tq
+
+    def seen(b, h, t, j):
+        causal = j <= t + offset
+        return causal & (j > t + offset - window) if window > 0 else causal
+
+    def capped(score, b, h, t, j):
+        return softcap * torch.tanh(score / softcap)
+
+    run = torch.compile(flex_attention) if q.is_cuda else flex_attention
+    mask = create_block_mask(seen, None, None, tq, tk, device=q.device.type)
+    out, lse = run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=capped if softcap > 0 else None,
+                   block_mask=mask, scale=scale, enable_gqa=True, return_lse=True)
+    if sinks is not None:
+        out = out * torch.sigmoid(lse - sinks.float().view(1, -1, 1)).unsqueeze(-1).to(out.dtype)
+    return out.transpose(1, 2)
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, scale: float,
+               window: int, softcap: float) -> torch.Tensor:
+    """flash-attn's flash_attn_func (FlashAttention-2/3): causal (bottom-right aligned), GQA, window_size=(window -
+    1, 0), softcap. No sinks: NotImplementedError."""
+    if sinks is not None:
+        raise NotImplementedError("flash_attn_func has no attention sinks")
+    from flash_attn import flash_attn_func
+
+    return flash_attn_func(q, k, v, softmax_scale=scale, causal=True,
+                           window_size=(window - 1, 0) if window > 0 else (-1, -1), softcap=softcap)
+
+
 # --- work (the cost model) ---------------------------------------------------------------------------------
 
 def seen_pairs(tq: int, tk: int, window: int) -> int:
@@ -171,5 +226,7 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
     work=work,
+    peers=(Peer("torch sdpa", "torch", sdpa), Peer("flex_attention", "torch", flex),
+           Peer("flash-attn", "flash_attn", flash_attn)),
     onboard=onboard,
 )
