@@ -81,12 +81,43 @@ def test_generate_over_the_cache_runs_the_queries_as_the_last_keys():
     assert sliding == [(5, 5)] + [(1, min(5 + i, 8)) for i in range(1, 6)]
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_batch_runs_row_by_row_over_its_tokens(side):
+    """Two prompts of 9 and 5 tokens padded to 9 (left, as generation pads, or right, as training batches do): every
+    real token's logits equal the eager model's, and greedy generate() from the left-padded batch gives its
+    tokens."""
+    model = _tiny("gemma2")  # a sliding layer (window 8) and a full one
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, model.config.vocab_size, (2, 9), generator=g)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    if side == "left":
+        mask[1, :4] = 0
+    else:
+        mask[1, 5:] = 0
+    with Float64Casts():
+        shipped = model(ids, attention_mask=mask).logits
+    register()
+    model.set_attn_implementation(NAME)
+    with computing_with(references()), Float64Casts():
+        ours = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], shipped[real], rtol=1e-12, atol=1e-12)
+    if side == "left":
+        model.set_attn_implementation("eager")
+        with Float64Casts():
+            want = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        model.set_attn_implementation(NAME)
+        with computing_with(references()), Float64Casts():
+            got = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        assert torch.equal(got, want)
+
+
 def test_what_the_block_does_not_compute_is_a_clear_error():
     module = torch.nn.Module()
     q, kv = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
-    padded = torch.tensor([[False, True, True]])
-    with pytest.raises(WorkbenchError, match="padded batch"):
-        attention_forward(module, q, kv, kv, padded)
+    holes = torch.tensor([[True, False, True]])
+    with pytest.raises(WorkbenchError, match="holes"):
+        attention_forward(module, q, kv, kv, holes)
     with pytest.raises(WorkbenchError, match="position bias"):
         attention_forward(module, q, kv, kv, None, position_bias=torch.zeros(1, 2, 3, 3))
     with pytest.raises(WorkbenchError, match="per token"):

@@ -6,9 +6,10 @@ model through it, training and ``generate()`` over the cache alike (the queries 
 
 What the published modules pass it: query [B, H, TQ, D], key and value [B, HKV, TK, D] (the cache's keys included),
 ``scaling``, and per family ``sliding_window`` (Mistral, Gemma, GPT-OSS, ...), ``softcap`` (Gemma 2), ``s_aux``
-(GPT-OSS's learnt sinks, [H]); it returns ([B, TQ, H, D], None). Anything it cannot compute exactly (a padded batch,
-dropout while training, per-token sinks or a position bias: Inkling2) is one clear error, never a silent
-approximation; ``unsupported(module)`` names it before a family swaps a module in.
+(GPT-OSS's learnt sinks, [H]); it returns ([B, TQ, H, D], None). A padded batch (left or right padding) runs row by
+row over each row's tokens. Anything it cannot compute exactly (dropout while training, per-token sinks or a
+position bias: Inkling2; a mask with holes inside a row) is one clear error, never a silent approximation;
+``unsupported(module)`` names the module-level variants before a family swaps a module in.
 """
 
 from __future__ import annotations
@@ -42,22 +43,29 @@ def _window(sliding_window) -> int:
     return int(sliding_window) if sliding_window else 0
 
 
-def _check_mask(mask: torch.Tensor | None, batch: int, tq: int, tk: int, window: int) -> None:
-    """Accept no mask, a 2D padding mask with no padding, or a 4D mask that is exactly the causal (and window)
-    pattern the kernel applies; anything else (padding, a custom mask) is a WorkbenchError."""
-    if mask is None:
-        return
-    if mask.dim() == 2:
-        if mask.shape[-1] >= tk and bool(mask[:, -tk:].all()):
-            return
-        raise WorkbenchError("workbench attention: a padded batch (a 2D mask with padding) is not supported; "
-                             "pack the sequences or run unpadded")
-    seen = seen_keys(tq, tk, window, mask.device)
+def _kept_keys(mask: torch.Tensor, tk: int) -> list[tuple[int, int]]:
+    """Each batch row's kept keys [start, end) of a 2D padding mask [B, >= TK] (True: a token), which must be one
+    contiguous run per row (left or right padding, as tokenizers pad); WorkbenchError otherwise."""
+    keep = mask[:, -tk:].bool()
+    runs = []
+    for row in keep:
+        kept = row.nonzero().flatten().tolist()
+        if kept and kept[-1] - kept[0] + 1 != len(kept):
+            raise WorkbenchError("workbench attention: a padding mask with holes inside a row is not supported "
+                                 "(left or right padding only)")
+        runs.append((kept[0], kept[-1] + 1) if kept else (0, 0))
+    return runs
+
+
+def _check_pattern(mask: torch.Tensor, tq: int, tk: int, window: int) -> None:
+    """A 4D mask (another implementation's, where a module runs ours alone) must be exactly the causal (and window)
+    pattern the kernel applies; padding or a custom mask is a WorkbenchError."""
     allowed = mask if mask.dtype == torch.bool else mask == 0
-    if allowed.shape[-2:] == (tq, tk) and bool((allowed == seen).all()):
+    if allowed.shape[-2:] == (tq, tk) and bool((allowed == seen_keys(tq, tk, window, mask.device)).all()):
         return
-    raise WorkbenchError("workbench attention: the attention mask is not the causal (sliding-window) pattern the "
-                         "kernel applies (padding or a custom mask); not supported")
+    raise WorkbenchError("workbench attention: a 4D attention mask that is not the causal (sliding-window) pattern "
+                         "(padding or a custom mask) is not supported; run the model with the 'workbench' attention "
+                         "implementation, whose masks are 2D")
 
 
 def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -66,7 +74,9 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                       s_aux: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
                       position_bias: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention function signature: query [B, H, TQ, D], key/value [B, HKV, TK, D] ->
-    ([B, TQ, H, D], None), through ops.attention."""
+    ([B, TQ, H, D], None), through ops.attention. A padded batch (flash-attention's 2D mask) runs row by row over
+    each row's tokens (FlashAttention's unpadding): the queries at padded positions get zeros, as no real token
+    reads them."""
     if dropout and module.training:
         raise WorkbenchError(f"workbench attention: attention dropout {dropout} while training is not supported")
     if position_bias is not None:
@@ -75,13 +85,24 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if head_sinks is not None and head_sinks.dim() != 1:
         raise WorkbenchError(f"workbench attention: sinks of shape {tuple(head_sinks.shape)} (per token) are not "
                              "supported; the block's are one per head")
-    b, _, tq, d = query.shape
+    tq, d = query.shape[2], query.shape[3]
     tk = key.shape[2]
     window = _window(sliding_window)
-    _check_mask(attention_mask, b, tq, tk, window)
     scale = scaling if scaling is not None else d ** -0.5
-    out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), head_sinks, scale, window,
-                        float(softcap or 0.0))
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if attention_mask is not None and attention_mask.dim() == 4:
+        _check_pattern(attention_mask, tq, tk, window)
+        attention_mask = None
+    if attention_mask is None or bool(attention_mask[:, -tk:].all()):
+        return ops.attention(q, k, v, head_sinks, scale, window, float(softcap or 0.0)), None
+    out = q.new_zeros(q.shape[:3] + (v.shape[-1],))
+    shift = tk - tq  # query i sits at key position shift + i
+    for b, (start, end) in enumerate(_kept_keys(attention_mask, tk)):
+        first = max(start, shift)
+        if end > first:
+            out[b:b + 1, first - shift:end - shift] = ops.attention(
+                q[b:b + 1, first - shift:end - shift], k[b:b + 1, start:end], v[b:b + 1, start:end], head_sinks,
+                scale, window, float(softcap or 0.0))
     return out, None
 
 

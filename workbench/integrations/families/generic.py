@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench.integrations import kinds as K
 from workbench.integrations import tiny as T
+from workbench.integrations.attention import use_workbench_attention
 from workbench.integrations.probe import COVERED, ProbeResult, kernel_bound, probe
 
 
@@ -92,6 +93,9 @@ class GenericFamily:
             elif row is not None and row.status != COVERED and (row.blocks or row.status == K.NO_SPEC) \
                     and not row.within:
                 patcher.report.leave(path, module, row.differs or f"{row.status}: {row.role}")
+        attention = [m for m in patcher.model.modules() if getattr(K.kind_of(m), "name", None) == "attention"]
+        if attention and all(hasattr(m, "original_forward") for m in attention):
+            use_workbench_attention(patcher.model)  # every attention layer ours: the masks flash-attention's (2D)
         patcher.report.notes.append(f"generic kinds, as the probe of {result.model_class} proved them "
                                     f"({result.seconds:.1f} s); plain projections (nn.Linear) run in torch")
 
