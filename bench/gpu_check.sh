@@ -32,6 +32,7 @@ verified=0
 "$PY" - "$OUT_DIR" "$@" <<'EOF' || verified=$?
 """Verify each promoted operator on cuda (bfloat16, model suite, one seed) and print the table."""
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,9 @@ from workbench.operators import list_promoted
 from workbench.verify.harness import verify_candidate
 
 out, wanted = Path(sys.argv[1]), set(sys.argv[2:])
+# the shipped cards (K3's) have no softmax attention: its blocks take their model-suite sizes from bench/cards
+# (Qwen3-Next-80B-A3B's and GPT-OSS-120B's), every other block the shipped cards' only
+SOFTMAX_ATTENTION, CARDS = {"attention", "attention_prefill", "attention_decode"}, str(Path("bench/cards").resolve())
 newest = {}
 for manifest in list_promoted(Path("operators")):
     newest.setdefault(manifest["block"], manifest)
@@ -48,6 +52,7 @@ rows, started = [], time.monotonic()
 for block in sorted(newest):
     if wanted and block not in wanted:
         continue
+    os.environ["WORKBENCH_MODELS"] = CARDS if block in SOFTMAX_ATTENTION else ""
     result = verify_candidate(newest[block]["path"], block=block, suites=["model"], dtypes=["bfloat16"], seeds=1,
                               base_seed=20261201, backend=get_backend("cuda"), timeout_s=240)
     fwd = [t for t in result.checks if t.direction.startswith("forward")]
@@ -101,9 +106,12 @@ EOF
 # here (the operator, the eager reference, fla's fused_recurrent_kda where installed). Needs the workbench's own
 # dependencies (the model cards); said and skipped otherwise.
 # The MXFP4 grouped GEMM beside the bfloat16 one at K3's expert sizes (prefill and decode densities), TFLOP/s.
+# Softmax attention (training, packed prefill, paged decode) at Qwen3-Next's and GPT-OSS's sizes against PyTorch SDPA,
+# FlexAttention and flash-attn where installed, forward and forward + backward.
 if "$PY" -c "import workbench.models, yaml" 2>/dev/null; then
   "$PY" bench/decode.py --measure --trials 10 || verified=1
   "$PY" bench/mxfp4.py --measure --trials 10 || verified=1
+  "$PY" bench/softmax_attention.py --measure --trials 10 || verified=1
 else
   echo "decode and MXFP4 benches: skipped, the workbench's dependencies are not installed here"
 fi
