@@ -142,3 +142,21 @@ def test_inkling2s_attention_is_named_as_another_variant():
     found = {unsupported(m) for m in model.modules() if isinstance(m, (ink.Inkling2SlidingAttention,
                                                                          ink.Inkling2FullAttention))}
     assert len(found) == 1 and "per-token sinks" in found.pop()
+
+
+def test_a_look_alike_window_or_sink_is_told_apart(monkeypatch):
+    """The comparisons can fail: a reference with a window one key wider and no sinks differs from the families'
+    eager attention by far more than the float64 bound."""
+    import dataclasses
+
+    from workbench.integrations import references as R
+
+    assert all(max(r.output_rel, r.grad_rel) < 1e-12 for r in R.attention())
+    spec = R.get_block("attention")
+
+    def look_alike(q, k, v, sinks, scale, window, softcap):
+        return spec.reference(q, k, v, None, scale, window + 1 if window else 0, softcap)
+    monkeypatch.setattr(R, "get_block", lambda name: dataclasses.replace(spec, reference=look_alike))
+    off = {r.counterpart.split(":")[0]: r.output_rel for r in R.attention()}
+    assert off["mistral eager_attention_forward"] > 1e-3 and off["gpt_oss eager_attention_forward"] > 1e-3
+    assert off["qwen3_next eager_attention_forward"] == 0.0  # no window, no sinks: the same
