@@ -160,6 +160,17 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.T
                            window_size=(window - 1, 0) if window > 0 else (-1, -1), softcap=softcap)
 
 
+def fla_parallel_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None, scale: float,
+                      window: int, softcap: float) -> torch.Tensor:
+    """fla's parallel_attn (Triton): causal, GQA, window_size, GPT-OSS's sinks (sink_bias). No soft cap and no query
+    chunk over a longer cache: NotImplementedError."""
+    if softcap > 0 or q.shape[1] != k.shape[1]:
+        raise NotImplementedError("fla parallel_attn has no logit soft cap, and its queries are its keys")
+    from fla.ops.attn.parallel import parallel_attn
+
+    return parallel_attn(q, k, v, scale=scale, window_size=window or None, sink_bias=sinks)
+
+
 # --- work (the cost model) ---------------------------------------------------------------------------------
 
 def seen_pairs(tq: int, tk: int, window: int) -> int:
@@ -227,6 +238,6 @@ SPEC = BlockSpec(
     hidden_shapes=hidden_shapes,
     work=work,
     peers=(Peer("torch sdpa", "torch", sdpa), Peer("flex_attention", "torch", flex),
-           Peer("flash-attn", "flash_attn", flash_attn)),
+           Peer("flash-attn", "flash_attn", flash_attn), Peer("fla parallel_attn", "fla", fla_parallel_attn)),
     onboard=onboard,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
@@ -40,8 +41,12 @@ def _bench_table(rows: list, suite: str) -> Table:
     """One line per block x subject x target: the suite's shapes summed, forward and forward+backward."""
     table = Table(title=f"bench: the {suite} suite's shapes summed, bf16 (figure: measured on the GPU named, or "
                         f"modelled by the cost model)")
-    for col in ("block", "subject", "target", "figure", "fwd ms", "fwd+bwd ms", "floor ms", "of roofline", "note"):
+    from workbench.perf.peers import ratios
+
+    for col in ("block", "subject", "target", "figure", "fwd ms", "fwd+bwd ms", "floor ms", "of roofline",
+                "ours / peer", "note"):
         table.add_column(col)
+    ours_over = ratios(rows)
     groups: dict[tuple, dict[str, list]] = {}
     for r in rows:
         groups.setdefault((r.block, r.subject, r.target, r.label), {}).setdefault(r.passes, []).append(r)
@@ -54,9 +59,11 @@ def _bench_table(rows: list, suite: str) -> Table:
         fwd = total(by_pass.get("fwd", []), "time_ms")
         share = f"{100 * floor / both:.0f}%" if both and floor else "-"
         notes = dict.fromkeys(r.note for rs in by_pass.values() for r in rs if r.note)
+        over = [ours_over.get((block, subject, target, p)) for p in ("fwd", "fwd+bwd")]
+        ratio = " / ".join("-" if x is None else f"{x:.2f}" for x in over) if subject != "operator" else ""
         table.add_row(block, subject, target, label, "-" if fwd is None else f"{fwd:.3f}",
                       "-" if both is None else f"{both:.3f}", "-" if floor is None else f"{floor:.3f}", share,
-                      escape("; ".join(notes)[:120]))
+                      ratio, escape("; ".join(notes)[:120]))
     return table
 
 
@@ -69,6 +76,8 @@ def bench(
                          "own)")] = None,
     suite: Annotated[str, typer.Option(help="shape suite: model (the model cards' sizes), smoke or edge")] = "model",
     trials: Annotated[int, typer.Option(help="timed calls per figure on a GPU (median and spread)")] = 20,
+    peers: Annotated[bool, typer.Option(help="model the installed Triton peers (fla, Liger, Cut Cross-Entropy) "
+                                              "beside ours: captured and compiled like an operator")] = True,
     operators: OpsOption = None, db: DbOption = None, as_json: JsonOption = False,
 ) -> None:
     """Speed at the model card's sizes: on a GPU, forward and forward+backward times of the operator against the
@@ -80,6 +89,7 @@ def bench(
     from workbench.backends import cuda_available
     from workbench.blocks import get_block
     from workbench.perf import bench as perf
+    from workbench.perf.peers import peer_rows
     from workbench.verify.harness import suite_shapes, target_report
 
     settings = Settings.load(db, operators)
@@ -104,6 +114,10 @@ def bench(
             report = target_report(path, block=block, targets=names, forward_only=forward_only)
         rows += [r for r in perf.modelled_rows(block, shapes, names, report.builds)
                  if not (forward_only and r.passes != "fwd")]
+        if peers:
+            with console.status(f"capturing {block}'s Triton peers...") if not as_json else nullcontext(), \
+                    tempfile.TemporaryDirectory(prefix="peers-") as folder:
+                rows += peer_rows(block, shapes, names, Path(folder), forward_only=forward_only)
     perf.record(_engine(settings), rows)
     if as_json:
         return _emit_json({"gpu": on_gpu, "rows": [r.to_dict() for r in rows], "skipped": skipped})

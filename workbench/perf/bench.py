@@ -48,14 +48,16 @@ class BenchRow:
         return asdict(self)
 
 
-def modelled_rows(block: str, shapes: list[dict], targets: list[str], builds: list[dict]) -> list[BenchRow]:
-    """The cost model's figures for an operator whose model-suite ``builds`` (KernelBuild dicts) are given."""
+def modelled_rows(block: str, shapes: list[dict], targets: list[str], builds: list[dict], *,
+                  subject: str = "operator") -> list[BenchRow]:
+    """The cost model's figures for an operator (or the ``subject`` named: a peer) whose model-suite ``builds``
+    (KernelBuild dicts) are given."""
     rows = []
     for shape in shapes:
         for target in targets:
             for backward in (False, True):
                 est = cost.estimate(block, shape, target, builds, backward=backward)
-                rows.append(BenchRow(block, "operator", target, shape_label(shape), "fwd+bwd" if backward else "fwd",
+                rows.append(BenchRow(block, subject, target, shape_label(shape), "fwd+bwd" if backward else "fwd",
                                      cost.MODELLED, est.time_s * 1e3 if est.time_s else None, est.floor_s * 1e3,
                                      est.fraction, note="; ".join(est.penalties)))
     return rows

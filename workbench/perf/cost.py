@@ -95,6 +95,23 @@ def _kernel_penalty(build: dict, target: str, bound: str) -> tuple[float, list[s
     return factor, reasons
 
 
+def autotuner_choice(builds: list[dict], target: str, bound: str) -> list[dict]:
+    """``builds`` with each autotuned kernel (builds whose specialization names an ``autotune`` config: a peer's
+    triton.autotune, every config captured) reduced to the config modelled fastest: the one that compiles with the
+    least penalty, as the autotuner would pick by timing it on the GPU."""
+    tuned: dict[str, list[dict]] = {}
+    plain = []
+    for b in builds:
+        if (b.get("specialization") or {}).get("autotune") is not None:
+            tuned.setdefault(b["kernel"], []).append(b)
+        else:
+            plain.append(b)
+    for kernel_builds in tuned.values():
+        compiled = [b for b in kernel_builds if b["ok"] and b.get("ctas_per_sm") != 0] or kernel_builds
+        plain.append(min(compiled, key=lambda b: (_kernel_penalty(b, target, bound)[0], b.get("spilled_bytes") or 0)))
+    return plain
+
+
 def estimate(block: str, shape: Mapping[str, int], target: str, builds: list[dict] | None = None, *,
              backward: bool = True) -> Estimate:
     """The modelled time of an operator for ``block`` at ``shape`` on ``target``, with the penalties its
@@ -104,8 +121,9 @@ def estimate(block: str, shape: Mapping[str, int], target: str, builds: list[dic
     floor = floor_s(w, peaks)
     bound = "memory" if w.bytes / peaks.hbm_bytes_s >= floor else "compute"
     mine = [b for b in builds or [] if b["target"] == target and b["suite"] == "model"]
-    if not backward:
-        mine = [b for b in mine if "bwd" not in b["kernel"]]
+    if not backward:  # the backward's kernels by name: ours say bwd, Liger's and fla's backward
+        mine = [b for b in mine if "bwd" not in b["kernel"] and "backward" not in b["kernel"]]
+    mine = autotuner_choice(mine, target, bound)
     reasons = [f"{b['kernel']}: does not compile" for b in mine if not b["ok"]]
     reasons += [f"{b['kernel']}: cannot be resident" for b in mine if b["ok"] and b.get("ctas_per_sm") == 0]
     if reasons:

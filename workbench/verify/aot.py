@@ -108,7 +108,8 @@ def select_launches(launches: list[dict], target: str | None = None) -> list[dic
     at_model = {x["kernel"] for x in launches if x["suite"] == "model"}
     chosen, seen = [], set()
     for launch in launches:
-        types = json.dumps([launch["kernel"], launch["signature"], launch["options"]], sort_keys=True)
+        types = json.dumps([launch["kernel"], launch["signature"], launch["options"], launch.get("autotune")],
+                           sort_keys=True)
         if launch["suite"] == "model":
             key = json.dumps([types, launch["constexprs"]], sort_keys=True)
         elif launch["kernel"] in at_model:
@@ -169,7 +170,7 @@ def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict],
 
 
 def _build(launch: dict, target: Target, record: dict) -> KernelBuild:
-    spec = {k: launch[k] for k in ("signature", "constexprs", "options")}
+    spec = {k: launch[k] for k in ("signature", "constexprs", "options", "autotune") if k in launch}
     build = KernelBuild(kernel=launch["kernel"], target=target.name, suite=launch["suite"], specialization=spec,
                         ok=bool(record.get("ok")), error=record.get("error", ""), seconds=record.get("seconds", 0.0))
     if build.ok:

@@ -240,6 +240,7 @@ class Launches:
         self.target = None  # the GPU target whose launches a capture records (None: the trials' own launches)
         self.skip = False
         self.candidate = candidate
+        self.autotune: dict | None = None  # the config of an autotuned launch being captured
 
     def watch(self, cls) -> None:
         """Wrap cls.run (every launch of a @triton.jit kernel goes through it, compiled or interpreted)."""
@@ -252,6 +253,27 @@ class Launches:
             if launches.skip:
                 return None
             return original(kernel, *args, **kwargs)
+
+        cls.run = run
+
+    def watch_autotuner(self, cls) -> None:
+        """Wrap Autotuner.run: in a capture (nothing runs, so nothing can be timed) every config the tuner would try
+        at these arguments is launched, each launch recorded with its config's index (``autotune``: which one a GPU
+        would pick is its timing's; the cost model takes the config it models fastest). Outside captures, as is."""
+        original = cls.run
+        launches = self
+
+        def run(tuner, *args, **kwargs):
+            if not launches.skip:
+                return original(tuner, *args, **kwargs)
+            tuner.nargs = dict(zip(tuner.arg_names, args, strict=False))  # as Autotuner.run binds them
+            configs = tuner.prune_configs(kwargs) if len(tuner.configs) > 1 else tuner.configs
+            try:
+                for index, config in enumerate(configs):
+                    launches.autotune = {"config": index, "configs": len(configs)}
+                    tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+            finally:
+                launches.autotune, tuner.nargs = None, None
 
         cls.run = run
 
@@ -277,6 +299,8 @@ class Launches:
         entry = {"kernel": fn.__name__, "module": fn.__module__, "file": inspect.getsourcefile(fn) or "",
                  "suite": self.suite, "target": self.target, "signature": signature, "constexprs": constexprs,
                  "options": options}
+        if self.autotune is not None:
+            entry["autotune"] = dict(self.autotune)
         # a launch is recorded once whatever suite made it, but a capture probe's launches apart: they are compared
         key = json.dumps({k: v for k, v in entry.items() if k != "suite" or v.startswith(PROBE)}, sort_keys=True,
                          default=str)
@@ -650,7 +674,7 @@ def main(job_dir: str, result_fd: int) -> int:
     import torch
     import triton
     import triton.language as tl
-    from triton.runtime import jit
+    from triton.runtime import autotuner, jit
 
     job_file = Path(job_dir) / "job.pt"
     job = torch.load(job_file, weights_only=True)
@@ -666,6 +690,7 @@ def main(job_dir: str, result_fd: int) -> int:
     launches = Launches(candidate)
     counter = launches.count
     launches.watch(jit.JITFunction)
+    launches.watch_autotuner(autotuner.Autotuner)
     if os.environ.get("TRITON_INTERPRET") == "1":
         from triton.runtime import interpreter
 

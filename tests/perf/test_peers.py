@@ -1,0 +1,90 @@
+"""Triton peers side by side (workbench.perf.peers): a peer's own function is its candidate file; Liger's RMSNorm
+captured, compiled and modelled beside ours; an autotuned kernel captured with every config it would try, and the
+cost model taking the config it models fastest. Every figure is modelled; nothing here is timed."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from workbench.blocks import REGISTRY
+from workbench.perf import cost
+from workbench.perf.bench import BenchRow
+from workbench.perf.peers import TRITON_PACKAGES, candidate_source, peer_rows, ratios, triton_peers
+
+
+def test_every_triton_peer_is_a_candidate_file_of_its_own_source():
+    """Each peer function imports its package in its body, so its source alone, under BLOCK, is a candidate the
+    sandbox runs (it imports nothing of the workbench)."""
+    peers = [(name, p) for name, spec in REGISTRY.items() for p in spec.peers if p.package in TRITON_PACKAGES]
+    assert {n for n, _ in peers} >= {"kda", "kda_decode", "kda_prefill", "rmsnorm", "rmsnorm_gated", "swiglu",
+                                     "seq_chunked_ce", "vocab_blockwise_ce"}
+    for block, peer in peers:
+        tree = ast.parse(candidate_source(block, peer))
+        assert f'BLOCK = "{block}"' in candidate_source(block, peer)
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+            "workbench")]
+        assert any(isinstance(n, ast.Assign) and n.targets[0].id == "run" for n in tree.body)
+
+
+@pytest.mark.skipif(not triton_peers("rmsnorm"), reason="liger_kernel is not installed")
+def test_liger_rmsnorm_is_captured_compiled_and_modelled_beside_ours(tmp_path):
+    shapes = [{"rows": 8192, "N": 7168}]
+    rows = peer_rows("rmsnorm", shapes, ["sm_90a", "gfx942"], tmp_path)
+    liger = [r for r in rows if r.subject == "liger"]
+    assert {(r.target, r.passes) for r in liger} == {(t, p) for t in ("sm_90a", "gfx942") for p in ("fwd", "fwd+bwd")}
+    assert all(r.time_ms and r.time_ms >= r.floor_ms for r in liger)  # compiled, no kernel refused
+    ours = [BenchRow(r.block, "operator", r.target, r.shape, r.passes, r.label, r.time_ms * 2, r.floor_ms, 0.5)
+            for r in liger]
+    assert set(ratios(liger + ours).values()) == {2.0}
+
+
+AUTOTUNED = textwrap.dedent('''
+    import torch
+    import triton
+    import triton.language as tl
+
+    BLOCK = "rmsnorm"
+
+
+    @triton.autotune(configs=[triton.Config({"BN": 64}, num_warps=1), triton.Config({"BN": 256}, num_warps=4)],
+                     key=["N"])
+    @triton.jit
+    def scale_rows_kernel(X, W, Y, N, eps, BN: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        acc = tl.zeros([BN], dtype=tl.float32)
+        for n0 in range(0, N, BN):
+            cols = n0 + tl.arange(0, BN)
+            x = tl.load(X + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / N + eps)
+        for n0 in range(0, N, BN):
+            cols = n0 + tl.arange(0, BN)
+            x = tl.load(X + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
+            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+            tl.store(Y + row * N + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=cols < N)
+
+
+    def run(x, weight, eps):
+        y = torch.empty_like(x)
+        n = x.shape[-1]
+        scale_rows_kernel[(x.numel() // n,)](x, weight, y, n, eps)
+        return y
+''')
+
+
+def test_an_autotuned_kernel_is_captured_with_every_config_and_modelled_at_its_best(tmp_path):
+    from workbench.verify.harness import target_report
+
+    path = tmp_path / "autotuned.py"
+    path.write_text(AUTOTUNED)
+    report = target_report(path, targets=["sm_90a"], forward_only=True, shapes=[{"rows": 64, "N": 1000}])
+    assert report.verdict == "pass", report.message
+    tuned = [b for b in report.builds if b["suite"] == "model"]
+    assert sorted((b["specialization"]["autotune"]["config"], b["num_warps"]) for b in tuned) == [(0, 1), (1, 4)]
+    chosen = cost.autotuner_choice(tuned, "sm_90a", "memory")
+    assert len(chosen) == 1  # one config of the kernel modelled: the one the cost model finds fastest
+    worse = min(tuned, key=lambda b: b["num_warps"])
+    assert cost.autotuner_choice([{**worse, "spilled_bytes": 512}, chosen[0]], "sm_90a", "memory") == [chosen[0]]
