@@ -101,6 +101,28 @@ for block in sorted(b for b in newest if b in verified and (not wanted or b in w
 (out / "gpu_bench.json").write_text(json.dumps([r.to_dict() for r in rows], indent=2))
 print("\nmeasured on this GPU: median of 10 calls (L2 flushed, fresh inputs, outputs checked), bfloat16, model suite")
 print(text_table(rows))
+# the cost model against these measurements: ours and each Triton peer (captured and compiled as ours are) modelled
+# for this GPU's target at the same shapes; measured and modelled ours / peer side by side
+import tempfile
+import torch
+from workbench.perf.bench import device_target, modelled_rows
+from workbench.perf.peers import against_measured, peer_rows
+from workbench.verify.harness import target_report
+target, modelled = device_target(torch.device("cuda")), []
+for block in sorted({r.block for r in rows}):
+    spec, shapes = get_block(block), suite_shapes(get_block(block), "model")[:2]
+    builds = target_report(newest[block]["path"], block=block, targets=[target], shapes=shapes).builds
+    modelled += modelled_rows(block, shapes, [target], builds)
+    with tempfile.TemporaryDirectory() as folder:
+        modelled += peer_rows(block, shapes, [target], Path(folder))
+print(f"\nmodelled ({target}) against measured: the cost model's error, and ours / peer both ways")
+print(f"{'block':<22} {'subject':<22} {'passes':<8} {'measured ms':>12} {'modelled ms':>12} {'model error':>12} "
+      f"{'ours/peer meas.':>16} {'ours/peer model':>16}")
+for line in against_measured(rows, modelled):
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    print(f"{line['block']:<22} {line['subject'][:22]:<22} {line['passes']:<8} {line['measured_ms']:>12.3f} "
+          f"{line['modelled_ms']:>12.3f} {100 * line['model_error']:>11.0f}% {fmt(line['ours_over_measured']):>16} "
+          f"{fmt(line['ours_over_modelled']):>16}")
 EOF
 # The serving forms' decode step at batch 1, 32 and 128 (Kimi K3's sizes): modelled on the five targets and measured
 # here (the operator, the eager reference, fla's fused_recurrent_kda where installed). Needs the workbench's own

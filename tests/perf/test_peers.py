@@ -12,7 +12,14 @@ import pytest
 from workbench.blocks import REGISTRY
 from workbench.perf import cost
 from workbench.perf.bench import BenchRow
-from workbench.perf.peers import TRITON_PACKAGES, candidate_source, peer_rows, ratios, triton_peers
+from workbench.perf.peers import (
+    TRITON_PACKAGES,
+    against_measured,
+    candidate_source,
+    peer_rows,
+    ratios,
+    triton_peers,
+)
 
 
 def test_every_triton_peer_is_a_candidate_file_of_its_own_source():
@@ -88,3 +95,20 @@ def test_an_autotuned_kernel_is_captured_with_every_config_and_modelled_at_its_b
     assert len(chosen) == 1  # one config of the kernel modelled: the one the cost model finds fastest
     worse = min(tuned, key=lambda b: b["num_warps"])
     assert cost.autotuner_choice([{**worse, "spilled_bytes": 512}, chosen[0]], "sm_90a", "memory") == [chosen[0]]
+
+
+def test_the_cost_model_is_held_to_measurements_of_ours_and_the_peers():
+    """On a GPU (bench/gpu_check.sh) each subject's measured and modelled times side by side: the model's error, and
+    ours / peer measured and modelled. Fabricated rows here: the arithmetic, not a GPU."""
+    def row(subject, label, ms, shape="N=1"):
+        return BenchRow("rmsnorm", subject, "sm_90a", shape, "fwd", label, ms, 0.05, None)
+
+    measured = [row("operator", "measured", 0.2), row("operator", "measured", 0.2, "N=2"),
+                row("liger", "measured", 0.5), row("liger", "measured", 0.3, "N=2"), row("eager", "measured", 1.0)]
+    modelled = [row("operator", "modelled", 0.1), row("operator", "modelled", 0.1, "N=2"),
+                row("liger", "modelled", 0.4)]
+    lines = {x["subject"]: x for x in against_measured(measured, modelled)}
+    assert set(lines) == {"operator", "liger"}  # eager has no modelled figure
+    assert lines["operator"]["model_error"] == pytest.approx(0.2 / 0.4 - 1)
+    assert lines["liger"]["ours_over_measured"] == pytest.approx(0.4 / 0.8)
+    assert lines["liger"]["ours_over_modelled"] == pytest.approx(0.2 / 0.4)

@@ -81,3 +81,28 @@ def ratios(rows: list[BenchRow]) -> dict[tuple[str, str, str, str], float]:
             if peer == peer and mine == mine and peer > 0:  # not nan
                 out[(block, subject, target, passes)] = mine / peer
     return out
+
+
+def against_measured(measured: list[BenchRow], modelled: list[BenchRow]) -> list[dict]:
+    """Per (block, subject, passes) measured on the GPU and modelled for its target at the same shapes, summed: the
+    times, the measured and modelled ours / subject ratios, and the cost model's error (modelled / measured - 1)."""
+    def totals(rows):
+        out: dict[tuple[str, str, str], float] = {}
+        for r in rows:
+            if r.time_ms is not None:
+                key = (r.block, r.subject, r.passes)
+                out[key] = out.get(key, 0.0) + r.time_ms
+        return out
+
+    got, model = totals(measured), totals(modelled)
+    lines = []
+    for (block, subject, passes), ms in sorted(got.items()):
+        if (block, subject, passes) not in model:
+            continue
+        modelled_ms = model[(block, subject, passes)]
+        ours = got.get((block, "operator", passes)), model.get((block, "operator", passes))
+        lines.append({"block": block, "subject": subject, "passes": passes, "measured_ms": ms,
+                      "modelled_ms": modelled_ms, "model_error": modelled_ms / ms - 1,
+                      "ours_over_measured": ours[0] / ms if ours[0] and subject != "operator" else None,
+                      "ours_over_modelled": ours[1] / modelled_ms if ours[1] and subject != "operator" else None})
+    return lines
