@@ -43,6 +43,7 @@ def test_liger_rmsnorm_is_captured_compiled_and_modelled_beside_ours(tmp_path):
     liger = [r for r in rows if r.subject == "liger"]
     assert {(r.target, r.passes) for r in liger} == {(t, p) for t in ("sm_90a", "gfx942") for p in ("fwd", "fwd+bwd")}
     assert all(r.time_ms and r.time_ms >= r.floor_ms for r in liger)  # compiled, no kernel refused
+    assert {(r.passes, r.note) for r in liger} == {("fwd", "1 launch a call"), ("fwd+bwd", "2 launches a call")}
     ours = [BenchRow(r.block, "operator", r.target, r.shape, r.passes, r.label, r.time_ms * 2, r.floor_ms, 0.5)
             for r in liger]
     assert set(ratios(liger + ours).values()) == {2.0}
@@ -93,6 +94,7 @@ def test_an_autotuned_kernel_is_captured_with_every_config_and_modelled_at_its_b
     assert sorted((b["specialization"]["autotune"]["config"], b["num_warps"]) for b in tuned) == [(0, 1), (1, 4)]
     chosen = cost.autotuner_choice(tuned, "sm_90a", "memory")
     assert len(chosen) == 1  # one config of the kernel modelled: the one the cost model finds fastest
+    assert report.launches_per_call == {"rows=64,N=1000": {"fwd": 1}}  # the tuner's call is one launch
     worse = min(tuned, key=lambda b: b["num_warps"])
     assert cost.autotuner_choice([{**worse, "spilled_bytes": 512}, chosen[0]], "sm_90a", "memory") == [chosen[0]]
 

@@ -49,17 +49,22 @@ class BenchRow:
 
 
 def modelled_rows(block: str, shapes: list[dict], targets: list[str], builds: list[dict], *,
-                  subject: str = "operator") -> list[BenchRow]:
+                  subject: str = "operator", launches: dict | None = None) -> list[BenchRow]:
     """The cost model's figures for an operator (or the ``subject`` named: a peer) whose model-suite ``builds``
-    (KernelBuild dicts) are given."""
+    (KernelBuild dicts) are given; ``launches``: its kernel launches per call by shape label
+    (VerificationResult.launches_per_call), said in each row's note."""
     rows = []
     for shape in shapes:
         for target in targets:
             for backward in (False, True):
                 est = cost.estimate(block, shape, target, builds, backward=backward)
-                rows.append(BenchRow(block, subject, target, shape_label(shape), "fwd+bwd" if backward else "fwd",
-                                     cost.MODELLED, est.time_s * 1e3 if est.time_s else None, est.floor_s * 1e3,
-                                     est.fraction, note="; ".join(est.penalties)))
+                passes = "fwd+bwd" if backward else "fwd"
+                count = (launches or {}).get(shape_label(shape), {}).get(passes)
+                said = [f"{count} launch{'es' if count != 1 else ''} a call"] if count is not None else []
+                note = said + list(est.penalties)
+                rows.append(BenchRow(block, subject, target, shape_label(shape), passes, cost.MODELLED,
+                                     est.time_s * 1e3 if est.time_s else None, est.floor_s * 1e3, est.fraction,
+                                     note="; ".join(note)))
     return rows
 
 

@@ -61,7 +61,8 @@ def peer_rows(block: str, shapes: list[dict], targets: list[str], folder: Path, 
             rows += [BenchRow(block, peer.name, t, "all shapes", "fwd", "modelled", None, float("nan"), None,
                               note=f"not captured: {why}"[:200]) for t in targets]
             continue
-        rows += [r for r in modelled_rows(block, shapes, targets, report.builds, subject=peer.name)
+        rows += [r for r in modelled_rows(block, shapes, targets, report.builds, subject=peer.name,
+                                          launches=report.launches_per_call)
                  if not (forward_only and r.passes != "fwd")]
     return rows
 

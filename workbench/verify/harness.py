@@ -414,5 +414,8 @@ def target_report(path: str | Path, *, block: str | None = None, targets: list[s
         result.checks = _compile_for_targets(path, result, outcome.results, required, compile_cache)
         result.verdict, result.message = _verdict(result.checks) if result.checks else \
             ("pass", f"{len(result.builds)} kernel x target builds")
+        shapes = {c["id"]: c["shape"] for c in captures if c["suite"] == "model"}
+        result.launches_per_call = {shapes[c["id"]]: c.get("launches", {}) for c in outcome.results["captures"]
+                                    if c["id"] in shapes and not c.get("error")}
     result.seconds = time.monotonic() - started
     return result

@@ -60,6 +60,7 @@ class VerificationResult:
     forward_only: bool = False  # only the outputs were verified: the backward was not
     isolation: str = ""  # the sandbox's isolation in force: "bwrap" or "audit" (workbench.verify.sandbox)
     start: str = ""  # how its job started: "warm" (a fork of the warm worker) or "cold" (a new interpreter)
+    launches_per_call: dict = field(default_factory=dict)  # {model shape: {"fwd": n, "fwd+bwd": m}} (captures)
 
     def target_report(self) -> dict:
         """Where this verification showed the candidate to work: the backend (its suites and dtypes are in the

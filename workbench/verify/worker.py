@@ -248,7 +248,8 @@ class Launches:
         launches = self
 
         def run(kernel, *args, **kwargs):
-            launches.count[0] += 1
+            if launches.autotune is None or launches.autotune["config"] == 0:  # a tuner's call: one launch
+                launches.count[0] += 1
             launches.record(kernel.fn, args, kwargs)
             if launches.skip:
                 return None
@@ -636,7 +637,8 @@ def capture(module, job_capture: dict, job: dict, launches: Launches, safe) -> d
     under the capture's suite and target; a module with per-target launch settings reads the target from its
     LAUNCH_TARGET. A probe on real tensors (``probe: "real"``) takes zeros of the inputs' shapes and dtypes on the
     CPU instead, every fresh buffer zeros: honest host code launches there what it launches on meta tensors (the
-    parent compares the two: capture_divergence). {id, error}: error when the host code failed at these sizes."""
+    parent compares the two: capture_divergence). {id, error, launches}: error when the host code failed at these
+    sizes; launches, the kernel launches of one call ({"fwd": n, "fwd+bwd": m}; an autotuned kernel's call one)."""
     import torch
 
     run, target = module.run, job_capture.get("target")
@@ -653,13 +655,17 @@ def capture(module, job_capture: dict, job: dict, launches: Launches, safe) -> d
             value = safe.detach(value).requires_grad_(True)
             leaves.append(value)
         args.append(value)
+    before = launches.count[0]
+    per_call = {}
     try:
         with (make_zeroing_mode() if real else make_abstract_mode())():
             out = run(*args)
+            per_call["fwd"] = launches.count[0] - before
             outputs = list(out) if isinstance(out, tuple | list) else [out]
             grown = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
             if leaves and grown and not job.get("forward_only"):
                 safe.grad(grown, leaves, [torch.empty_like(o) for o in grown], allow_unused=True)
+                per_call["fwd+bwd"] = launches.count[0] - before
         error = None
     except Exception as exc:  # noqa: BLE001 - recorded: the launches of these sizes are incomplete
         error = classify(exc, job["candidate"])
@@ -667,7 +673,8 @@ def capture(module, job_capture: dict, job: dict, launches: Launches, safe) -> d
         launches.skip, launches.target = False, None
         if hasattr(module, "LAUNCH_TARGET"):
             module.LAUNCH_TARGET = None
-    return {"id": job_capture["id"], "suite": job_capture["suite"], "target": target, "error": error}
+    return {"id": job_capture["id"], "suite": job_capture["suite"], "target": target, "error": error,
+            "launches": per_call}
 
 
 def main(job_dir: str, result_fd: int) -> int:
