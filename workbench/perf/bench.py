@@ -157,7 +157,7 @@ def record(engine, rows: list[BenchRow]) -> None:
         for r in rows:
             for metric, value, unit in (("time", r.time_ms, "ms"), ("floor", r.floor_ms, "ms"),
                                         ("roofline_fraction", r.fraction, "")):
-                if value is not None:
+                if value is not None and value == value:  # a figure, not a peer that was not captured (nan)
                     session.add(Benchmark(block=r.block, backend=r.target, shape=r.shape,
                                           dtype="bfloat16", metric=f"{metric}:{r.passes}", value=float(value),
                                           unit=unit, label=r.label, subject=r.subject))

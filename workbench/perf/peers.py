@@ -34,10 +34,10 @@ def triton_peers(block: str) -> list[Peer]:
 
 
 def candidate_source(block: str, peer: Peer) -> str:
-    """The peer as a candidate file: its function's source (which imports the peer's package itself), ``run``
+    """The peer as a candidate file: torch, its function's source (which imports the peer's package itself), ``run``
     bound to it."""
     return (f'"""{peer.name} ({peer.package}) as a candidate for {block}: captured and compiled like an operator."""'
-            f'\n\nBLOCK = "{block}"\n\n\n{inspect.getsource(peer.run)}\n\nrun = {peer.run.__name__}\n')
+            f'\n\nimport torch\n\nBLOCK = "{block}"\n\n\n{inspect.getsource(peer.run)}\n\nrun = {peer.run.__name__}\n')
 
 
 def slug(name: str) -> str:
@@ -57,7 +57,7 @@ def peer_rows(block: str, shapes: list[dict], targets: list[str], folder: Path, 
         report = target_report(path, block=block, targets=targets, forward_only=forward_only, shapes=shapes)
         incomplete = [f for f in report.findings if "incomplete" in f]
         if report.verdict != "pass" or incomplete or not report.builds:
-            why = report.message or (incomplete[0] if incomplete else "no launch captured")
+            why = report.message if report.verdict != "pass" else incomplete[0] if incomplete else "no launch captured"
             rows += [BenchRow(block, peer.name, t, "all shapes", "fwd", "modelled", None, float("nan"), None,
                               note=f"not captured: {why}"[:200]) for t in targets]
             continue
