@@ -88,15 +88,18 @@ def test_an_autotuned_kernel_is_captured_with_every_config_and_modelled_at_its_b
 
     path = tmp_path / "autotuned.py"
     path.write_text(AUTOTUNED)
-    report = target_report(path, targets=["sm_90a"], forward_only=True, shapes=[{"rows": 64, "N": 1000}])
+    shapes = [{"rows": 64, "N": 1000}, {"rows": 64, "N": 5000}]
+    report = target_report(path, targets=["sm_90a"], forward_only=True, shapes=shapes)
     assert report.verdict == "pass", report.message
     tuned = [b for b in report.builds if b["suite"] == "model"]
-    assert sorted((b["specialization"]["autotune"]["config"], b["num_warps"]) for b in tuned) == [(0, 1), (1, 4)]
+    first = [b for b in tuned if b["specialization"]["autotune"]["call"] == 1]
+    assert sorted((b["specialization"]["autotune"]["config"], b["num_warps"]) for b in first) == [(0, 1), (1, 4)]
     chosen = cost.autotuner_choice(tuned, "sm_90a", "memory")
-    assert len(chosen) == 1  # one config of the kernel modelled: the one the cost model finds fastest
-    assert report.launches_per_call == {"rows=64,N=1000": {"fwd": 1}}  # the tuner's call is one launch
-    worse = min(tuned, key=lambda b: b["num_warps"])
-    assert cost.autotuner_choice([{**worse, "spilled_bytes": 512}, chosen[0]], "sm_90a", "memory") == [chosen[0]]
+    assert len(chosen) == 2  # per tuner call (a shape), one config modelled: the one the cost model finds fastest
+    assert report.launches_per_call == {"rows=64,N=1000": {"fwd": 1}, "rows=64,N=5000": {"fwd": 1}}
+    spilling = {**min(first, key=lambda b: b["num_warps"]), "spilled_bytes": 512}
+    other = max(first, key=lambda b: b["num_warps"])
+    assert cost.autotuner_choice([spilling, other], "sm_90a", "memory") == [other]
 
 
 def test_the_cost_model_is_held_to_measurements_of_ours_and_the_peers():

@@ -96,14 +96,15 @@ def _kernel_penalty(build: dict, target: str, bound: str) -> tuple[float, list[s
 
 
 def autotuner_choice(builds: list[dict], target: str, bound: str) -> list[dict]:
-    """``builds`` with each autotuned kernel (builds whose specialization names an ``autotune`` config: a peer's
-    triton.autotune, every config captured) reduced to the config modelled fastest: the one that compiles with the
-    least penalty, as the autotuner would pick by timing it on the GPU."""
-    tuned: dict[str, list[dict]] = {}
+    """``builds`` with each autotuned call (builds whose specialization names an ``autotune`` config: a peer's
+    triton.autotune at one shape, every config captured) reduced to the config modelled fastest: the one that
+    compiles with the least penalty, as the autotuner would pick by timing it on the GPU."""
+    tuned: dict[tuple, list[dict]] = {}
     plain = []
     for b in builds:
-        if (b.get("specialization") or {}).get("autotune") is not None:
-            tuned.setdefault(b["kernel"], []).append(b)
+        tune = (b.get("specialization") or {}).get("autotune")
+        if tune is not None:  # one tuner call (a kernel at one shape): its configs
+            tuned.setdefault((b["kernel"], tune.get("call")), []).append(b)
         else:
             plain.append(b)
     for kernel_builds in tuned.values():

@@ -241,6 +241,7 @@ class Launches:
         self.skip = False
         self.candidate = candidate
         self.autotune: dict | None = None  # the config of an autotuned launch being captured
+        self.tuner_calls = 0  # autotuned calls captured so far (a launch's ``autotune["call"]``)
 
     def watch(self, cls) -> None:
         """Wrap cls.run (every launch of a @triton.jit kernel goes through it, compiled or interpreted)."""
@@ -259,8 +260,9 @@ class Launches:
 
     def watch_autotuner(self, cls) -> None:
         """Wrap Autotuner.run: in a capture (nothing runs, so nothing can be timed) every config the tuner would try
-        at these arguments is launched, each launch recorded with its config's index (``autotune``: which one a GPU
-        would pick is its timing's; the cost model takes the config it models fastest). Outside captures, as is."""
+        at these arguments is launched, each launch recorded with the call's number and its config's index
+        (``autotune``: which one a GPU would pick is its timing's; the cost model takes, per call, the config it models
+        fastest). Outside captures, as is."""
         original = cls.run
         launches = self
 
@@ -269,9 +271,10 @@ class Launches:
                 return original(tuner, *args, **kwargs)
             tuner.nargs = dict(zip(tuner.arg_names, args, strict=False))  # as Autotuner.run binds them
             configs = tuner.prune_configs(kwargs) if len(tuner.configs) > 1 else tuner.configs
+            launches.tuner_calls += 1
             try:
                 for index, config in enumerate(configs):
-                    launches.autotune = {"config": index, "configs": len(configs)}
+                    launches.autotune = {"call": launches.tuner_calls, "config": index, "configs": len(configs)}
                     tuner.fn.run(*args, **kwargs, **config.all_kwargs())
             finally:
                 launches.autotune, tuner.nargs = None, None
