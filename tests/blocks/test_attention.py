@@ -168,3 +168,24 @@ def test_the_peers_that_run_here_compute_the_block():
         else:
             torch.testing.assert_close(sdpa(**inputs), want, rtol=1e-5, atol=1e-5)
     assert [p.name for p in SPEC.peers] == ["torch sdpa", "flex_attention", "flash-attn"]
+
+
+def test_the_promoted_operator_compiles_spill_free_at_every_head_size_the_families_use():
+    """80, 96, 128 and 192-wide heads (the model suites have 64 and 256) at a training step's size, plain, with a
+    window and sinks, and with a soft cap, compiled for the five targets: every kernel compiles, none spills."""
+    from pathlib import Path
+
+    from workbench.operators import newest_promoted
+    from workbench.verify.harness import target_report
+
+    operator = newest_promoted(Path(__file__).parents[2] / "operators")["attention"]["path"]
+    shapes = [{"B": 1, "TQ": 4096, "TK": 4096, "H": 32, "HKV": 8, "D": d, "window": window, "sinks": sinks,
+               "softcap": softcap} for d in (80, 96, 128, 192) for window, sinks, softcap in ((0, 0, 0), (128, 1, 0),
+                                                                                               (50, 0, 3))]
+    report = target_report(operator, block="attention", shapes=shapes,
+                           targets=["sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950"])
+    assert report.verdict == "pass", report.message
+    model = [b for b in report.builds if b["suite"] == "model"]
+    assert {b["target"] for b in model} == {"sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950"}
+    assert all(b["ok"] for b in model) and not [b for b in model if b["spilled_bytes"]], \
+        [(b["kernel"], b["target"], b["spilled_bytes"]) for b in model if b["spilled_bytes"]]

@@ -10,6 +10,8 @@ the Triton interpreter, which must be selected before triton is first imported, 
     kept     what the eager forward keeps for its backward, and when it is let go (no_grad, backward, in place)
     bf16     bfloat16 on the interpreter: refused in one line where a kernel's tl.dot gets bfloat16, right elsewhere
     in_place a cache updated in place through its op (kda_decode): the argument itself comes back, updated
+    heads    softmax attention at the head sizes the families use (64, 80, 96, 128, 192, 256): forward and every
+             gradient against the float64 reference
 """
 
 from __future__ import annotations
@@ -325,7 +327,30 @@ def check_in_place() -> dict:
             "cache": float((cache - expected_cache).abs().max()), "op_returns": len(_tensors(raw))}
 
 
-CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
+def check_heads() -> dict:
+    """The attention op at each head size the families use (GQA 4 over 2, a window and sinks at every other size),
+    float32: the worst relative error of the output and of each gradient against the float64 reference."""
+    spec, figures = get_block("attention"), {}
+    for i, d in enumerate((64, 80, 96, 128, 192, 256)):
+        shape = {"B": 1, "TQ": 20, "TK": 20, "H": 4, "HKV": 2, "D": d, "window": 7 * (i % 2), "sinks": i % 2,
+                 "softcap": 0}
+        inputs = spec.make_inputs(shape, torch.float32, i)
+        ours = {k: v.clone().requires_grad_() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        truth = {k: v.double().requires_grad_() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        out, want = wk.attention(*ours.values()), spec.reference(*truth.values())
+        up = torch.randn(want.shape, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        out.backward(up.float())
+        want.backward(up)
+        errors = {"out": float((out.double() - want).abs().max() / want.abs().max())}
+        for name in spec.grad_inputs:
+            if isinstance(truth[name], torch.Tensor):
+                g = truth[name].grad
+                errors[name] = float((ours[name].grad.double() - g).abs().max() / g.abs().max())
+        figures[d] = errors
+    return figures
+
+
+CHECKS = {"heads": check_heads, "fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
           "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place}
 
 

@@ -121,3 +121,13 @@ def test_bfloat16_the_interpreter_cannot_compute_is_refused_in_one_line():
             assert part in message, (part, message)
     assert found["right"] == {"mla@float32": [], "kda@bfloat16": [], "rmsnorm@bfloat16": []}, found["right"]
     assert found["guard_after"] is False and found["others_untouched"]
+
+
+def test_softmax_attention_at_every_head_size_the_families_use():
+    """64 (GPT-OSS), 80, 96, 128 (Llama, Mistral), 192, 256 (Qwen3-Next, Gemma): padded to a power of two in the
+    kernels; the output and every gradient within float32's reach of the float64 truth."""
+    found = run_child("heads")
+    assert set(found) == {"64", "80", "96", "128", "192", "256"}
+    for d, errors in found.items():
+        assert max(errors.values()) < 2e-5, (d, errors)
+        assert ("sinks" in errors) == (int(d) in (80, 128, 256)), d

@@ -36,14 +36,19 @@ def target_settings(device) -> dict:
     backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {})}
-# Warps per target of the forward and of the dkdv kernel: at Qwen3-Next's 256-wide heads the forward's
-# accumulator, its query block and the float32 output it keeps, and the dkdv kernel's dK and dV (two BLOCK_N x D
-# float32 accumulators) with the key block's K and V, are more than a thread's registers over 4 NVIDIA warps (the
-# forward spills 8 bytes per thread on sm_90a, the dkdv kernel 8 and 16 on sm_80 and sm_90a); 8 warps hold them.
-# `workbench targets` shows each launch's registers and spills per target.
+# Warps per target of the forward and of the dkdv kernel, and that kernel's pipeline stages: at Qwen3-Next's 256-wide
+# heads the forward's accumulator, query block and float32 output copy, and the dkdv kernel's dK and dV (two BLOCK_N x
+# D float32 accumulators) with the key block's K and V, are more than a thread's registers over 4 NVIDIA warps (the
+# forward spilled 8 bytes per thread on sm_90a, the dkdv kernel 8 and 16 on sm_80 and sm_90a); 8 warps hold them.
+# The dkdv kernel's loop over the group's queries, software-pipelined in Triton's 3 stages, still spilled at 80 to
+# 128-wide heads: 32 bytes on sm_90a (16 at 2 stages, none unpipelined), with a window and sinks 8 on sm_80 (none at
+# 2 stages; unpipelined, 16 at 64-wide heads), with a soft cap 40 on sm_100a (none at 2 stages). Measured over 64 to
+# 256-wide heads, plain, with a window and sinks, with a soft cap: `workbench targets` shows each launch's registers
+# and spills per target.
 LAUNCH_SETTINGS = {"default": {"num_warps": 4, "fwd_num_warps": 4,
-                               "bwd_num_warps": 4},
-                   "cuda": {"fwd_num_warps": 8, "bwd_num_warps": 8}}
+                               "bwd_num_warps": 4, "bwd_num_stages": None},
+                   "cuda": {"fwd_num_warps": 8, "bwd_num_warps": 8}, "sm_80": {"bwd_num_stages": 2},
+                   "sm_90a": {"bwd_num_stages": 1}, "sm_100a": {"bwd_num_stages": 2}}
 
 @triton.jit
 def attention_fwd_kernel(Q, K, V, SINKS, OUT, O32, LSE, TQ, TK, H, HKV, D, scale, window, softcap,
@@ -255,8 +260,9 @@ def _backward(q, k, v, dout, lse, delta, dq, dk, dv, scale, window, softcap, fla
                "HAS_SOFTCAP": flags["HAS_SOFTCAP"], "OPERAND_F32": flags["OPERAND_F32"]}
     args = (q, k, v, dout, lse, delta)
     sizes = (TQ, TK, H, HKV, D, scale, window, softcap)
+    stages = {"num_stages": settings["bwd_num_stages"]} if settings["bwd_num_stages"] else {}
     attention_dkdv_kernel[(triton.cdiv(TK, BLOCK_N), B * HKV)](*args, dk, dv, *sizes, **options,
-                                                               num_warps=settings["bwd_num_warps"])
+                                                               num_warps=settings["bwd_num_warps"], **stages)
     attention_dq_kernel[(triton.cdiv(TQ, BLOCK_M), B * H)](*args, dq, *sizes, **options,
                                                            num_warps=settings["num_warps"])
 
