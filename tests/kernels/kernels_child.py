@@ -350,8 +350,9 @@ def check_heads() -> dict:
     return figures
 
 
-CHECKS = {"heads": check_heads, "fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
-          "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place}
+CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
+          "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place,
+          "heads": check_heads}
 
 
 if __name__ == "__main__":
