@@ -167,7 +167,7 @@ def test_the_peers_that_run_here_compute_the_block():
                 sdpa(**inputs)
         else:
             torch.testing.assert_close(sdpa(**inputs), want, rtol=1e-5, atol=1e-5)
-    assert [p.name for p in SPEC.peers] == ["torch sdpa", "flex_attention", "flash-attn"]
+    assert [p.name for p in SPEC.peers] == ["torch sdpa", "flex_attention", "flash-attn", "fla parallel_attn"]
 
 
 def test_the_promoted_operator_compiles_spill_free_at_every_head_size_the_families_use():

@@ -32,7 +32,7 @@ import math
 import torch
 
 from workbench.blocks._config import Found, ModelConfig
-from workbench.blocks.base import BF16, BlockSpec, Peer, Shape, Work
+from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
 
@@ -134,16 +134,6 @@ def onboard(model: ModelConfig) -> list[Found]:
                   [size_field, model.hidden_field])]
 
 
-def fla_fused_attnres(sources, query, key_weight, out_weight, eps, scale, normalized_values=False):
-    """fla's fused_attnres (Triton), with the reference's signature: raw values only (no normalised values:
-    NotImplementedError)."""
-    if normalized_values:
-        raise NotImplementedError("fla fused_attnres mixes the raw sources (no normalised values)")
-    from fla.ops.attnres import fused_attnres
-
-    return fused_attnres(query, list(sources), key_weight, out_weight, rms_eps=eps, scale=scale, return_weights=True)
-
-
 def _mean(calls: collections.Counter[int], final: int) -> float:
     return (sum(sources * count for sources, count in calls.items()) + final) / (sum(calls.values()) + 1)
 
@@ -159,7 +149,6 @@ SPEC = BlockSpec(
     outputs=("h", "p"),
     shapes=SHAPES,
     work=work,
-    peers=(Peer("fla fused_attnres", "fla", fla_fused_attnres),),
     onboard=onboard,
     replay="layer",
 )
