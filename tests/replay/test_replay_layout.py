@@ -21,6 +21,7 @@ from workbench.config import Settings
 from workbench.errors import WorkbenchError
 from workbench.replay.compare import judge_ranks
 from workbench.replay.distributed import Layout
+from workbench.replay.launcher import RANK_NAME
 from workbench.replay.faults import HEADER, ROUNDED_UP, write_op
 from workbench.replay.presets import get_preset
 from workbench.replay.runner import plan_replay, run_replay
@@ -38,6 +39,13 @@ def run(*args):
 '''
 
 
+def _is_rank(argv: list[bytes], comm: bytes) -> bool:
+    """A rank started cold (``python -m workbench.replay.distributed``) or forked by a warm launcher (it names
+    itself; its command line is the warm server's, which loads the module too but is no rank)."""
+    cold = any(a == b"-m" and b == b"workbench.replay.distributed" for a, b in zip(argv, argv[1:], strict=False))
+    return cold or comm.startswith(RANK_NAME.encode())
+
+
 def _ranks_running() -> set[int]:
     """Pids of the replay rank processes this test process started, or left behind: its descendants, and ranks
     whose parents are gone (reparented to init). Another test process's ranks, under a live parent of their own,
@@ -47,11 +55,12 @@ def _ranks_running() -> set[int]:
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                comm = (entry / "comm").read_bytes().strip()
             except OSError:
                 continue
             parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            if b"workbench.replay.distributed" in cmdline:
+            if _is_rank(argv, comm):
                 ranks.add(int(entry.name))
 
     def ours_or_orphaned(pid: int) -> bool:

@@ -12,6 +12,7 @@ kills the launcher's process group, ranks included.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import queue
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from workbench.replay.child import MARK, send_event
 
+PR_SET_NAME = 15
 REPORT_GRACE_S = 3.0
 """After the first failure, how long the other ranks' reports are awaited before the cause is named."""
 PEER_FAILURE = re.compile(r"Connection (closed|reset)|peer|timed out|Timeout|Broken pipe|NCCL|[Gg]loo", re.I)
@@ -66,6 +68,14 @@ def _last_line(stderr) -> str:
     return lines[-1][:300] if lines else ""
 
 
+RANK_NAME = "wb-rank-"
+"""The name a forked rank gives itself (``ps -o comm``; /proc/<pid>/comm): its command line is the warm server's."""
+
+
+def _name_process(name: str) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
 def _popen(env: dict[str, str], stderr) -> subprocess.Popen:
     """A rank as a new interpreter."""
     return subprocess.Popen([sys.executable, "-m", "workbench.replay.distributed"], stdin=subprocess.PIPE,
@@ -87,6 +97,7 @@ class ForkedRank:
             try:
                 os.close(stdin_write)  # or its stdin never ends
                 os.close(stdout_read)
+                _name_process(f"{RANK_NAME}{env['RANK']}")
                 os.dup2(stdin_read, 0)
                 os.dup2(stdout_write, 1)
                 os.dup2(stderr.fileno(), 2)
