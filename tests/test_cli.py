@@ -95,9 +95,10 @@ def test_port_then_runs_show_and_verify_the_operator(settings):
     runs = json.loads(invoke("runs", "--json").stdout)
     assert runs[0]["id"] == outcome["run_id"] and runs[0]["status"] == "promoted"
     shown = json.loads(invoke("show", outcome["run_id"][:17], "--json").stdout)
-    assert [s["node"] for s in shown["steps"]] == ["plan", "render", "contract", "verify", "replay", "promote",
-                                                   "record"]
-    assert shown["steps"][4]["message"] == "replay gate off"  # WORKBENCH_REPLAY_STEPS=0 in the tests
+    assert [s["node"] for s in shown["steps"]] == ["plan", "render", "contract", "verify", "tune", "replay",
+                                                   "promote", "record"]
+    assert shown["steps"][4]["message"] == "tuning off: no GPU targets required"  # WORKBENCH_TARGETS="" in the tests
+    assert shown["steps"][5]["message"] == "replay gate off"  # WORKBENCH_REPLAY_STEPS=0 in the tests
     assert shown["candidates"][0]["status"] == "pass"
     assert "Agent trace" in invoke("show", outcome["run_id"]).stdout
 

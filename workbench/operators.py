@@ -26,12 +26,17 @@ def promote_file(source_path: str | Path, operators_dir: Path, block: str, manif
 
 
 def launch_settings(source: str) -> dict[str, Any]:
-    """How an operator's launches are set per call, read from its source (never run): its LAUNCH_SETTINGS table
-    per target, and the docstring of each ``*_launch`` rule over the shape. {} when everything is fixed."""
+    """How an operator's launches are set per call, read from its source (never run): its template's
+    LAUNCH_SETTINGS table per target, what the port's tuning chose per target over it (TUNED_SETTINGS, where it
+    chose anything) and the docstring of each ``*_launch`` rule over the shape. {} when everything is fixed."""
     found: dict[str, Any] = {}
+    tables = {"LAUNCH_SETTINGS": "per_target", "TUNED_SETTINGS": "tuned"}
     for node in syntax.parse(source).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAUNCH_SETTINGS" for t in node.targets):
-            found["per_target"] = ast.literal_eval(node.value)
+        name = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
+        if name in tables:
+            table = ast.literal_eval(node.value)
+            if table or name == "LAUNCH_SETTINGS":
+                found[tables[name]] = table
         elif isinstance(node, ast.FunctionDef) and node.name.endswith("_launch"):
             found.setdefault("per_shape", {})[node.name] = " ".join((ast.get_docstring(node) or "").split())
     return found

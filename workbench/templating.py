@@ -11,6 +11,11 @@ Sidecar fields:
     params: {NAME: {choices: [...], doc: "..."}}; choices are listed in order of preference
     constraints: ["python expression over the params", ...]
     requires: ["python expression over the params and a shape's dims", ...]
+    launch: {KEY: {choices: [...], doc: "..."}}: the launch settings a port may choose per target, each a key of the
+        template's LAUNCH_SETTINGS table (num_warps, num_stages, a tile its host code reads from the table); a
+        template's default for one is its first choice (LAUNCH_DEFAULTS.KEY) or a parameter of the point; what a
+        port chooses per target renders into the candidate's TUNED_SETTINGS (templates/_launch.j2), never into the
+        template
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class Template:
     constraints: list[str] = field(default_factory=list)
     requires: list[str] = field(default_factory=list)
     forward_only: bool = False
+    launch: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -89,17 +95,40 @@ class Template:
             if all(_eval(expr, point, self.ref) for expr in self.constraints):
                 yield point
 
-    def render(self, point: Mapping[str, Any]) -> str:
-        """Python source of the candidate; the header names the template and the parameters."""
+    def validate_tuned(self, tuned: Mapping[str, Mapping[str, Any]]) -> None:
+        """TemplateError unless every per-target entry of ``tuned`` names a known target and a declared launch
+        setting with one of its choices."""
+        from workbench.backends import TARGETS
+
+        for target, settings in tuned.items():
+            if target not in TARGETS:
+                raise TemplateError(f"{self.ref}: launch settings for unknown target '{target}' "
+                                    f"(known: {', '.join(TARGETS)})")
+            for key, value in settings.items():
+                if key not in self.launch:
+                    declared = ", ".join(self.launch) or "none"
+                    raise TemplateError(f"{self.ref}: '{key}' is not a launch setting it declares ({declared})")
+                if value not in self.launch[key]["choices"]:
+                    raise TemplateError(f"{self.ref}: {target} {key}={value!r} is not one of "
+                                        f"{self.launch[key]['choices']}")
+
+    def render(self, point: Mapping[str, Any], tuned: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+        """Python source of the candidate; the header names the template, the parameters and the launch settings
+        chosen per target (``tuned``: {target: {launch setting: value}})."""
         self.validate(point)
+        tuned = {t: dict(sorted(v.items())) for t, v in sorted((tuned or {}).items()) if v}
+        self.validate_tuned(tuned)
         # the block's own macros by name ("_conv.j2"), another block's by its folder ("situ/_math.j2")
         loader = jinja2.FileSystemLoader([self.path.parent, self.path.parent.parent])
         env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined,
                                  keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
         header = (f'"""{self.block} candidate rendered from templates/{self.ref}.py.j2.\n\n'
-                  f"{self.summary}\nparams: {format_point(point)}\n\"\"\"\n")
+                  f"{self.summary}\nparams: {format_point(point)}\n"
+                  + "".join(f"launch on {t}: {format_point(v)}\n" for t, v in tuned.items()) + '"""\n')
         try:
-            body = env.get_template(self.path.name).render(**point, BLOCK=self.block, TEMPLATE=self.name)
+            body = env.get_template(self.path.name).render(
+                **point, BLOCK=self.block, TEMPLATE=self.name, TUNED=tuned,
+                LAUNCH_DEFAULTS={k: spec["choices"][0] for k, spec in self.launch.items()})
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {self.ref} does not render: {type(exc).__name__}: {exc}") from None
         return header + body
@@ -132,16 +161,19 @@ def load_template(block: str, name: str) -> Template:
     try:
         meta = yaml.safe_load(sidecar.read_text()) or {}
         params = {k: (v if isinstance(v, dict) else {"choices": v}) for k, v in meta["params"].items()}
-        reserved = sorted(set(params) & {"BLOCK", "TEMPLATE"})
+        launch = {k: (v if isinstance(v, dict) else {"choices": v}) for k, v in (meta.get("launch") or {}).items()}
+        reserved = sorted(set(params) & {"BLOCK", "TEMPLATE", "TUNED", "LAUNCH_DEFAULTS"})
         if reserved:
             raise TemplateError(f"{sidecar.name}: parameter name {reserved[0]} is reserved (the render sets it)")
-        for pname, pdef in params.items():
+        for pname, pdef in {**params, **launch}.items():
             if not isinstance(pdef.get("choices"), list) or not pdef["choices"]:
                 raise TemplateError(f"{sidecar.name}: parameter {pname} has no list of choices")
+        if launch and "LAUNCH_SETTINGS" not in path.read_text():
+            raise TemplateError(f"{sidecar.name}: declares launch settings but {path.name} has no LAUNCH_SETTINGS")
         return Template(block=block, name=name, path=path, summary=str(meta.get("summary", "")),
                         tradeoffs=str(meta.get("tradeoffs", "")), rank=int(meta.get("rank", 100)), params=params,
                         constraints=list(meta.get("constraints", [])), requires=list(meta.get("requires", [])),
-                        forward_only=bool(meta.get("forward_only", False)))
+                        forward_only=bool(meta.get("forward_only", False)), launch=launch)
     except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TemplateError(f"template {block}/{name}: malformed sidecar {sidecar.name}: "
                             f"{type(exc).__name__}: {one_line(exc)}") from None

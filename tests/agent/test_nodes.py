@@ -53,12 +53,18 @@ def test_the_routers_follow_the_state():
     assert graph.after_render({"current": {"verdict": "compile_error"}}) == "diagnose"
     passing = {"current": {"verdict": "pass"}, "passing": [{}], "explore": 2}
     assert graph.after_verify(passing) == "revise"
-    assert graph.after_verify({**passing, "explore": 1}) == "replay_gate"
+    tuned = {"tuning": {"probes": 3}}
+    # the passing candidates are tuned once; the tuned candidate, verified, goes to the gate
+    assert graph.after_verify({**passing, "explore": 1}) == "tune"
+    assert graph.after_verify({**passing, **tuned}) == "replay_gate"
     assert graph.after_verify({**passing, "current": {"verdict": "fail"}}) == "diagnose"
-    assert graph.after_revise({"proposal": None, "passing": [{}]}) == "replay_gate"
+    assert graph.after_revise({"proposal": None, "passing": [{}]}) == "tune"
+    assert graph.after_revise({"proposal": None, "passing": [{}], **tuned}) == "replay_gate"
     assert graph.after_revise({"proposal": None, "passing": []}) == "record"
+    assert graph.after_tune({"proposal": {"template": "t", "params": {}, "reason": "tuned"}}) == "render"
+    assert graph.after_tune({"proposal": None}) == "replay_gate"
     assert graph.after_replay_gate({"gate": {"candidate_id": None}}) == "record"
-    assert graph.after_explored({"passing": [{}, {}], "explore": 2}) == "replay_gate"
+    assert graph.after_explored({"passing": [{}, {}], "explore": 2}) == "tune"
     assert graph.after_explored({"passing": [{}], "explore": 2}) == "revise"
 
 

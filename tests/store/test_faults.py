@@ -108,5 +108,5 @@ def test_two_agents_and_a_dashboard_reader_share_one_store_and_lose_nothing(stor
     for run in runs:
         assert run.status == "promoted"
         nodes = [s.node for s in run_steps(engine, run.id)]
-        assert nodes == ["plan", "render", "contract", "verify", "replay", "promote", "record"]
+        assert nodes == ["plan", "render", "contract", "verify", "tune", "replay", "promote", "record"]
         assert [c.status for c in run_candidates(engine, run.id)] == ["pass"]

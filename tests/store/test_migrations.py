@@ -89,7 +89,7 @@ def assert_at_todays_schema(url: str) -> None:
     try:
         with engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), SQLModel.metadata) == []
-            assert MigrationContext.configure(conn).get_current_revision() == head() == "0010"
+            assert MigrationContext.configure(conn).get_current_revision() == head() == "0011"
     finally:
         engine.dispose()
 

@@ -1,11 +1,17 @@
 r"""The porting workflow as a LangGraph StateGraph.
 
-    plan -> render -> contract -> verify --pass--> replay_gate --a candidate holds its curve--> promote -> record
-               |         |          |  \--pass, exploring--> revise       \--none does--> record (blocked)
-               +---------+----------+--fail--> diagnose -> revise --point left--> render
-                                                               \--budget or space spent--> replay_gate | record
-    plan | revise --exploring on several workers--> explore x N (Send) -> explored --enough passing--> replay_gate
+    plan -> render -> contract -> verify --pass--> tune --tuned point--> render (verified like any candidate)
+               |         |          |  \             \--already tuned, or nothing better--> replay_gate
+               |         |          |   \--pass, exploring--> revise   replay_gate --holds its curve--> promote
+               +---------+----------+--fail--> diagnose -> revise --point left--> render     \--none--> record
+                                                               \--budget or space spent--> tune | record
+    plan | revise --exploring on several workers--> explore x N (Send) -> explored --enough passing--> tune
                                                                                    \--else--> revise
+
+Tuning (workbench.agent.tune) takes the best passing candidate and searches, by compile-only probes at the model
+suite, each required target's launch settings (the template's declared ``launch`` space) and, where a target still
+spills, the template's neighbouring points; what it finds is rendered and verified as the next candidate, and
+ranks among the passing ones as any other (spill-free first, then the modelled or measured time).
 
 Exploring (``--explore N``) on an executor of several workers, the candidates that do not depend on each other go
 side by side: the proposer's next untried points, as many as the workers, passing candidates still wanted and the
@@ -48,6 +54,7 @@ from workbench.agent.diagnose import diagnose
 from workbench.agent.llm import LLM_TEMPLATE
 from workbench.agent.rank import rank_passing
 from workbench.agent.state import Attempt, PortOptions, PortState, Proposal
+from workbench.agent.tune import Figure, Tuner
 from workbench.backends import Backend
 from workbench.blocks.base import BlockSpec
 from workbench.config import Settings
@@ -64,6 +71,7 @@ from workbench.verify.harness import source_hash, suite_shapes
 from workbench.vocabulary import NUMERIC_VERDICTS, ReplayStatus, RunStatus, Verdict
 
 NODES_PER_ITERATION = 5  # render, contract, verify, diagnose, revise
+TUNE_NODES = 6  # tune, and the tuned candidate's render, contract, verify, diagnose, revise
 
 
 class Proposer(Protocol):
@@ -134,7 +142,8 @@ def describe(proposal: Proposal) -> str:
 def render_candidate(ctx: PortContext, run_id: str, attempt: int, p: Proposal) -> Attempt:
     """Iteration ``attempt`` of the proposal ``p`` written to the run's candidate folder and recorded (once, however
     often the step runs); a template that does not render, or a model endpoint that failed, has its verdict here."""
-    current: Attempt = {"iteration": attempt, "template": p["template"], "params": p["params"], "why": p["reason"]}
+    current: Attempt = {"iteration": attempt, "template": p["template"], "params": p["params"], "why": p["reason"],
+                        "tuned": p.get("tuned", {})}
     if "error" in p:  # the model's endpoint failed: the iteration's verdict, recorded like a candidate's
         cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
             ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=p["template"],
@@ -151,7 +160,7 @@ def render_candidate(ctx: PortContext, run_id: str, attempt: int, p: Proposal) -
         try:
             if template is None:
                 raise TemplateError(f"no template '{p['template']}' for block {ctx.spec.name}")
-            name, source = template.name, template.render(p["params"])
+            name, source = template.name, template.render(p["params"], p.get("tuned"))
         except TemplateError as exc:
             current.update(verdict=Verdict.TEMPLATE_ERROR, message=str(exc))
             ctx.emit(run_id, "render", f"#{attempt} {p['template']}: {exc}", dict(current))
@@ -162,9 +171,10 @@ def render_candidate(ctx: PortContext, run_id: str, attempt: int, p: Proposal) -
     path.write_text(source)
     cid = records.iteration_candidate(ctx.engine, run_id, attempt) or records.add_candidate(
         ctx.engine, run_id=run_id, block=ctx.spec.name, iteration=attempt, template=name, params=p["params"],
-        source=source, source_hash=source_hash(source), path=str(path))
+        launch=p.get("tuned"), source=source, source_hash=source_hash(source), path=str(path))
     current.update(candidate_id=cid, path=str(path))
-    ctx.emit(run_id, "render", f"#{attempt} {name}: {format_point(p['params'])} - {p['reason']}",
+    launch = "".join(f"; {t} {format_point(v)}" for t, v in p.get("tuned", {}).items())
+    ctx.emit(run_id, "render", f"#{attempt} {name}: {format_point(p['params'])}{launch} - {p['reason']}",
              {"candidate_id": cid, "path": str(path)})
     return current
 
@@ -304,6 +314,10 @@ def revise(state: PortState, runtime: Runtime[PortContext]) -> dict:
     ctx = runtime.context
     current = state["current"]
     passed = current.get("verdict") == Verdict.PASS
+    if state.get("tuning") and state["passing"] and not passed:
+        message = f"the tuned candidate failed ({current.get('verdict')}): the passing ones go on as they are"
+        ctx.emit(state["run_id"], "revise", message)
+        return {"proposal": None, "reason": message}
     if state["attempt"] >= state["budget"]:
         ctx.emit(state["run_id"], "revise", f"budget of {state['budget']} candidates spent")
         return {"proposal": None, "reason": f"budget of {state['budget']} candidates spent"}
@@ -320,6 +334,76 @@ def revise(state: PortState, runtime: Runtime[PortContext]) -> dict:
     shown = {k: v for k, v in proposal.items() if k != "source"} if proposal else None
     ctx.emit(state["run_id"], "revise", message, {"proposal": shown, **({"llm": trace} if trace else {})})
     return {"proposal": proposal, "reason": "" if proposal else message}
+
+def tune(state: PortState, runtime: Runtime[PortContext]) -> dict:
+    """The best passing candidate's launch settings per required target (and its point, where a target spills at
+    every setting) searched by compile-only probes; a better one becomes the next candidate to verify."""
+    ctx = runtime.context
+    best = rank_passing(state["passing"], ctx.options.targets or [])[0][0]
+    template = ctx.templates.get(best["template"])
+    skip = "--tune-probes 0" if ctx.options.tune_probes <= 0 else \
+        "no GPU targets required" if not ctx.options.targets else \
+        "the candidate is no template's point" if template is None else ""
+    if skip:
+        ctx.emit(state["run_id"], "tune", f"tuning off: {skip}")
+        return {"tuning": {"skipped": skip}, "proposal": None}
+    folder = ctx.settings.work_dir / "candidates" / state["run_id"] / "tune"
+    folder.mkdir(parents=True, exist_ok=True)
+    tuner = Tuner(template, best["params"], lambda params: launch_settings(template.render(params))["per_target"]
+                  if "LAUNCH_SETTINGS" in template.path.read_text() else {},
+                  ctx.options.targets, compile_probe(ctx, template, folder), budget=ctx.options.tune_probes,
+                  covers=getattr(ctx.proposer, "covers", None) and (lambda p: ctx.proposer.covers(template, p)),
+                  on_trial=lambda trial: ctx.emit(state["run_id"], "tune", f"probe {trial.probe} {trial.target}: "
+                                                  f"{trial.why}{' -> best' if trial.moved else ''}",
+                                                  trial.to_dict()))
+    outcome = tuner.run()
+    records.add_tune_trials(ctx.engine, state["run_id"], ctx.spec.name, template.name,
+                            [t.to_dict() for t in outcome.trials])
+    tuning = {"from_candidate": best["candidate_id"], "params": outcome.params, "tuned": outcome.tuned,
+              "probes": outcome.probes, "seconds": round(outcome.seconds, 1), "stopped": outcome.stopped,
+              "best": {t: vars(f) for t, f in outcome.best.items()}}
+    changed = outcome.params != best["params"] or outcome.tuned != best.get("tuned", {})
+    ctx.emit(state["run_id"], "tune", f"tuned #{best['iteration']}: {outcome.summary()}"
+             + ("" if changed else "; the passing candidate stands"), tuning)
+    if not changed:
+        return {"tuning": tuning, "proposal": None}
+    moves = "".join(f"; {t} {format_point(v)}" for t, v in outcome.tuned.items())
+    proposal = Proposal(template=template.name, params=outcome.params, tuned=outcome.tuned,
+                        reason=f"tuned from #{best['iteration']} by {outcome.probes} compile-only probes{moves}")
+    return {"tuning": tuning, "proposal": proposal}
+
+
+def compile_probe(ctx: PortContext, template: Template, folder: Path):
+    """The tuner's probe: the template rendered at a point with a per-target settings table, its model-suite
+    launches captured in the sandbox and compiled for the targets asked (workbench.verify.harness.target_report),
+    each target's figure modelled at the model suite."""
+    from workbench.verify.harness import target_report
+
+    shapes = suite_shapes(ctx.spec, "model")
+
+    def probe(params: dict, table: dict, targets: list[str]) -> dict[str, Figure]:
+        source = template.render(params, table)
+        path = folder / candidate_filename(ctx.spec.name, template.name, source)
+        path.write_text(source)
+        report = target_report(path, block=ctx.spec.name, targets=targets, forward_only=ctx.options.forward_only,
+                               timeout_s=ctx.options.timeout_s)
+        modelled = modelled_summary(ctx.spec.name, shapes, report.builds, targets,
+                                    backward=not ctx.options.forward_only)
+        figures = {}
+        for target in targets:
+            builds = [b for b in report.builds if b["target"] == target and b["suite"] == "model"]
+            failed = next((b for b in builds if not b["ok"]), None)
+            if report.verdict != Verdict.PASS or not builds or failed:
+                why = failed["error"] if failed else report.message or "no model-suite launch captured"
+                figures[target] = Figure(ok=False, error=why)
+                continue
+            figures[target] = Figure(ok=True, spilled_bytes=max(b["spilled_bytes"] for b in builds),
+                                     registers=max(b["registers"] or 0 for b in builds),
+                                     time_ms=modelled.get(target, {}).get("time_ms"))
+        return figures
+
+    return probe
+
 
 def replay_gate(state: PortState, runtime: Runtime[PortContext]) -> dict:
     ctx = runtime.context
@@ -374,6 +458,7 @@ def promote(state: PortState, runtime: Runtime[PortContext]) -> dict:
                          "seeds": ctx.options.seeds, "verdict": best["verdict"], "message": best["message"],
                          "worst_ratio": round(best["worst_ratio"], 4), "forward_only": ctx.options.forward_only},
         "launch_settings": launch_settings(source),
+        **({"tuning": state["tuning"]} if state.get("tuning") else {}),
         "target_report": best.get("target_report", {}), "modelled": best.get("modelled", {}),
         **({"measured": best["measured"]} if best.get("measured") else {}),
         "replay": {k: v for k, v in state.get("gate", {}).items() if k != "candidate_id"},
@@ -433,11 +518,17 @@ def after_contract(state: PortState) -> str:
     return "diagnose" if state["current"].get("verdict") else "verify"
 
 
+def tune_or_gate(state: PortState) -> str:
+    """With passing candidates: the tuning once, then the replay gate."""
+    return "replay_gate" if state.get("tuning") else "tune"
+
+
 def after_verify(state: PortState) -> str:
-    """A pass collects the candidate (the gate once ``explore`` have passed); anything else is diagnosed."""
+    """A pass collects the candidate (the tuning, then the gate, once ``explore`` have passed); anything else is
+    diagnosed."""
     if state["current"]["verdict"] != Verdict.PASS:
         return "diagnose"
-    return "replay_gate" if len(state["passing"]) >= state["explore"] else "revise"
+    return tune_or_gate(state) if len(state["passing"]) >= state["explore"] or state.get("tuning") else "revise"
 
 
 def after_revise(state: PortState) -> str | list[Send]:
@@ -445,11 +536,15 @@ def after_revise(state: PortState) -> str | list[Send]:
     the gate, else the run ends."""
     if state.get("batch"):
         return side_by_side_branches(state)
-    return "render" if state["proposal"] else ("replay_gate" if state["passing"] else "record")
+    return "render" if state["proposal"] else (tune_or_gate(state) if state["passing"] else "record")
 
 
 def after_explored(state: PortState) -> str:
-    return "replay_gate" if len(state["passing"]) >= state["explore"] else "revise"
+    return tune_or_gate(state) if len(state["passing"]) >= state["explore"] else "revise"
+
+
+def after_tune(state: PortState) -> str:
+    return "render" if state.get("proposal") else "replay_gate"
 
 
 def after_replay_gate(state: PortState) -> str:
@@ -457,7 +552,8 @@ def after_replay_gate(state: PortState) -> str:
 
 
 NODES = {"plan": plan, "render": render, "contract": check_contract, "verify": verify, "diagnose": diagnose_failure,
-         "explore": explore, "explored": explored, "revise": revise, "replay_gate": replay_gate, "promote": promote,
+         "explore": explore, "explored": explored, "revise": revise, "tune": tune, "replay_gate": replay_gate,
+         "promote": promote,
          "record": record}
 
 
@@ -473,11 +569,12 @@ def build_graph(checkpointer=None):
     graph.add_conditional_edges("plan", after_plan, ["render", "record", "explore"])
     graph.add_conditional_edges("render", after_render, ["contract", "diagnose"])
     graph.add_conditional_edges("contract", after_contract, ["verify", "diagnose"])
-    graph.add_conditional_edges("verify", after_verify, ["replay_gate", "revise", "diagnose"])
+    graph.add_conditional_edges("verify", after_verify, ["tune", "replay_gate", "revise", "diagnose"])
     graph.add_edge("diagnose", "revise")
-    graph.add_conditional_edges("revise", after_revise, ["render", "replay_gate", "record", "explore"])
+    graph.add_conditional_edges("revise", after_revise, ["render", "tune", "replay_gate", "record", "explore"])
     graph.add_edge("explore", "explored")
-    graph.add_conditional_edges("explored", after_explored, ["replay_gate", "revise"])
+    graph.add_conditional_edges("explored", after_explored, ["tune", "replay_gate", "revise"])
+    graph.add_conditional_edges("tune", after_tune, ["render", "replay_gate"])
     graph.add_conditional_edges("replay_gate", after_replay_gate, ["promote", "record"])
     graph.add_edge("promote", "record")
     graph.add_edge("record", END)
@@ -497,4 +594,4 @@ def gated_candidate(state: PortState) -> Attempt:
 
 
 def recursion_limit(budget: int) -> int:
-    return NODES_PER_ITERATION * budget + 10
+    return NODES_PER_ITERATION * budget + TUNE_NODES + 10

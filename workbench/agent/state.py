@@ -9,6 +9,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NotRequired, TypedDict
 
+from workbench.agent.tune import DEFAULT_PROBES
+
 DEFAULT_REPLAY_MODEL = "kimi-k3.1-pro"
 
 
@@ -20,7 +22,8 @@ class PortOptions:
     best is promoted; start: "template:NAME=VALUE,..." to begin at; targets: GPU targets every kernel must compile
     for; forward_only: an inference port (outputs verified, no backward, no replay gate); measure: time passing
     candidates at the model suite (None: on a GPU backend); timeout_s: one verification's limit; approve: stop
-    before promotion for a person's decision; replay_steps, replay_model: the replay gate (0: none); llm: the
+    before promotion for a person's decision; replay_steps, replay_model: the replay gate (0: none); tune_probes:
+    the compile-only probes the tuning may spend on the chosen candidate (0: promote it as it passed); llm: the
     LLM proposer's public settings (no key)."""
 
     suites: list[str]
@@ -35,6 +38,7 @@ class PortOptions:
     approve: bool = False
     replay_steps: int = 0
     replay_model: str = DEFAULT_REPLAY_MODEL
+    tune_probes: int = DEFAULT_PROBES
     llm: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -58,6 +62,7 @@ class Proposal(TypedDict):
     source: NotRequired[str]
     error: NotRequired[str]
     trace: NotRequired[dict[str, Any]]
+    tuned: NotRequired[dict[str, dict[str, Any]]]  # launch settings per target (the tuning's choice)
 
 
 class Attempt(TypedDict, total=False):
@@ -66,6 +71,7 @@ class Attempt(TypedDict, total=False):
     iteration: int
     template: str
     params: dict[str, Any]
+    tuned: dict[str, dict[str, Any]]               # launch settings per target, where the tuning chose them
     why: str
     candidate_id: int
     path: str
@@ -91,6 +97,7 @@ class PortState(TypedDict, total=False):
     diagnosis: dict[str, Any]                      # {"class", "reason", "symptoms"} of the last failure
     history: Annotated[list[Attempt], operator.add]
     passing: Annotated[list[Attempt], operator.add]
+    tuning: dict[str, Any]                         # the tuning's outcome (tune.Outcome, as the record keeps it)
     gate: dict[str, Any]                           # {"candidate_id" (None: every candidate failed), "replay_id"}
     status: str                                    # running, promoted, blocked, rejected
     reason: str

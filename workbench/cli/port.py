@@ -24,6 +24,7 @@ from workbench.cli._common import (
     command,
     console,
 )
+from workbench.agent.tune import DEFAULT_PROBES
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
 from workbench.vocabulary import RunStatus
@@ -56,6 +57,9 @@ def port(
         help="steps of the loss-curve replay that gates promotion (0: no gate; default $WORKBENCH_REPLAY_STEPS, "
              "else 6)")] = None,
     targets: TargetsOption = None,
+    tune_probes: Annotated[int, typer.Option(
+        help="compile-only probes the tuning of the chosen candidate may spend: each required target's launch "
+             "settings, and the template point where a target spills (0: promote it as it passed)")] = DEFAULT_PROBES,
     forward_only: Annotated[bool, typer.Option(
         "--forward-only", help="an inference port: verify outputs only, no replay gate (recorded in the manifest)")]
     = False,
@@ -129,7 +133,7 @@ def port(
                                    approve=approve,
                                    replay_steps=settings.replay_steps if replay_steps is None else replay_steps,
                                    targets=_targets(targets) if targets is not None else card_targets,
-                                   forward_only=forward_only)
+                                   forward_only=forward_only, tune_probes=tune_probes)
     _finish(outcomes, as_json, printed=True)
 
 

@@ -10,10 +10,11 @@ from workbench.store.models import (
     LossReplay,
     PortRun,
     RunStep,
+    TuneProbe,
     VerificationCheck,
 )
 
 __all__ = [
-    "Benchmark", "CIJob", "Candidate", "LossReplay", "PortRun", "RunStep",
+    "Benchmark", "CIJob", "Candidate", "LossReplay", "PortRun", "RunStep", "TuneProbe",
     "VerificationCheck", "get_engine", "session_scope",
 ]

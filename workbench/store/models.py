@@ -62,6 +62,7 @@ class Candidate(SQLModel, table=True):
     iteration: int = 0
     template: str | None = None
     params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    launch: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))  # per target, the tuning's choice
     source: str = Field(sa_column=Column(Text))
     source_hash: str = Field(index=True)
     path: str
@@ -70,6 +71,30 @@ class Candidate(SQLModel, table=True):
     worst_ratio: float | None = None
     verify_seconds: float | None = None
     target_report: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))  # VerificationResult's
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class TuneProbe(SQLModel, table=True):
+    """One target's point of one compile-only probe of a port's tuning (workbench.agent.tune): the template point,
+    the launch settings tried on the target, what compiling at the model suite showed (registers, spills, the
+    modelled or measured time) and whether the search moved there, and why."""
+
+    __tablename__ = "tune_probe"
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="port_run.id", index=True)
+    block: str = Field(index=True)
+    probe: int
+    target: str
+    template: str
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    settings: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    ok: bool = True
+    registers: int = 0
+    spilled_bytes: int = 0
+    time_ms: float | None = None
+    label: str = "modelled"
+    moved: bool = False
+    why: str = Field(default="", sa_column=Column(Text))
     created_at: datetime = Field(default_factory=utcnow)
 
 

@@ -23,6 +23,7 @@ from workbench.store.models import (
     ParityRun,
     PortRun,
     RunStep,
+    TuneProbe,
     VerificationCheck,
     utcnow,
 )
@@ -66,13 +67,24 @@ def add_step(engine: Engine, run_id: str, node: str, message: str, data: dict[st
 
 def add_candidate(engine: Engine, *, block: str, source: str, source_hash: str, path: str, run_id: str | None = None,
                   iteration: int = 0, template: str | None = None, params: dict | None = None,
-                  status: str = RENDERED, message: str = "") -> int:
+                  launch: dict | None = None, status: str = RENDERED, message: str = "") -> int:
     with session_scope(engine) as s:
         row = Candidate(run_id=run_id, block=block, iteration=iteration, template=template, params=params or {},
-                        source=source, source_hash=source_hash, path=path, status=status, message=message)
+                        launch=launch or {}, source=source, source_hash=source_hash, path=path, status=status,
+                        message=message)
         s.add(row)
         s.flush()
         return row.id
+
+
+def add_tune_trials(engine: Engine, run_id: str, block: str, template: str, trials: Sequence[dict[str, Any]]) -> None:
+    """A port's tuning trials (workbench.agent.tune.Trial.to_dict), one row each."""
+    with session_scope(engine) as s:
+        for t in trials:
+            s.add(TuneProbe(run_id=run_id, block=block, probe=t["probe"], target=t["target"], template=template,
+                            params=t["params"], settings=t["settings"], ok=t["ok"], registers=t["registers"],
+                            spilled_bytes=t["spilled_bytes"], time_ms=t["time_ms"],
+                            label="measured" if t["measured"] else "modelled", moved=t["moved"], why=t["why"]))
 
 
 def iteration_candidate(engine: Engine, run_id: str, iteration: int) -> int | None:

@@ -13,6 +13,7 @@ one per argument types x launch options.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -120,6 +121,29 @@ def select_launches(launches: list[dict], target: str | None = None) -> list[dic
             seen.add(key)
             chosen.append(launch)
     return chosen
+
+
+def compile_key(source: str) -> str:
+    """The hash a candidate's builds are cached under: its source with the value of a literal top-level
+    ``TUNED_SETTINGS = {...}`` blanked. That table only sets launch options and constexprs, which every cached
+    launch names itself, so the variants a port's tuning compiles share the builds of the targets they leave alone;
+    any other change to the source (a second statement on that line included) changes the hash."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return hashlib.sha256(source.encode()).hexdigest()
+    lines = source.splitlines(keepends=True)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["TUNED_SETTINGS"]:
+            try:
+                ast.literal_eval(node.value)
+            except ValueError:
+                break
+            first, last = node.value.lineno - 1, node.value.end_lineno - 1
+            head, tail = lines[first][:node.value.col_offset], lines[last][node.value.end_col_offset:]
+            lines[first:last + 1] = [head + "{...}" + tail]
+            break
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def _cache_key(source_hash: str, launch: dict, target: Target) -> str:

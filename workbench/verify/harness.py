@@ -25,7 +25,7 @@ from workbench.config import Settings
 from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
 from workbench.numerics import compare
-from workbench.verify.aot import compile_for_targets
+from workbench.verify.aot import compile_for_targets, compile_key
 from workbench.verify.contract import declared_block
 from workbench.verify.integrity import PRIORITY, evaluate, integrity_check
 from workbench.verify.result import Check, VerificationResult
@@ -355,7 +355,7 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     settings = Settings.load()
     cache = cache or settings.compile_cache or settings.work_dir / "compile-cache"
     launches = [launch for launch in results.get("launches", []) if not launch["suite"].startswith(PROBE)]
-    report = compile_for_targets(path, result.source_hash, launches, required, cache_dir=cache)
+    report = compile_for_targets(path, compile_key(path.read_text()), launches, required, cache_dir=cache)
     result.compile_seconds = time.monotonic() - started
     result.builds = [b.to_dict() for b in report.builds]
     result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the model suite"

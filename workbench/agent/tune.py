@@ -1,0 +1,261 @@
+"""The port's tuning: from the passing candidate the run chose, a search for each target's launch settings (and,
+where a target still spills, for a neighbouring template point) by compile-only probes.
+
+A probe renders the template at a point with a per-target table of launch settings (the template's declared
+``launch`` space, templates/_launch.j2's TUNED_SETTINGS), captures its model-suite launches in the sandbox and
+compiles them for the targets being searched (seconds; no numerics run). Each target's figure is the builds' worst
+spill, most registers and the cost model's time at the model suite (or, on the target of a GPU backend that
+measures, the measured time). Targets are independent (a target's launches read only its own settings), so one
+probe tries a different neighbour on every target at once, and a table of every target's best is exact.
+
+Per target the search is a descent over the neighbours of its best settings (one setting one step along its
+choices, the step that relieves register pressure first: more warps, fewer stages, smaller tiles): a neighbour
+that compiles where the best does not, is spill-free where the best spills, or is modelled faster (by more than
+TIE) becomes the best. A target stops when no untried neighbour is left (the best is a local optimum) or the probe
+budget ends, and says which. When a required target spills at every launch setting tried, the template's next
+points (the fewest parameters changed, smaller tiles first) are probed until one is spill-free on every target;
+the point moves (its numerics are verified before anything is promoted) and the launch search starts over there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.templating import Template, format_point
+
+TIE = 0.01
+"""A neighbour must be modelled this much faster (relative) to move the search: the cost model's noise floor."""
+DEFAULT_PROBES = 6
+"""Compile-only probes a port's tuning may spend (each compiles every searched target's kernels once)."""
+PRESSURE_UP = ("warps",)
+"""Launch settings that relieve register pressure upward (more warps share the tile); every other one downward."""
+
+Settings = dict[str, Any]
+Table = dict[str, Settings]
+
+
+@dataclass
+class Figure:
+    """One target's outcome of a probe: compiled, worst spill (B/thread), most registers, time (ms; None: not
+    modelled), and whether the time was measured."""
+
+    ok: bool
+    spilled_bytes: int = 0
+    registers: int = 0
+    time_ms: float | None = None
+    measured: bool = False
+    error: str = ""
+
+    def key(self) -> tuple:
+        return (not self.ok, self.spilled_bytes > 0, self.time_ms if self.time_ms is not None else float("inf"))
+
+    def better_than(self, other: Figure) -> bool:
+        mine, theirs = self.key(), other.key()
+        if mine[:2] != theirs[:2]:
+            return mine[:2] < theirs[:2]
+        return mine[2] < theirs[2] * (1 - TIE)
+
+    def text(self) -> str:
+        if not self.ok:
+            return f"does not compile ({self.error[:80]})"
+        spill = f"spills {self.spilled_bytes} B" if self.spilled_bytes else "spill-free"
+        when = "no time" if self.time_ms is None else \
+            f"{self.time_ms:.4f} ms {'measured' if self.measured else 'modelled'}"
+        return f"{self.registers} registers, {spill}, {when}"
+
+
+@dataclass
+class Trial:
+    """One target's point of one probe, as the record keeps it."""
+
+    probe: int
+    target: str
+    params: dict[str, Any]
+    settings: Settings
+    figure: Figure
+    moved: bool
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"probe": self.probe, "target": self.target, "params": self.params, "settings": self.settings,
+                **vars(self.figure), "moved": self.moved, "why": self.why}
+
+
+@dataclass
+class Outcome:
+    """The search's result: the point, the per-target table (only what differs from the template's own settings),
+    each target's best figure and why it stopped, every trial, the probes spent and the seconds."""
+
+    params: dict[str, Any]
+    tuned: Table
+    best: dict[str, Figure]
+    stopped: dict[str, str]
+    trials: list[Trial] = field(default_factory=list)
+    probes: int = 0
+    seconds: float = 0.0
+
+    def spill_free_on(self) -> list[str]:
+        return [t for t, f in self.best.items() if f.ok and not f.spilled_bytes]
+
+    def summary(self) -> str:
+        per_target = "; ".join(f"{t}: {format_point(self.tuned.get(t, {})) or 'template settings'} "
+                               f"({self.best[t].text()}; {self.stopped[t]})" for t in self.best)
+        return f"{self.probes} compile-only probes, {self.seconds:.0f} s: {format_point(self.params)}; {per_target}"
+
+
+Probe = Callable[[dict[str, Any], Table, list[str]], dict[str, Figure]]
+"""probe(params, table, targets): each target's figure for the template at ``params`` with ``table``'s settings."""
+
+
+def axis(choices: list) -> list:
+    """A setting's choices in value order (None, Triton's default, first): its neighbours are adjacent here,
+    whatever order of preference the sidecar lists them in."""
+    return sorted(choices, key=lambda v: (v is not None, v if v is not None else 0))
+
+
+def base_settings(per_target: dict[str, Settings], target: str, keys: list[str]) -> Settings:
+    """The settings a target runs with from the template alone (its LAUNCH_SETTINGS merged as the candidate's
+    target_settings merges them: default, backend, target)."""
+    backend = "cuda" if target.startswith("sm_") else "hip"
+    merged = {**per_target.get("default", {}), **per_target.get(backend, {}), **per_target.get(target, {})}
+    return {k: merged.get(k) for k in keys}
+
+
+def neighbours(template: Template, settings: Settings, relieve: bool) -> Iterator[tuple[Settings, str]]:
+    """(settings one step away along one launch setting, the move in words); with ``relieve``, the moves that
+    relieve register pressure first."""
+    up, down = [], []
+    for key, spec in template.launch.items():
+        values = axis(spec["choices"])
+        if settings[key] not in values:
+            continue
+        at = values.index(settings[key])
+        for step in (-1, 1):
+            if 0 <= at + step < len(values):
+                moved = {**settings, key: values[at + step]}
+                text = f"{key} {settings[key]} -> {values[at + step]}"
+                relieves = (step > 0) == any(word in key for word in PRESSURE_UP)
+                (up if relieves or not relieve else down).append((moved, text))
+    yield from up
+    yield from down
+
+
+class Tuner:
+    """The search for one template point and its per-target launch settings (see the module's docstring)."""
+
+    def __init__(self, template: Template, params: dict[str, Any],
+                 launch_table: Callable[[dict[str, Any]], dict[str, Settings]], targets: list[str], probe: Probe,
+                 budget: int = DEFAULT_PROBES,
+                 covers: Callable[[dict[str, Any]], bool] | None = None,
+                 on_trial: Callable[[Trial], None] | None = None):
+        self.template, self.params, self.targets = template, dict(params), list(targets)
+        self.launch_table, self.probe, self.budget = launch_table, probe, budget
+        self.covers = covers or (lambda p: True)
+        self.on_trial = on_trial or (lambda trial: None)
+        self.trials: list[Trial] = []
+        self.probes = 0
+
+    def _probe(self, params: dict, table: Table, targets: list[str]) -> dict[str, Figure]:
+        """The probe of ``table`` (full settings per target), rendered with what differs from the point's own."""
+        self.probes += 1
+        base = self._base(params)
+        diff = {t: {k: v for k, v in s.items() if v != base[t][k]} for t, s in table.items()}
+        return self.probe(params, {t: d for t, d in diff.items() if d}, targets)
+
+    def _trial(self, target: str, params: dict, settings: Settings, figure: Figure, moved: bool, why: str) -> None:
+        trial = Trial(self.probes, target, dict(params), dict(settings), figure, moved, why)
+        self.trials.append(trial)
+        self.on_trial(trial)
+
+    def _base(self, params: dict) -> dict[str, Settings]:
+        """Each target's settings from the template at ``params`` alone."""
+        per_target = self.launch_table(params)
+        return {t: base_settings(per_target, t, list(self.template.launch)) for t in self.targets}
+
+    def _descend(self, params: dict, best: dict[str, tuple[Settings, Figure]]) -> dict[str, str]:
+        """Each target's descent from ``best`` (updated in place); why each stopped."""
+        tried = {t: [best[t][0]] for t in best}
+        stopped: dict[str, str] = {}
+        while True:
+            moves = {}
+            for target, (settings, figure) in best.items():
+                if target in stopped:
+                    continue
+                relieve = figure.spilled_bytes > 0 or not figure.ok
+                move = next(((s, w) for s, w in neighbours(self.template, settings, relieve)
+                             if s not in tried[target]), None)
+                if move is None:
+                    stopped[target] = f"local optimum: none of its {len(tried[target]) - 1} neighbours tried " \
+                                      f"is better"
+                else:
+                    moves[target] = move
+            if not moves:
+                return stopped
+            if self.probes >= self.budget:
+                for target in moves:
+                    stopped[target] = f"probe budget of {self.budget} spent"
+                return stopped
+            table = {t: s for t, (s, _) in moves.items()}
+            figures = self._probe(params, table, list(moves))
+            for target, (settings, text) in moves.items():
+                tried[target].append(settings)
+                figure = figures[target]
+                moved = figure.better_than(best[target][1])
+                why = f"{text}: {figure.text()}" + (f", better than {best[target][1].text()}" if moved else "")
+                self._trial(target, params, settings, figure, moved, why)
+                if moved:
+                    best[target] = (settings, figure)
+
+    def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
+        """The template's other covering points, the fewest parameters changed first, smaller values first."""
+        def order(point: dict) -> tuple:
+            changed = [k for k in params if point[k] != params[k]]
+            larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
+            return len(changed), larger
+        for point in sorted(self.template.points(), key=order):
+            key = format_point(point)
+            if key not in tried and self.covers(point):
+                changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
+                yield point, changes
+
+    def run(self) -> Outcome:
+        started = time.monotonic()
+        params, tried_points = self.params, {format_point(self.params)}
+        base = self._base(params)
+        figures = self._probe(params, {}, self.targets)
+        for target in self.targets:
+            self._trial(target, params, base[target], figures[target], True, f"the passing point: "
+                        f"{figures[target].text()}")
+        best = {t: (base[t], figures[t]) for t in self.targets}
+        stopped = self._descend(params, best) if self.template.launch else \
+            {t: f"{self.template.ref} declares no launch settings" for t in self.targets}
+        while any(f.spilled_bytes or not f.ok for _, f in best.values()) and self.probes < self.budget:
+            spilling = [t for t, (_, f) in best.items() if f.spilled_bytes or not f.ok]
+            move = next(self._point_moves(params, tried_points), None)
+            if move is None:
+                break
+            point, changes = move
+            tried_points.add(format_point(point))
+            table = {t: s for t, (s, _) in best.items()}
+            figures = self._probe(point, table, self.targets)
+            clean = all(f.ok and not f.spilled_bytes for f in figures.values())
+            for target in self.targets:
+                why = f"{', '.join(spilling)} spill at every launch setting tried: {changes}: {figures[target].text()}"
+                self._trial(target, point, table[target], figures[target], clean, why)
+            if clean:
+                params, base = point, self._base(point)
+                best = {t: (table[t], figures[t]) for t in self.targets}
+                stopped = self._descend(params, best) if self.template.launch else stopped
+        for target, (_, figure) in best.items():
+            if figure.spilled_bytes or not figure.ok:
+                stopped[target] = f"{stopped.get(target, '')}; still {figure.text()}".strip("; ")
+        tuned = {}
+        for target, (settings, _) in best.items():
+            changed = {k: v for k, v in settings.items() if v != base[target][k]}
+            if changed:
+                tuned[target] = changed
+        return Outcome(params=params, tuned=tuned, best={t: f for t, (_, f) in best.items()}, stopped=stopped,
+                       trials=self.trials, probes=self.probes, seconds=time.monotonic() - started)
