@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from workbench.agent.tune import base_settings
+from workbench.backends import TARGETS
+from workbench.blocks import REGISTRY
 from workbench.errors import TemplateError, WorkbenchError
+from workbench.operators import launch_settings
 from workbench.templating import (
     candidate_filename,
     format_point,
@@ -322,3 +326,59 @@ def test_invalid_python_renders_but_does_not_compile(tdir):
     assert source.endswith("def run(:\n")
     with pytest.raises(SyntaxError):
         compile(source, "broken.py", "exec")
+
+
+# --- launch settings per target (the sidecar's launch space, the port's TUNED_SETTINGS) ---------------------------
+
+LAUNCH_SIDECAR = GOOD_SIDECAR + 'launch:\n  num_warps: {choices: [4, 8, 2], doc: "warps"}\n  num_stages: [null, 1, 2]\n'
+LAUNCH_BODY = GOOD_BODY + ('LAUNCH_SETTINGS = {"default": {"num_warps": {{ LAUNCH_DEFAULTS.num_warps }}, '
+                           '"num_stages": {{ LAUNCH_DEFAULTS.num_stages }}}}\nTUNED_SETTINGS = {{ TUNED }}\n')
+
+
+def test_the_chosen_settings_per_target_render_into_the_candidate_and_its_header(tdir):
+    put(tdir, "t", body=LAUNCH_BODY, sidecar=LAUNCH_SIDECAR)
+    t = load_template("blk", "t")
+    assert t.launch == {"num_warps": {"choices": [4, 8, 2], "doc": "warps"}, "num_stages": {"choices": [None, 1, 2]}}
+    untuned = t.render({"WIDTH": 2, "MODE": "fast"})
+    assert "TUNED_SETTINGS = {}" in untuned  # the template's own first choices are its defaults
+    assert 'LAUNCH_SETTINGS = {"default": {"num_warps": 4, "num_stages": None}}' in untuned
+    tuned = t.render({"WIDTH": 2, "MODE": "fast"}, {"sm_90a": {"num_warps": 8, "num_stages": 1}, "gfx942": {}})
+    namespace: dict = {}
+    exec(compile(tuned, "candidate", "exec"), namespace)  # noqa: S102 - a rendered test module
+    assert namespace["TUNED_SETTINGS"] == {"sm_90a": {"num_stages": 1, "num_warps": 8}}  # empty entries dropped
+    assert "launch on sm_90a: num_stages=1, num_warps=8\n" in tuned.split('"""')[1]
+
+
+@pytest.mark.parametrize("tuned, names", [
+    ({"sm_42": {"num_warps": 8}}, ["unknown target 'sm_42'", "sm_90a"]),
+    ({"sm_90a": {"BLOCK": 8}}, ["'BLOCK' is not a launch setting it declares", "num_warps, num_stages"]),
+    ({"sm_90a": {"num_warps": 16}}, ["sm_90a num_warps=16 is not one of [4, 8, 2]"]),
+])
+def test_settings_outside_the_declared_space_are_one_clear_error(tdir, tuned, names):
+    put(tdir, "t", body=LAUNCH_BODY, sidecar=LAUNCH_SIDECAR)
+    with pytest.raises(TemplateError) as info:
+        load_template("blk", "t").render({"WIDTH": 2, "MODE": "fast"}, tuned)
+    assert all(name in one_line(info) for name in names)
+
+
+def test_a_launch_space_needs_a_launch_settings_table(tdir):
+    put(tdir, "t", sidecar=LAUNCH_SIDECAR)
+    with pytest.raises(TemplateError) as info:
+        load_template("blk", "t")
+    assert "declares launch settings but t.py.j2 has no LAUNCH_SETTINGS" in one_line(info)
+
+
+@pytest.mark.parametrize("template", [t for b in REGISTRY for t in list_templates(b) if t.launch],
+                         ids=lambda t: t.ref)
+def test_every_declared_launch_setting_is_one_the_template_reads_with_a_default_in_its_space(template):
+    """The tuning starts at each target's settings from the template alone: every declared key is in its
+    LAUNCH_SETTINGS, with a value among the declared choices, on every target, and no target has a setting of its
+    own there (those are the port's choice)."""
+    point = next(template.points())
+    table = launch_settings(template.render(point))["per_target"]
+    assert set(table) <= {"default", "interpreter", "cuda", "hip"}
+    for target in TARGETS:
+        for key, value in base_settings(table, target, list(template.launch)).items():
+            assert value in template.launch[key]["choices"], (target, key, value)
+    for backend in ("cuda", "hip"):  # a backend's own entries: only the dot precision (numerics, not tuning)
+        assert set(table.get(backend, {})) <= {"DOT", "EPILOGUE_DOT"}

@@ -19,6 +19,7 @@ from workbench.store.models import Benchmark, Candidate, PortRun, RunStep
 from workbench.store.records import (
     add_candidate,
     add_step,
+    add_tune_trials,
     finish_run,
     record_verification,
     set_candidate_status,
@@ -154,6 +155,14 @@ def _benchmarks() -> list[Benchmark]:
     return rows
 
 
+def _trial(probe: int, target: str, warps: int, registers: int, spilled: int, time_ms: float, moved: bool,
+           why: str) -> dict:
+    """A tuning trial as workbench.agent.tune.Trial.to_dict writes it."""
+    return {"probe": probe, "target": target, "params": {"BLOCK_N": 8192, "ACC_DTYPE": "float32"},
+            "settings": {"num_warps": warps}, "ok": True, "spilled_bytes": spilled, "registers": registers,
+            "time_ms": time_ms, "measured": False, "error": "", "moved": moved, "why": why}
+
+
 def seed(tmp: Path, db_url: str | None = None) -> Seeded:
     """Seed a fresh database (a SQLite file under tmp unless db_url names an empty one) and an operators folder under
     tmp; returns what was written."""
@@ -188,6 +197,12 @@ def seed(tmp: Path, db_url: str | None = None) -> Seeded:
             [_build("sm_90a", "rmsnorm_fwd_kernel", 0), _build("sm_90a", "rmsnorm_bwd_kernel", 376),
              _build("gfx942", "rmsnorm_fwd_kernel", 0), _build("gfx942", "rmsnorm_bwd_kernel", 0)])
     add_step(engine, run, "verify", "pass: 12 checks pass (4.2 s)")
+    add_step(engine, run, "tune", "tuned #2: 2 compile-only probes, 3 s: sm_90a num_warps=8")
+    add_tune_trials(engine, run, "rmsnorm", "row_block", [
+        _trial(1, "sm_90a", 4, 255, 376, 0.21, True, "the passing point: 255 registers, spills 376 B"),
+        _trial(1, "gfx942", 4, 120, 0, 0.12, True, "the passing point: 120 registers, spill-free"),
+        _trial(2, "sm_90a", 8, 168, 0, 0.15, True, "num_warps 4 -> 8: 168 registers, spill-free, better"),
+        _trial(2, "gfx942", 8, 64, 0, 0.12, False, "num_warps 4 -> 8: 64 registers, spill-free, no faster")])
     dest = promote_file(work / "rmsnorm_row_block_2.py", operators_dir, "rmsnorm",
                         {"block": "rmsnorm", "template": "row_block", "run_id": run, "candidate_id": good,
                          "promoted_at": (T0 + timedelta(minutes=5)).isoformat()})

@@ -162,6 +162,13 @@ def test_block_page_candidates_checks_diff_and_trace(seeded):
     assert at.selectbox(key="trace_run_rmsnorm").value == seeded.promoted_run
     trace = at.markdown[-1].value
     assert "**diagnose**" in trace and "precision" in trace and "accumulates in float16" in trace
+    # the run's tuning per target: each probe's settings, registers, spills, modelled time and why it moved
+    tuning = next(d.value for d in at.dataframe if "why" in d.value.columns)
+    assert list(tuning["target"]) == ["gfx942", "gfx942", "sm_90a", "sm_90a"]
+    sm90 = tuning[tuning["target"] == "sm_90a"]
+    assert list(sm90["settings"]) == ["num_warps=4", "num_warps=8"] and list(sm90["spilled_bytes"]) == [376, 0]
+    assert sm90["moved"].all() and (tuning["label"] == "modelled").all()
+    assert "num_warps 4 -> 8" in sm90["why"].iloc[1]
 
     at.selectbox(key="chosen_rmsnorm").set_value(bad).run()
     failing = at.dataframe[1].value

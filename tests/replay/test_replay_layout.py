@@ -21,8 +21,8 @@ from workbench.config import Settings
 from workbench.errors import WorkbenchError
 from workbench.replay.compare import judge_ranks
 from workbench.replay.distributed import Layout
-from workbench.replay.launcher import RANK_NAME
 from workbench.replay.faults import HEADER, ROUNDED_UP, write_op
+from workbench.replay.launcher import RANK_NAME
 from workbench.replay.presets import get_preset
 from workbench.replay.runner import plan_replay, run_replay
 from workbench.store import LossReplay, get_engine

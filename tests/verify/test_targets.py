@@ -6,6 +6,7 @@ hangs and a compile child that dies are verdicts, never crashes of the workbench
 
 from __future__ import annotations
 
+import hashlib
 import json
 import textwrap
 from pathlib import Path
@@ -19,7 +20,7 @@ from workbench.blocks import REGISTRY
 from workbench.errors import WorkbenchError
 from workbench.models import model_shapes
 from workbench.templating import load_template
-from workbench.verify.aot import compile_for_targets, select_launches
+from workbench.verify.aot import compile_for_targets, compile_key, select_launches
 from workbench.verify.harness import target_report, verify_candidate
 
 
@@ -292,3 +293,16 @@ def test_two_shapes_of_one_block_get_their_own_settings_from_one_operator(tmp_pa
     widths = {shape["N"] for shape in model_shapes("rmsnorm")}
     assert {7168, 512} <= widths
     assert {(8192, 16), (512, 4)} <= settings
+
+
+def test_the_compile_cache_key_ignores_only_the_literal_table_of_tuned_settings():
+    """The variants a port's tuning probes differ in TUNED_SETTINGS alone, which sets launch options and constexprs
+    every cached launch names itself: they share the builds of the targets they leave alone. Anything else changes
+    the key: another statement on the same line, a non-literal table, the kernel's code."""
+    base = 'import triton\nTUNED_SETTINGS = {}\n\n@triton.jit\ndef k(X):\n    pass\n'
+    tuned = base.replace("TUNED_SETTINGS = {}", "TUNED_SETTINGS = {'sm_90a': {'num_warps': 8},\n    'sm_80': {}}")
+    assert compile_key(tuned) == compile_key(base) != hashlib.sha256(base.encode()).hexdigest()
+    assert compile_key(base.replace("{}\n", "{}; import os\n", 1)) != compile_key(base)
+    assert compile_key(base.replace("{}\n", "dict(a=1)\n", 1)) != compile_key(base)
+    assert compile_key(base.replace("pass", "return")) != compile_key(base)
+    assert compile_key("def broken(:\n") == hashlib.sha256(b"def broken(:\n").hexdigest()

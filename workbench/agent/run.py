@@ -101,7 +101,8 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
     targets = [t.name for t in get_targets(default_target_names() if targets is None else targets)]
     options = PortOptions(suites=suites, dtypes=dtypes, seeds=seeds, explore=explore, start=start, targets=targets,
                           forward_only=forward_only, measure=measure, timeout_s=timeout_s, approve=approve,
-                          replay_steps=replay_steps, replay_model=model or DEFAULT_REPLAY_MODEL, tune_probes=tune_probes,
+                          replay_steps=replay_steps, replay_model=model or DEFAULT_REPLAY_MODEL,
+                          tune_probes=tune_probes,
                           llm=llm.public() if llm and proposer != "search" else None)
     engine = get_engine(settings.db_url)
     ctx = _context(spec, settings, engine, backend, proposer, options, on_event=on_event, chat=chat,

@@ -111,9 +111,10 @@ Probe = Callable[[dict[str, Any], Table, list[str]], dict[str, Figure]]
 
 
 def axis(choices: list) -> list:
-    """A setting's choices in value order (None, Triton's default, first): its neighbours are adjacent here,
-    whatever order of preference the sidecar lists them in."""
-    return sorted(choices, key=lambda v: (v is not None, v if v is not None else 0))
+    """A setting's choices in value order, None last (the compiler's own choice: Triton's default stages, no
+    register cap, which sit at the top of their ranges): its neighbours are adjacent here, whatever order of
+    preference the sidecar lists them in."""
+    return sorted(choices, key=lambda v: (v is None, v if v is not None else 0))
 
 
 def base_settings(per_target: dict[str, Settings], target: str, keys: list[str]) -> Settings:

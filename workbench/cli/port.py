@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from workbench.agent.tune import DEFAULT_PROBES
 from workbench.cli._common import (
     DbOption,
     JsonOption,
@@ -24,7 +25,6 @@ from workbench.cli._common import (
     command,
     console,
 )
-from workbench.agent.tune import DEFAULT_PROBES
 from workbench.config import Settings
 from workbench.errors import WorkbenchError
 from workbench.vocabulary import RunStatus

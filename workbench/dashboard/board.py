@@ -51,9 +51,9 @@ def engine(url: str):
 # What the pages read, by name: each takes the engine first and returns plain data or a DataFrame (never ORM rows).
 READERS = {reader.__name__: reader for reader in (
     frames.model_plan, frames.runs_frame, frames.steps_frame, frames.candidates_frame, frames.checks_frame,
-    frames.builds_frame, frames.loss_replays_frame, frames.replay_curves, frames.replay_trace, frames.ci_jobs_frame,
-    frames.latest_ci_job, frames.benchmarks_frame, frames.parity_frame, status.block_status, status.known_blocks,
-    queries.candidate_source)}
+    frames.builds_frame, frames.tune_frame, frames.loss_replays_frame, frames.replay_curves, frames.replay_trace,
+    frames.ci_jobs_frame, frames.latest_ci_job, frames.benchmarks_frame, frames.parity_frame, status.block_status,
+    status.known_blocks, queries.candidate_source)}
 
 
 @st.cache_data(ttl="5s", show_spinner=False)

@@ -31,6 +31,8 @@ CHECK_SUMMARY_COLUMNS = ["suite", "shape", "dtype", "direction", "verdict", "che
                          "err_ratio", "max_rel", "nonfinite", "reason"]
 BUILD_COLUMNS = ["target", "kernel", "suite", "ok", "registers", "spilled_bytes", "shared_bytes", "ctas_per_sm",
                  "num_warps", "num_stages", "uses_dot", "tensor_cores", "seconds", "error"]
+TUNE_COLUMNS = ["target", "probe", "params", "settings", "ok", "registers", "spilled_bytes", "time_ms", "label",
+                "moved", "why"]
 REPLAY_COLUMNS = ["id", "model", "mode", "preset", "seed", "status", "steps", "final_loss", "reference_final_loss",
                   "band", "left_band_step", "reason", "ops", "ranks", "sharding", "experts", "cache", "layout",
                   "created_at"]
@@ -112,6 +114,15 @@ def builds_frame(engine: Engine, candidate_id: int) -> pd.DataFrame:
     """What the GPU targets' compilers said about each kernel of a candidate (workbench.store.models.KernelBuild)."""
     rows = [b.model_dump(include=set(BUILD_COLUMNS)) for b in queries.kernel_builds(engine, candidate_id)]
     return _frame(rows, BUILD_COLUMNS)
+
+
+def tune_frame(engine: Engine, run_id: str) -> pd.DataFrame:
+    """A port's tuning per target: each probe's point and launch settings (key=value text), what compiling showed
+    and whether the search moved there, and why (workbench.store.models.TuneProbe)."""
+    rows = [{**t.model_dump(include=set(TUNE_COLUMNS)), "params": key_values(t.params or {}),
+             "settings": key_values(t.settings or {})} for t in queries.tune_probes(engine, run_id)]
+    return _frame(rows, TUNE_COLUMNS).sort_values(["target", "probe"], kind="stable") if rows else \
+        _frame(rows, TUNE_COLUMNS)
 
 
 def checks_by_shape(checks: pd.DataFrame) -> pd.DataFrame:

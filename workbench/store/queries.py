@@ -19,6 +19,7 @@ from workbench.store.models import (
     ParityRun,
     PortRun,
     RunStep,
+    TuneProbe,
     VerificationCheck,
 )
 
@@ -117,6 +118,12 @@ def kernel_builds(engine: Engine, candidate_id: int) -> list[KernelBuild]:
     with Session(engine) as s:
         return list(s.exec(select(KernelBuild).where(KernelBuild.candidate_id == candidate_id)
                            .order_by(KernelBuild.id)))
+
+
+def tune_probes(engine: Engine, run_id: str) -> list[TuneProbe]:
+    """A port's tuning trials (one row per target and probe), in the order the search made them."""
+    with Session(engine) as s:
+        return list(s.exec(select(TuneProbe).where(TuneProbe.run_id == run_id).order_by(TuneProbe.id)))
 
 
 def recorded_blocks(engine: Engine) -> set[str]:

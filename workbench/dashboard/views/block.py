@@ -1,5 +1,5 @@
 """Block: its candidates over time with their verdicts and error figures per shape and dtype, the source of any
-candidate and a diff between two, and the agent's trace step by step."""
+candidate and a diff between two, the agent's trace step by step and its tuning per target."""
 
 from __future__ import annotations
 
@@ -150,4 +150,12 @@ else:
     st.markdown(f"{board.badge(run['status'])} {run['proposer']} on {run['backend']}, budget {run['budget']}, "
                 f"{run['candidates']} candidates · started {run['started_at']:%Y-%m-%d %H:%M:%S} UTC  \n"
                 f"{board.md_escape(run['reason'])}")
+    tuning: pd.DataFrame = board.read("tune_frame", run_id)
+    if not tuning.empty:
+        st.markdown("**Tuning per target** (compile-only probes at the model suite; the time is the cost model's "
+                    "unless labelled measured; *moved*: the search's best so far)")
+        st.dataframe(tuning, hide_index=True, key=f"tune_table_{block}", height=38 + 35 * min(len(tuning), 16),
+                     column_config={"spilled_bytes": st.column_config.NumberColumn("spilled B"),
+                                    "time_ms": st.column_config.NumberColumn("time ms", format="%.4f"),
+                                    "why": st.column_config.TextColumn("why", width="large")})
     board.trace(board.read("steps_frame", run_id))

@@ -1,0 +1,124 @@
+"""The port's tuning (workbench.agent.tune): the per-target descent over a template's declared launch settings, the
+move to a neighbouring point where a target spills at every setting, the budget, and what the record keeps. The
+probe here is a function of the settings (what compiling would show); tests/agent/test_tune_targets.py runs the
+real compile-only probe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workbench.agent.tune import Figure, Tuner, axis, base_settings, neighbours
+from workbench.templating import load_template
+
+TARGETS = ["sm_80", "sm_90a", "gfx942"]
+
+
+def template(tmp_path: Path, launch: str, params: str = "  BD: {choices: [128, 64]}\n  num_warps: {choices: [4, 8]}"):
+    """A template whose LAUNCH_SETTINGS takes num_warps from its point, with ``launch`` declared."""
+    folder = tmp_path / "blk"
+    folder.mkdir(exist_ok=True)
+    (folder / "t.py.j2").write_text('BLOCK = "blk"\nLAUNCH_SETTINGS = {"default": {"num_warps": {{ num_warps }}, '
+                                    '"num_stages": None}}\nTUNED_SETTINGS = {{ TUNED }}\n')
+    (folder / "t.yaml").write_text(f"summary: s\nparams:\n{params}\nlaunch:\n{launch}\n")
+    return load_template("blk", "t")
+
+
+@pytest.fixture
+def warps_and_stages(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    return template(tmp_path, "  num_warps: {choices: [4, 8, 2]}\n  num_stages: {choices: [null, 1, 2, 3]}")
+
+
+def launch_table(tmpl):
+    return lambda params: {"default": {"num_warps": params["num_warps"], "num_stages": None}}
+
+
+def figure_of(settings: dict, target: str, bd: int = 128) -> Figure:
+    """What compiling would show: NVIDIA spills at 4 warps and below unless the tile is 64 wide; more stages are
+    faster until 2 on sm_90a; AMD is fastest at 4 warps."""
+    warps, stages = settings.get("num_warps", 4), settings.get("num_stages")
+    spills = 96 if target.startswith("sm_") and warps <= 4 and bd == 128 else 0
+    time = {2: 3.0, 4: 2.0, 8: 1.5}[warps] if target.startswith("sm_") else {2: 2.0, 4: 1.0, 8: 1.2}[warps]
+    if target == "sm_90a" and stages is not None:
+        time *= {1: 0.9, 2: 0.8, 3: 0.85}[stages]
+    return Figure(ok=True, spilled_bytes=spills, registers=255 if spills else 168, time_ms=time)
+
+
+class FakeProbe:
+    """Records each call (params, table, targets) and answers with figure_of."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, params, table, targets):
+        self.calls.append((dict(params), {t: dict(s) for t, s in table.items()}, list(targets)))
+        base = {"num_warps": params["num_warps"], "num_stages": None}
+        return {t: figure_of({**base, **table.get(t, {})}, t, params["BD"]) for t in targets}
+
+
+def test_each_target_descends_to_its_own_best_settings_and_says_why_it_stopped(warps_and_stages):
+    probe = FakeProbe()
+    outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), TARGETS, probe,
+                    budget=12).run()
+    # NVIDIA: 8 warps relieve the spill; sm_90a also gains from 2 stages; AMD keeps the template's 4 warps
+    assert outcome.tuned == {"sm_80": {"num_warps": 8}, "sm_90a": {"num_stages": 2, "num_warps": 8}}
+    assert outcome.spill_free_on() == TARGETS
+    assert all(reason.startswith("local optimum") for reason in outcome.stopped.values())
+    # the first probe is the passing point itself, on every target; a probe compiles only the targets it moves
+    assert probe.calls[0] == ({"BD": 128, "num_warps": 4}, {}, TARGETS)
+    assert all(set(table) <= set(targets) for _, table, targets in probe.calls)
+    # a spilling target tries the move that relieves register pressure first: more warps
+    sm80 = [t for t in outcome.trials if t.target == "sm_80"]
+    assert sm80[1].settings["num_warps"] == 8 and sm80[1].moved and "num_warps 4 -> 8" in sm80[1].why
+    assert "spill-free" in sm80[1].why and "better than" in sm80[1].why
+    record = sm80[1].to_dict()
+    assert record["registers"] == 168 and record["spilled_bytes"] == 0 and record["measured"] is False
+
+
+def test_the_probe_budget_ends_the_search_and_the_reason_says_so(warps_and_stages):
+    outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), TARGETS,
+                    FakeProbe(), budget=2).run()
+    assert outcome.probes == 2
+    assert any("probe budget of 2 spent" in reason for reason in outcome.stopped.values())
+    # what one move found stands: NVIDIA at 8 warps
+    assert outcome.tuned["sm_80"] == {"num_warps": 8}
+
+
+def test_a_target_that_spills_at_every_setting_moves_the_point_to_a_smaller_tile(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    only_warps_4 = template(tmp_path, "  num_stages: {choices: [null, 1]}")  # no launch setting relieves the spill
+    outcome = Tuner(only_warps_4, {"BD": 128, "num_warps": 4}, launch_table(only_warps_4), TARGETS, FakeProbe(),
+                    budget=8).run()
+    assert outcome.params == {"BD": 64, "num_warps": 4}
+    assert outcome.spill_free_on() == TARGETS
+    moved = [t for t in outcome.trials if t.params["BD"] == 64 and t.moved]
+    assert moved and "spill at every launch setting tried: BD 128 -> 64" in moved[0].why
+
+
+def test_a_target_still_spilling_when_nothing_is_left_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    fixed = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128]}\n"
+                                                                            "  num_warps: {choices: [4]}")
+    outcome = Tuner(fixed, {"BD": 128, "num_warps": 4}, launch_table(fixed), TARGETS, FakeProbe(), budget=8).run()
+    assert outcome.spill_free_on() == ["gfx942"]
+    assert "still 255 registers, spills 96 B" in outcome.stopped["sm_80"]
+
+
+def test_a_setting_that_does_not_compile_never_becomes_the_best():
+    broken, fine = Figure(ok=False, error="out of resources"), Figure(ok=True, spilled_bytes=8, time_ms=9.0)
+    assert fine.better_than(broken) and not broken.better_than(fine)
+    assert Figure(ok=True, time_ms=9.0).better_than(fine)  # spill-free beats faster-but-spilling
+    assert not Figure(ok=True, time_ms=0.995).better_than(Figure(ok=True, time_ms=1.0))  # within the tie
+
+
+def test_neighbours_step_along_value_order_whatever_the_preference_order(warps_and_stages):
+    assert axis([4, 8, 2]) == [2, 4, 8] and axis([1, None, 3]) == [1, 3, None]
+    moves = [text for _, text in neighbours(warps_and_stages, {"num_warps": 4, "num_stages": None}, relieve=True)]
+    assert moves[:2] == ["num_warps 4 -> 8", "num_stages None -> 3"]  # pressure relief first
+    assert set(moves[2:]) == {"num_warps 4 -> 2"}
+    table = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}, "sm_90a": {"num_warps": 2}}
+    assert base_settings(table, "sm_80", ["num_warps"]) == {"num_warps": 8}
+    assert base_settings(table, "sm_90a", ["num_warps"]) == {"num_warps": 2}
+    assert base_settings(table, "gfx942", ["num_warps"]) == {"num_warps": 4}
