@@ -185,5 +185,23 @@ def list_templates(block: str) -> list[Template]:
     return sorted((load_template(block, n) for n in names), key=lambda t: (t.rank, t.name))
 
 
+def reverse_choices(dest: Path) -> Path:
+    """A copy of the templates root at ``dest`` with every sidecar's choices (its parameters' and its launch
+    settings') in reverse order: each template's first point and default launch settings become its least
+    preferred ones. With WORKBENCH_TEMPLATES=dest a port starts from the worst-ordered points, which shows what the
+    search finds on its own (bench/reversed_port.py)."""
+    import shutil
+
+    shutil.copytree(templates_dir(), dest)
+    for sidecar in dest.glob("*/*.yaml"):
+        meta = yaml.safe_load(sidecar.read_text()) or {}
+        for section in ("params", "launch"):
+            for name, spec in (meta.get(section) or {}).items():
+                choices = spec["choices"] if isinstance(spec, dict) else spec
+                meta[section][name] = {**(spec if isinstance(spec, dict) else {}), "choices": choices[::-1]}
+        sidecar.write_text(yaml.safe_dump(meta, sort_keys=False, width=120))
+    return dest
+
+
 def candidate_filename(block: str, template: str, source: str) -> str:
     return f"{block}_{template}_{hashlib.sha256(source.encode()).hexdigest()[:10]}.py"

@@ -189,8 +189,8 @@ class Tuner:
                 move = next(((s, w) for s, w in neighbours(self.template, settings, relieve)
                              if s not in tried[target]), None)
                 if move is None:
-                    stopped[target] = f"local optimum: none of its {len(tried[target]) - 1} neighbours tried " \
-                                      f"is better"
+                    stopped[target] = f"local optimum: no untried neighbour left ({len(tried[target])} settings " \
+                                      f"tried)"
                 else:
                     moves[target] = move
             if not moves:
@@ -211,13 +211,16 @@ class Tuner:
                     best[target] = (settings, figure)
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
-        """The template's other covering points, the fewest parameters changed first, smaller values first."""
+        """The template's other covering points, the fewest parameters changed first, smaller values first; a
+        parameter that is also a launch setting is the launch search's (per target), not moved here."""
         def order(point: dict) -> tuple:
             changed = [k for k in params if point[k] != params[k]]
             larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
             return len(changed), larger
         for point in sorted(self.template.points(), key=order):
             key = format_point(point)
+            if any(point[k] != params[k] for k in params if k in self.template.launch):
+                continue
             if key not in tried and self.covers(point):
                 changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
                 yield point, changes
