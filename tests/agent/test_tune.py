@@ -71,8 +71,12 @@ def test_each_target_descends_to_its_own_best_settings_and_says_why_it_stopped(w
     assert all(set(table) <= set(targets) for _, table, targets in probe.calls)
     # a spilling target tries the move that relieves register pressure first: more warps
     sm80 = [t for t in outcome.trials if t.target == "sm_80"]
-    assert sm80[1].settings["num_warps"] == 8 and sm80[1].moved and "num_warps 4 -> 8" in sm80[1].why
-    assert "spill-free" in sm80[1].why and "better than" in sm80[1].why
+    assert sm80[1].settings == {"num_warps": 8, "num_stages": 3} and sm80[1].moved
+    assert "every setting one step toward fewer registers" in sm80[1].why and "better than" in sm80[1].why
+    # the stages the bold step changed for nothing on sm_80 are taken back: as good, nearer the template
+    back = next(t for t in sm80[2:] if t.moved)
+    assert back.settings == {"num_warps": 8, "num_stages": None}
+    assert "as good and nearer the template's settings" in back.why
     record = sm80[1].to_dict()
     assert record["registers"] == 168 and record["spilled_bytes"] == 0 and record["measured"] is False
 
@@ -82,8 +86,9 @@ def test_the_probe_budget_ends_the_search_and_the_reason_says_so(warps_and_stage
                     FakeProbe(), budget=2).run()
     assert outcome.probes == 2
     assert any("probe budget of 2 spent" in reason for reason in outcome.stopped.values())
-    # what one move found stands: NVIDIA at 8 warps
-    assert outcome.tuned["sm_80"] == {"num_warps": 8}
+    # what the one move found stands: NVIDIA spill-free at the bold step (not yet taken back to fewer changes)
+    assert outcome.tuned["sm_80"] == {"num_warps": 8, "num_stages": 3}
+    assert outcome.best["sm_80"].spilled_bytes == 0
 
 
 def test_a_target_that_spills_at_every_setting_moves_the_point_to_a_smaller_tile(tmp_path, monkeypatch):
@@ -115,9 +120,12 @@ def test_a_setting_that_does_not_compile_never_becomes_the_best():
 
 def test_neighbours_step_along_value_order_whatever_the_preference_order(warps_and_stages):
     assert axis([4, 8, 2]) == [2, 4, 8] and axis([1, None, 3]) == [1, 3, None]
-    moves = [text for _, text in neighbours(warps_and_stages, {"num_warps": 4, "num_stages": None}, relieve=True)]
-    assert moves[:2] == ["num_warps 4 -> 8", "num_stages None -> 3"]  # pressure relief first
-    assert set(moves[2:]) == {"num_warps 4 -> 2"}
+    moves = [m[1] for m in neighbours(warps_and_stages, {"num_warps": 4, "num_stages": None}, relieve=True)]
+    # a spilling target: every relieving step at once, then each, then the rest
+    assert moves == ["every setting one step toward fewer registers a thread: num_warps 4 -> 8, num_stages None -> 3",
+                     "num_warps 4 -> 8", "num_stages None -> 3", "num_warps 4 -> 2"]
+    assert [m[1] for m in neighbours(warps_and_stages, {"num_warps": 8, "num_stages": 1}, relieve=False)] == \
+        ["num_warps 8 -> 4", "num_stages 1 -> 2"]
     table = {"default": {"num_warps": 4}, "cuda": {"num_warps": 8}, "sm_90a": {"num_warps": 2}}
     assert base_settings(table, "sm_80", ["num_warps"]) == {"num_warps": 8}
     assert base_settings(table, "sm_90a", ["num_warps"]) == {"num_warps": 2}

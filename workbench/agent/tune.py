@@ -9,10 +9,12 @@ measures, the measured time). Targets are independent (a target's launches read 
 probe tries a different neighbour on every target at once, and a table of every target's best is exact.
 
 Per target the search is a descent over the neighbours of its best settings (one setting one step along its
-choices, the step that relieves register pressure first: more warps, fewer stages, smaller tiles): a neighbour
-that compiles where the best does not, is spill-free where the best spills, or is modelled faster (by more than
-TIE) becomes the best. A target stops when no untried neighbour is left (the best is a local optimum) or the probe
-budget ends, and says which. When a required target spills at every launch setting tried, the template's next
+choices; where the target spills, first every setting one step toward fewer registers a thread at once, then those
+steps one by one: more warps, fewer stages, smaller tiles): a neighbour that compiles where the best does not, is
+spill-free where the best spills, or is modelled faster (by more than TIE) becomes the best; one that ties is a
+plateau (the next step the same way is tried too, and the search moves there when it changes fewer of the
+template's own settings). A target stops when no untried neighbour is left (the best is a local optimum) or the
+probe budget ends, and says which. When a required target spills at every launch setting tried, the template's next
 points (the fewest parameters changed, smaller tiles first) are probed until one is spill-free on every target;
 the point moves (its numerics are verified before anything is promoted) and the launch search starts over there.
 """
@@ -28,10 +30,11 @@ from workbench.templating import Template, format_point
 
 TIE = 0.01
 """A neighbour must be modelled this much faster (relative) to move the search: the cost model's noise floor."""
-DEFAULT_PROBES = 6
+DEFAULT_PROBES = 8
 """Compile-only probes a port's tuning may spend (each compiles every searched target's kernels once)."""
 PRESSURE_UP = ("warps",)
-"""Launch settings that relieve register pressure upward (more warps share the tile); every other one downward."""
+"""Launch settings that relieve register pressure upward (more warps share the tile); every other one downward,
+but a register cap (maxnreg), which lowers a thread's registers by spilling."""
 
 Settings = dict[str, Any]
 Table = dict[str, Settings]
@@ -125,23 +128,37 @@ def base_settings(per_target: dict[str, Settings], target: str, keys: list[str])
     return {k: merged.get(k) for k in keys}
 
 
-def neighbours(template: Template, settings: Settings, relieve: bool) -> Iterator[tuple[Settings, str]]:
-    """(settings one step away along one launch setting, the move in words); with ``relieve``, the moves that
-    relieve register pressure first."""
-    up, down = [], []
-    for key, spec in template.launch.items():
-        values = axis(spec["choices"])
-        if settings[key] not in values:
-            continue
-        at = values.index(settings[key])
-        for step in (-1, 1):
-            if 0 <= at + step < len(values):
-                moved = {**settings, key: values[at + step]}
-                text = f"{key} {settings[key]} -> {values[at + step]}"
-                relieves = (step > 0) == any(word in key for word in PRESSURE_UP)
-                (up if relieves or not relieve else down).append((moved, text))
-    yield from up
-    yield from down
+def step(template: Template, settings: Settings, key: str, direction: int) -> Settings | None:
+    """``settings`` with ``key`` one step along its value order (direction -1 or 1); None past either end."""
+    values = axis(template.launch[key]["choices"])
+    if settings[key] not in values or not 0 <= values.index(settings[key]) + direction < len(values):
+        return None
+    return {**settings, key: values[values.index(settings[key]) + direction]}
+
+
+def relieving(key: str) -> int:
+    """The direction that relieves register pressure: up for warps, down for stages and tiles; 0 for a register
+    cap (either way trades spills for occupancy)."""
+    return 0 if "maxnreg" in key else 1 if any(word in key for word in PRESSURE_UP) else -1
+
+
+def neighbours(template: Template, settings: Settings, relieve: bool) -> Iterator[tuple[Settings, str, str, int]]:
+    """(settings one step away along one launch setting, the move in words, the key, the direction); with
+    ``relieve`` (the target spills or does not compile), first every relieving step at once, then the relieving
+    steps one by one, then the others."""
+    moves = [(moved, f"{key} {settings[key]} -> {moved[key]}", key, d)
+             for key in template.launch for d in (-1, 1) if (moved := step(template, settings, key, d)) is not None]
+    if relieve:
+        bold = {**settings}
+        for _, _, key, d in moves:
+            if d == relieving(key):
+                bold[key] = step(template, settings, key, d)[key]
+        changed = [k for k in bold if bold[k] != settings[k]]
+        if len(changed) > 1:
+            yield bold, "every setting one step toward fewer registers a thread: " + ", ".join(
+                f"{k} {settings[k]} -> {bold[k]}" for k in changed), "", 0
+        moves.sort(key=lambda m: m[3] != relieving(m[2]))
+    yield from moves
 
 
 class Tuner:
@@ -176,9 +193,17 @@ class Tuner:
         per_target = self.launch_table(params)
         return {t: base_settings(per_target, t, list(self.template.launch)) for t in self.targets}
 
-    def _descend(self, params: dict, best: dict[str, tuple[Settings, Figure]]) -> dict[str, str]:
-        """Each target's descent from ``best`` (updated in place); why each stopped."""
+    def _descend(self, params: dict, best: dict[str, tuple[Settings, Figure]], base: dict[str, Settings]
+                 ) -> dict[str, str]:
+        """Each target's descent from ``best`` (updated in place); why each stopped. A neighbour no better and no
+        worse (within TIE) is a plateau: the next step the same way is tried too (a register cap that starts to
+        pay two steps down, say), and the search moves there when it is nearer the template's own settings
+        (``base``: what a bold step changed for nothing is taken back)."""
+        def changes(target: str, settings: Settings) -> int:
+            return sum(settings[k] != base[target][k] for k in settings)
+
         tried = {t: [best[t][0]] for t in best}
+        plateau: dict[str, list[tuple[Settings, str, str, int]]] = {t: [] for t in best}
         stopped: dict[str, str] = {}
         while True:
             moves = {}
@@ -186,8 +211,8 @@ class Tuner:
                 if target in stopped:
                     continue
                 relieve = figure.spilled_bytes > 0 or not figure.ok
-                move = next(((s, w) for s, w in neighbours(self.template, settings, relieve)
-                             if s not in tried[target]), None)
+                options = [*plateau[target], *neighbours(self.template, settings, relieve)]
+                move = next((m for m in options if m[0] not in tried[target]), None)
                 if move is None:
                     stopped[target] = f"local optimum: no untried neighbour left ({len(tried[target])} settings " \
                                       f"tried)"
@@ -199,16 +224,23 @@ class Tuner:
                 for target in moves:
                     stopped[target] = f"probe budget of {self.budget} spent"
                 return stopped
-            table = {t: s for t, (s, _) in moves.items()}
-            figures = self._probe(params, table, list(moves))
-            for target, (settings, text) in moves.items():
+            figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves))
+            for target, (settings, text, key, direction) in moves.items():
                 tried[target].append(settings)
-                figure = figures[target]
-                moved = figure.better_than(best[target][1])
-                why = f"{text}: {figure.text()}" + (f", better than {best[target][1].text()}" if moved else "")
+                figure, before = figures[target], best[target][1]
+                flat = not figure.better_than(before) and not before.better_than(figure)
+                moved = figure.better_than(before) or (flat and changes(target, settings) <
+                                                       changes(target, best[target][0]))
+                flat = flat and not moved and key
+                why = f"{text}: {figure.text()}" + (f", better than {before.text()}" if figure.better_than(before)
+                                                    else ", as good and nearer the template's settings" if moved else
+                                                    ", no better: the next step that way too" if flat else "")
                 self._trial(target, params, settings, figure, moved, why)
+                plateau[target] = [m for m in plateau[target] if m[0] != settings]
                 if moved:
-                    best[target] = (settings, figure)
+                    best[target], plateau[target] = (settings, figure), []
+                elif flat and (further := step(self.template, settings, key, direction)) is not None:
+                    plateau[target].append((further, f"{key} {settings[key]} -> {further[key]}", key, direction))
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points, the fewest parameters changed first, smaller values first; a
@@ -234,7 +266,7 @@ class Tuner:
             self._trial(target, params, base[target], figures[target], True, f"the passing point: "
                         f"{figures[target].text()}")
         best = {t: (base[t], figures[t]) for t in self.targets}
-        stopped = self._descend(params, best) if self.template.launch else \
+        stopped = self._descend(params, best, base) if self.template.launch else \
             {t: f"{self.template.ref} declares no launch settings" for t in self.targets}
         while any(f.spilled_bytes or not f.ok for _, f in best.values()) and self.probes < self.budget:
             spilling = [t for t, (_, f) in best.items() if f.spilled_bytes or not f.ok]
@@ -252,7 +284,7 @@ class Tuner:
             if clean:
                 params, base = point, self._base(point)
                 best = {t: (table[t], figures[t]) for t in self.targets}
-                stopped = self._descend(params, best) if self.template.launch else stopped
+                stopped = self._descend(params, best, base) if self.template.launch else stopped
         for target, (_, figure) in best.items():
             if figure.spilled_bytes or not figure.ok:
                 stopped[target] = f"{stopped.get(target, '')}; still {figure.text()}".strip("; ")
