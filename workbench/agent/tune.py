@@ -12,8 +12,9 @@ Per target the search is a descent over the neighbours of its best settings (one
 choices; where the target spills, first every setting one step toward fewer registers a thread at once, then those
 steps one by one: more warps, fewer stages, smaller tiles): a neighbour that compiles where the best does not, is
 spill-free where the best spills, or is modelled faster (by more than TIE) becomes the best; one that ties is a
-plateau (the next step the same way is tried too, and the search moves there when it changes fewer of the
-template's own settings). A target stops when no untried neighbour is left (the best is a local optimum) or the
+plateau: the next step the same way is tried too, then the tie's other neighbours (two settings that pay only
+together: more warps, then a register cap), and the search moves to a tie that changes fewer of the template's own
+settings. A target stops when no untried neighbour is left (the best is a local optimum) or the
 probe budget ends, and says which. When a required target spills at every launch setting tried, the template's next
 points (the fewest parameters changed, smaller tiles first) are probed until one is spill-free on every target;
 the point moves (its numerics are verified before anything is promoted) and the launch search starts over there.
@@ -203,7 +204,9 @@ class Tuner:
             return sum(settings[k] != base[target][k] for k in settings)
 
         tried = {t: [best[t][0]] for t in best}
+        # a tie's next step the same way (tried before the best's own neighbours), and its other neighbours (after)
         plateau: dict[str, list[tuple[Settings, str, str, int]]] = {t: [] for t in best}
+        across: dict[str, list[tuple[Settings, str, str, int]]] = {t: [] for t in best}
         stopped: dict[str, str] = {}
         while True:
             moves = {}
@@ -211,7 +214,7 @@ class Tuner:
                 if target in stopped:
                     continue
                 relieve = figure.spilled_bytes > 0 or not figure.ok
-                options = [*plateau[target], *neighbours(self.template, settings, relieve)]
+                options = [*plateau[target], *neighbours(self.template, settings, relieve), *across[target]]
                 move = next((m for m in options if m[0] not in tried[target]), None)
                 if move is None:
                     stopped[target] = f"local optimum: no untried neighbour left ({len(tried[target])} settings " \
@@ -238,9 +241,12 @@ class Tuner:
                 self._trial(target, params, settings, figure, moved, why)
                 plateau[target] = [m for m in plateau[target] if m[0] != settings]
                 if moved:
-                    best[target], plateau[target] = (settings, figure), []
-                elif flat and (further := step(self.template, settings, key, direction)) is not None:
-                    plateau[target].append((further, f"{key} {settings[key]} -> {further[key]}", key, direction))
+                    best[target], plateau[target], across[target] = (settings, figure), [], []
+                elif flat:
+                    if (further := step(self.template, settings, key, direction)) is not None:
+                        plateau[target].append((further, f"{key} {settings[key]} -> {further[key]}", key, direction))
+                    across[target] += [(m, f"{text}, then {t}", k, d) for m, t, k, d in
+                                       neighbours(self.template, settings, False) if m[key] == settings[key]]
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points, the fewest parameters changed first, smaller values first; a
