@@ -249,15 +249,18 @@ class Tuner:
                                        neighbours(self.template, settings, False) if m[key] == settings[key]]
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
-        """The template's other covering points, the fewest parameters changed first, smaller values first; a
-        parameter that is also a launch setting is the launch search's (per target), not moved here."""
+        """The template's other covering points that change only its sizes (numbers: tiles, programs), the
+        fewest parameters changed first, smaller values first; a parameter that is also a launch setting is the
+        launch search's (per target), and one that is no number (a dtype) changes the arithmetic, not the registers:
+        neither is moved here."""
         def order(point: dict) -> tuple:
             changed = [k for k in params if point[k] != params[k]]
             larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
             return len(changed), larger
         for point in sorted(self.template.points(), key=order):
             key = format_point(point)
-            if any(point[k] != params[k] for k in params if k in self.template.launch):
+            if any(point[k] != params[k] for k in params
+                   if k in self.template.launch or not isinstance(params[k], int | float)):
                 continue
             if key not in tried and self.covers(point):
                 changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])

@@ -1,0 +1,185 @@
+"""kda_short_conv candidate rendered from templates/kda_short_conv/tiled.py.j2.
+
+a 2-D grid of (batch x time tile, channel tile) programs; the backward keeps dy * silu'(pre) in a float32 buffer
+params: BT=32, BD=64, num_warps=4
+launch on sm_100a: num_warps=8
+launch on sm_80: num_warps=8
+launch on sm_90a: bwd_maxnreg=128, num_warps=8
+"""
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = "kda_short_conv"
+TEMPLATE = "tiled"
+BT = 32
+BD = 64
+# Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
+# backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
+LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
+# The launch settings the port chose for each target (its tuning searched the template's declared space): they
+# override LAUNCH_SETTINGS for that target.
+TUNED_SETTINGS = {'sm_100a': {'num_warps': 8}, 'sm_80': {'num_warps': 8}, 'sm_90a': {'bwd_maxnreg': 128, 'num_warps': 8}}
+
+
+def launch_target(device) -> str:
+    """The target a launch on ``device`` runs on: "interpreter" for CPU tensors, else the GPU's architecture in
+    the workbench's names (sm_80, sm_90a, sm_100a, gfx942, gfx950)."""
+    if LAUNCH_TARGET is not None:
+        return LAUNCH_TARGET
+    if device.type == "cpu":
+        return "interpreter"
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "cuda":
+        return f"sm_{target.arch}{'a' if target.arch >= 90 else ''}"
+    return str(target.arch)
+
+
+def target_settings(device) -> dict:
+    """LAUNCH_SETTINGS merged for the launch's target: default, then its backend, then the target itself, then
+    what the port chose for the target (TUNED_SETTINGS)."""
+    target = launch_target(device)
+    backend = target if target == "interpreter" else "cuda" if target.startswith("sm_") else "hip"
+    return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
+            **LAUNCH_SETTINGS.get(target, {}), **TUNED_SETTINGS.get(target, {})}
+# A [BT, BD] tile and its W shifted copies take most of a thread's registers: the warps, and a register cap on the
+# backward (bwd_maxnreg, NVIDIA's maxnreg: two CTAs an SM where it fits without spilling), are the port's choice per
+# target (kda_short_conv/tiled.yaml declares them). `workbench targets` shows each launch's registers and spills.
+LAUNCH_SETTINGS = {"default": {"num_warps": 4, "bwd_maxnreg": None}}
+
+
+@triton.jit
+def kda_short_conv_fwd_kernel(X, WT, Y, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """X, Y contiguous [B, T, D], WT [D, W]; program (b * cdiv(T, BT) + time tile, channel tile) writes BT x BD
+    outputs y = silu(pre); math in float32, stored in Y's dtype."""
+    tiles = tl.cdiv(T, BT)
+    b = (tl.program_id(0) // tiles).to(tl.int64)
+    ts = (tl.program_id(0) % tiles).to(tl.int64) * BT + tl.arange(0, BT)
+    ds = tl.program_id(1).to(tl.int64) * BD + tl.arange(0, BD)
+    dmask = ds < D
+    xbase = X + b * T * D
+    # pre [BT, BD] = the convolution before SiLU at time rows ts (zero before t = 0)
+    pre = tl.zeros((BT, BD), dtype=tl.float32)
+    for i in tl.static_range(W):
+        pre_src = ts - (W - 1) + i
+        pre_x = tl.load(xbase + pre_src[:, None] * D + ds[None, :],
+                      mask=((pre_src >= 0) & (pre_src < T))[:, None] & dmask[None, :], other=0.0)
+        pre_w = tl.load(WT + ds * W + i, mask=dmask, other=0.0)
+        pre += pre_w.to(tl.float32)[None, :] * pre_x.to(tl.float32)
+    y = pre / (1.0 + tl.exp(-pre))
+    tl.store(Y + b * T * D + ts[:, None] * D + ds[None, :], y.to(Y.dtype.element_ty),
+             mask=(ts < T)[:, None] & dmask[None, :])
+
+
+@triton.jit
+def kda_short_conv_dpre_kernel(X, WT, DY, DPRE, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """DPRE [B, T, D] float32 = dy * silu'(pre), pre recomputed from X; tiles as the forward's."""
+    tiles = tl.cdiv(T, BT)
+    b = (tl.program_id(0) // tiles).to(tl.int64)
+    ts = (tl.program_id(0) % tiles).to(tl.int64) * BT + tl.arange(0, BT)
+    ds = tl.program_id(1).to(tl.int64) * BD + tl.arange(0, BD)
+    dmask = ds < D
+    xbase = X + b * T * D
+    mask = (ts < T)[:, None] & dmask[None, :]
+    # pre [BT, BD] = the convolution before SiLU at time rows ts (zero before t = 0)
+    pre = tl.zeros((BT, BD), dtype=tl.float32)
+    for i in tl.static_range(W):
+        pre_src = ts - (W - 1) + i
+        pre_x = tl.load(xbase + pre_src[:, None] * D + ds[None, :],
+                      mask=((pre_src >= 0) & (pre_src < T))[:, None] & dmask[None, :], other=0.0)
+        pre_w = tl.load(WT + ds * W + i, mask=dmask, other=0.0)
+        pre += pre_w.to(tl.float32)[None, :] * pre_x.to(tl.float32)
+    dy = tl.load(DY + b * T * D + ts[:, None] * D + ds[None, :], mask=mask, other=0.0).to(tl.float32)
+    # dpre = dy * silu'(pre), silu'(p) = s (1 + p (1 - s)), s = sigmoid(p)
+    dpre_s = 1.0 / (1.0 + tl.exp(-pre))
+    dpre = dy * dpre_s * (1.0 + pre * (1.0 - dpre_s))
+    tl.store(DPRE + b * T * D + ts[:, None] * D + ds[None, :], dpre, mask=mask)
+
+
+@triton.jit
+def kda_short_conv_bwd_kernel(X, WT, DPRE, DX, DWP, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """From DPRE: dx for the tile (stored in DX's dtype) and the tile's partial weight gradient, DWP[program 0 index]
+    [D, W] float32 (summed over the tile's rows)."""
+    tiles = tl.cdiv(T, BT)
+    b = (tl.program_id(0) // tiles).to(tl.int64)
+    ts = (tl.program_id(0) % tiles).to(tl.int64) * BT + tl.arange(0, BT)
+    ds = tl.program_id(1).to(tl.int64) * BD + tl.arange(0, BD)
+    dmask = ds < D
+    xbase = X + b * T * D
+    dbase = DPRE + b * T * D
+    rows = (ts < T)[:, None] & dmask[None, :]
+    dpre = tl.load(dbase + ts[:, None] * D + ds[None, :], mask=rows, other=0.0)
+    dx = tl.zeros((BT, BD), dtype=tl.float32)
+    for i in tl.static_range(W):
+        w = tl.load(WT + ds * W + i, mask=dmask, other=0.0).to(tl.float32)
+        later = ts + (W - 1) - i  # the outputs that read this token through tap i
+        dx += w[None, :] * tl.load(dbase + later[:, None] * D + ds[None, :],
+                                   mask=(later < T)[:, None] & dmask[None, :], other=0.0)
+        src = ts - (W - 1) + i  # the token tap i reads for each output of the tile
+        xs = tl.load(xbase + src[:, None] * D + ds[None, :], mask=((src >= 0) & (src < T))[:, None] & dmask[None, :],
+                     other=0.0).to(tl.float32)
+        tl.store(DWP + tl.program_id(0).to(tl.int64) * D * W + ds * W + i, tl.sum(dpre * xs, axis=0), mask=dmask)
+    tl.store(DX + b * T * D + ts[:, None] * D + ds[None, :], dx.to(DX.dtype.element_ty), mask=rows)
+
+
+@triton.jit
+def kda_short_conv_dw_reduce_kernel(DWP, DW, P, N, BLOCK: tl.constexpr):
+    """DWP [P, N] float32 partial weight gradients (N = D * W) -> DW [N] = their sum, in a fixed order (no atomics:
+    deterministic), stored in DW's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for p in range(0, P):
+        acc += tl.load(DWP + p * N + offs, mask=mask, other=0.0)
+    tl.store(DW + offs, acc.to(DW.dtype.element_ty), mask=mask)
+
+
+class ShortConvFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight):
+        x_c, w_c = x.contiguous(), weight.contiguous()
+        b, t, d = x_c.shape
+        warps = target_settings(x_c.device)["num_warps"]
+        y = torch.empty_like(x_c)
+        if y.numel() > 0:
+            kda_short_conv_fwd_kernel[(b * triton.cdiv(t, BT), triton.cdiv(d, BD))](
+                x_c, w_c, y, t, d, W=w_c.shape[1], BT=BT, BD=BD, num_warps=warps)
+        ctx.save_for_backward(x_c, w_c)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_c, w_c = ctx.saved_tensors
+        b, t, d = x_c.shape
+        settings = target_settings(x_c.device)
+        warps = settings["num_warps"]
+        dy_c = dy.contiguous()
+        grid = (b * triton.cdiv(t, BT), triton.cdiv(d, BD))
+        dx = torch.empty_like(x_c)
+        dwp = torch.zeros(grid[0], d, w_c.shape[1], dtype=torch.float32, device=x_c.device)
+        if dx.numel() > 0:
+            dpre = torch.empty(b, t, d, dtype=torch.float32, device=x_c.device)
+            kda_short_conv_dpre_kernel[grid](x_c, w_c, dy_c, dpre, t, d, W=w_c.shape[1], BT=BT, BD=BD,
+                                             num_warps=warps)
+            kda_short_conv_bwd_kernel[grid](x_c, w_c, dpre, dx, dwp, t, d, W=w_c.shape[1], BT=BT, BD=BD,
+                                            num_warps=warps, **({"maxnreg": settings["bwd_maxnreg"]}
+                                                                if settings["bwd_maxnreg"] else {}))
+        return dx, _reduce_weight_grads(dwp, w_c)
+
+
+REDUCE_BLOCK = 1024
+
+
+def _reduce_weight_grads(dwp, weight):
+    """dwp [P, D, W] float32 partials -> the weight gradient [D, W] in weight.dtype."""
+    dw = torch.empty_like(weight)
+    n = weight.numel()
+    if n > 0:
+        kda_short_conv_dw_reduce_kernel[(triton.cdiv(n, REDUCE_BLOCK),)](dwp, dw, dwp.shape[0], n,
+                                                                          BLOCK=REDUCE_BLOCK, num_warps=4)
+    return dw
+
+
+def run(x, weight):
+    """x [B, T, D] float32/float16/bfloat16, weight [D, W] -> silu(causal depthwise conv1d(x)) [B, T, D] in x.dtype."""
+    return ShortConvFunction.apply(x, weight)
