@@ -35,7 +35,7 @@ def port(out: Path, model: str, reverse: bool, blocks: list[str]) -> float:
     env = dict(os.environ)
     if reverse:
         env["WORKBENCH_TEMPLATES"] = str(reverse_choices(out / "templates"))
-    command = [sys.executable, "-m", "workbench.cli", "port", *(blocks or ["--model", model]),
+    command = [str(Path(sys.executable).with_name("workbench")), "port", *(blocks or ["--model", model]),
                "--db", f"sqlite:///{out / 'store.db'}", "--operators", str(out / "operators")]
     started = time.monotonic()
     subprocess.run(command, env=env, check=False, stdout=(out / "port.log").open("w"), stderr=subprocess.STDOUT)
