@@ -31,7 +31,7 @@ B, H, HV, K, V = 1, 2, 4, 64, 64
 
 def gates(kind: str, t: int, gen: torch.Generator) -> torch.Tensor:
     """[B, T, HV, K] log decays per token: fla's test gates, or Qwen3-Next's per-head decay broadcast over K."""
-    if kind == "fla":
+    if kind == "fla":  # q/k U(0, 1) then L2-normalised, as fla's tests draw them; "signed": N(0, 1)
         return F.logsigmoid(torch.randn(B, t, HV, K, generator=gen)) / 16
     a_log = torch.log(torch.tensor([1.0, 4.0, 9.0, 16.0]))  # A per value head, up to Qwen3-Next's 16
     a = torch.randn(B, t, HV, generator=gen) * 2
@@ -71,12 +71,12 @@ def main() -> None:
     print("| gates | conditioning of dA_log | sum |dg| rel err: operator / torch f32 | "
           "dA_log rel err: operator / torch f32 |")
     print("|---|---|---|---|")
-    for kind in ("fla", "qwen3_next"):
+    for kind, draw in (("fla", torch.rand), ("qwen3_next", torch.rand), ("qwen3_next, signed q/k", torch.randn)):
         gen = torch.Generator().manual_seed(0)
-        q = F.normalize(torch.rand(B, args.tokens, H, K, generator=gen), dim=-1)
-        k = F.normalize(torch.rand(B, args.tokens, H, K, generator=gen), dim=-1)
+        q = F.normalize(draw(B, args.tokens, H, K, generator=gen), dim=-1)
+        k = F.normalize(draw(B, args.tokens, H, K, generator=gen), dim=-1)
         v = torch.rand(B, args.tokens, HV, V, generator=gen)
-        g = gates(kind, args.tokens, gen)
+        g = gates(kind.split(",")[0], args.tokens, gen)
         beta = torch.sigmoid(torch.randn(B, args.tokens, HV, generator=gen))
         inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "scale": K ** -0.5, "initial_state": None}
         d_out = torch.randn(B, args.tokens, HV, V, generator=gen)
