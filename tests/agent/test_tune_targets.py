@@ -1,6 +1,6 @@
 """The tuning is the agent's: with every sidecar's choices reversed (workbench.templating.reverse_choices: each
 template's least preferred point and launch settings first), a default port, its verification on the interpreter
-and its compile-only probes on the five GPU targets, promotes blocks whose first points spill, spill-free on every
+and its compile-only probes on the five GPU targets, promotes a block whose first point spills, spill-free on every
 target, within its candidate and probe budgets. The whole card's figures: bench/reversed_port.py."""
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def reversed_templates(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(reverse_choices(tmp_path / "reversed")))
 
 
-@pytest.mark.parametrize("block", ["kda_short_conv_prefill", "mla_decode"])
+# kda_short_conv_prefill's reversed first point (32 x 64 over 2 warps) spills on NVIDIA; mla_decode's passes the same
+# way in twice the time (`python bench/reversed_port.py --blocks mla_decode ...`), kept out of the suite's budget
+@pytest.mark.parametrize("block", ["kda_short_conv_prefill"])
 def test_from_the_reversed_choices_a_port_promotes_spill_free_on_the_five_targets(block, settings,
                                                                                   reversed_templates):
     outcome = port_block(block, settings, targets=TARGETS, forward_only=True, suites=["smoke"], seeds=1,

@@ -122,7 +122,7 @@ def test_a_store_of_the_last_release_without_migrations_is_adopted_with_every_ro
     assert_at_todays_schema(store_url)
     assert {t: len(rows) for t, rows in after.items()} == {
         "benchmark": 2, "candidate": 3, "ci_job": 1, "kernel_build": 2, "loss_replay": 2, "port_run": 2,
-        "run_step": 3, "verification_check": 3, "parity_run": 0}
+        "run_step": 3, "verification_check": 3, "parity_run": 0, "tune_probe": 0}
 
     # the typed reads see the old rows, and new rows get the next ids (PostgreSQL's sequences came with the dump)
     assert [r.id for r in queries.list_runs(engine)] == ["20261130-130000-cd34", "20261130-120000-ab12"]

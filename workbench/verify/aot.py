@@ -26,6 +26,7 @@ from pathlib import Path
 
 import triton
 
+from workbench import syntax
 from workbench.backends import Target
 from workbench.verify.sandbox import run_child
 
@@ -129,7 +130,7 @@ def compile_key(source: str) -> str:
     launch names itself, so the variants a port's tuning compiles share the builds of the targets they leave alone;
     any other change to the source (a second statement on that line included) changes the hash."""
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except SyntaxError:
         return hashlib.sha256(source.encode()).hexdigest()
     lines = source.splitlines(keepends=True)
