@@ -349,8 +349,10 @@ def tune(state: PortState, runtime: Runtime[PortContext]) -> dict:
         return {"tuning": {"skipped": skip}, "proposal": None}
     folder = ctx.settings.work_dir / "candidates" / state["run_id"] / "tune"
     folder.mkdir(parents=True, exist_ok=True)
-    tuner = Tuner(template, best["params"], lambda params: launch_settings(template.render(params))["per_target"]
-                  if "LAUNCH_SETTINGS" in template.path.read_text() else {},
+    def launch_table(params: dict) -> dict:  # the template's own LAUNCH_SETTINGS at a point ({}: it has none)
+        return launch_settings(template.render(params)).get("per_target", {})
+
+    tuner = Tuner(template, best["params"], launch_table,
                   ctx.options.targets, compile_probe(ctx, template, folder), budget=ctx.options.tune_probes,
                   covers=getattr(ctx.proposer, "covers", None) and (lambda p: ctx.proposer.covers(template, p)),
                   on_trial=lambda trial: ctx.emit(state["run_id"], "tune", f"probe {trial.probe} {trial.target}: "

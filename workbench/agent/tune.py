@@ -176,6 +176,7 @@ class Tuner:
         self.on_trial = on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
         self.probes = 0
+        self._bases: dict[str, dict[str, Settings]] = {}
 
     def _probe(self, params: dict, table: Table, targets: list[str]) -> dict[str, Figure]:
         """The probe of ``table`` (full settings per target), rendered with what differs from the point's own."""
@@ -190,9 +191,12 @@ class Tuner:
         self.on_trial(trial)
 
     def _base(self, params: dict) -> dict[str, Settings]:
-        """Each target's settings from the template at ``params`` alone."""
-        per_target = self.launch_table(params)
-        return {t: base_settings(per_target, t, list(self.template.launch)) for t in self.targets}
+        """Each target's settings from the template at ``params`` alone (rendered once per point)."""
+        key = format_point(params)
+        if key not in self._bases:
+            per_target = self.launch_table(params)
+            self._bases[key] = {t: base_settings(per_target, t, list(self.template.launch)) for t in self.targets}
+        return self._bases[key]
 
     def _descend(self, params: dict, best: dict[str, tuple[Settings, Figure]], base: dict[str, Settings]
                  ) -> dict[str, str]:
