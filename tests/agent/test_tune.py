@@ -102,6 +102,46 @@ def test_a_target_that_spills_at_every_setting_moves_the_point_to_a_smaller_tile
     assert moved and "spill at every launch setting tried: BD 128 -> 64" in moved[0].why
 
 
+def test_a_spilling_target_grows_the_probe_budget_until_it_is_spill_free(warps_and_stages):
+    outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), TARGETS,
+                    FakeProbe(), budget=1).run()
+    # the passing point spills on NVIDIA: the budget of 1 grows to 3 while it does, the bold step relieves it, and
+    # then the port's own budget (spent) stops the search
+    assert outcome.probes == 2 and outcome.spill_free_on() == TARGETS
+    assert set(outcome.stopped.values()) == {"probe budget of 1 spent"}
+    stuck = Tuner(warps_and_stages, {"BD": 128, "num_warps": 2}, lambda p: {"default": {"num_warps": 2}},
+                  ["sm_80"], lambda params, table, targets: {"sm_80": Figure(ok=True, spilled_bytes=8, time_ms=1.0)},
+                  budget=1).run()
+    assert stuck.probes == 3 and stuck.stopped["sm_80"].startswith("probe budget of 3 (3 x 1 while a target spills)")
+
+
+def test_the_time_budget_ends_the_search_and_the_reason_says_so(warps_and_stages):
+    outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), TARGETS,
+                    FakeProbe(), budget=8, seconds=0.0).run()
+    assert outcome.probes == 1  # the passing point's own figures: a probe is never cut, only not started
+    assert all(reason.startswith("time budget of 0 s spent") for reason in outcome.stopped.values())
+
+
+def test_a_point_move_first_takes_every_size_one_step_smaller(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    two_tiles = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128, 64, 32]}\n"
+                         "  BN: {choices: [64, 32, 16]}\n  num_warps: {choices: [4]}")
+    calls = []
+
+    def probe(params, table, targets):  # NVIDIA spills unless both tiles are smaller
+        calls.append(dict(params))
+        spills = 64 if params["BD"] > 64 or params["BN"] > 32 else 0
+        return {t: Figure(ok=True, spilled_bytes=spills if t.startswith("sm_") else 0,
+                          time_ms=params["BD"] * params["BN"] / 1e4) for t in targets}
+
+    outcome = Tuner(two_tiles, {"BD": 128, "BN": 64, "num_warps": 4}, launch_table(two_tiles), TARGETS, probe,
+                    budget=8).run()
+    assert outcome.params == {"BD": 64, "BN": 32, "num_warps": 4} and outcome.spill_free_on() == TARGETS
+    first_move = next(t for t in outcome.trials if t.params != {"BD": 128, "BN": 64, "num_warps": 4})
+    assert first_move.moved and "every size one step smaller: BD 128 -> 64, BN 64 -> 32" in first_move.why
+    assert {"BD": 32, "BN": 64, "num_warps": 4} not in calls  # no single-size move was needed
+
+
 def test_a_target_still_spilling_when_nothing_is_left_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
     fixed = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128]}\n"

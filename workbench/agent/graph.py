@@ -354,6 +354,7 @@ def tune(state: PortState, runtime: Runtime[PortContext]) -> dict:
 
     tuner = Tuner(template, best["params"], launch_table,
                   ctx.options.targets, compile_probe(ctx, template, folder), budget=ctx.options.tune_probes,
+                  seconds=ctx.options.tune_seconds,
                   covers=getattr(ctx.proposer, "covers", None) and (lambda p: ctx.proposer.covers(template, p)),
                   on_trial=lambda trial: ctx.emit(state["run_id"], "tune", f"probe {trial.probe} {trial.target}: "
                                                   f"{trial.why}{' -> best' if trial.moved else ''}",

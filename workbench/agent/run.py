@@ -32,7 +32,7 @@ from workbench.agent.graph import PortContext, Proposer, build_graph, gated_cand
 from workbench.agent.llm import HybridProposer, LLMConfig, LLMProposer, require_client, resolve_model
 from workbench.agent.search import SearchProposer
 from workbench.agent.state import DEFAULT_REPLAY_MODEL, PortOptions, Proposal
-from workbench.agent.tune import DEFAULT_PROBES
+from workbench.agent.tune import DEFAULT_PROBES, DEFAULT_SECONDS
 from workbench.backends import BACKENDS, Backend, get_backend, get_targets
 from workbench.blocks import get_block
 from workbench.blocks.base import SUITES, BlockSpec
@@ -70,7 +70,7 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
                model: str | None = None, on_event: EventHook | None = None, llm: LLMConfig | None = None,
                chat=None, approve: bool = False, replay_steps: int = 0, targets: list[str] | None = None,
                forward_only: bool = False, measure: bool | None = None, tune_probes: int = DEFAULT_PROBES,
-               executor: Executor | None = None) -> PortOutcome:
+               tune_seconds: float = DEFAULT_SECONDS, executor: Executor | None = None) -> PortOutcome:
     """Run the agent on ``block``. start: "template:NAME=VALUE,..." to begin at a given point (missing params take
     the template's first covering choice); for the llm proposer, the starting candidate shown to the model.
     llm: the endpoint of the llm and hybrid proposers (default: $WORKBENCH_LLM_*); chat: a langchain chat model to
@@ -80,7 +80,8 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
     the defaults). forward_only: an inference port (outputs verified, the backward not, no replay gate; the
     manifest says so). measure: time each passing candidate at the model suite and rank by the measured times
     (None: on a GPU backend). tune_probes: the compile-only probes the tuning of the chosen candidate may spend
-    (workbench.agent.tune; 0: none). executor: where verifications run (default: in this process). Raises
+    (workbench.agent.tune; 0: none; three times as many while a target spills); tune_seconds: the wall time after
+    which the tuning starts no probe. executor: where verifications run (default: in this process). Raises
     WorkbenchError for bad arguments before any run is recorded."""
     spec = get_block(block)
     if proposer not in PROPOSERS:
@@ -91,6 +92,8 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
         raise WorkbenchError("--replay-steps must be 0 (no replay gate) or more")
     if tune_probes < 0:
         raise WorkbenchError("--tune-probes must be 0 (no tuning) or more")
+    if tune_seconds <= 0:
+        raise WorkbenchError("--tune-seconds must be more than 0")
     backend = backend or get_backend()
     suites, dtypes = select_suites(backend, suites, dtypes)
     if proposer != "search":
@@ -102,7 +105,7 @@ def port_block(block: str, settings: Settings, *, budget: int = 8, explore: int 
     options = PortOptions(suites=suites, dtypes=dtypes, seeds=seeds, explore=explore, start=start, targets=targets,
                           forward_only=forward_only, measure=measure, timeout_s=timeout_s, approve=approve,
                           replay_steps=replay_steps, replay_model=model or DEFAULT_REPLAY_MODEL,
-                          tune_probes=tune_probes,
+                          tune_probes=tune_probes, tune_seconds=tune_seconds,
                           llm=llm.public() if llm and proposer != "search" else None)
     engine = get_engine(settings.db_url)
     ctx = _context(spec, settings, engine, backend, proposer, options, on_event=on_event, chat=chat,

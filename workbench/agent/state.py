@@ -9,7 +9,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NotRequired, TypedDict
 
-from workbench.agent.tune import DEFAULT_PROBES
+from workbench.agent.tune import DEFAULT_PROBES, DEFAULT_SECONDS
 
 DEFAULT_REPLAY_MODEL = "kimi-k3.1-pro"
 
@@ -23,7 +23,8 @@ class PortOptions:
     for; forward_only: an inference port (outputs verified, no backward, no replay gate); measure: time passing
     candidates at the model suite (None: on a GPU backend); timeout_s: one verification's limit; approve: stop
     before promotion for a person's decision; replay_steps, replay_model: the replay gate (0: none); tune_probes:
-    the compile-only probes the tuning may spend on the chosen candidate (0: promote it as it passed); llm: the
+    the compile-only probes the tuning may spend on the chosen candidate (0: promote it as it passed), tune_seconds:
+    the wall time after which it starts no probe; llm: the
     LLM proposer's public settings (no key)."""
 
     suites: list[str]
@@ -39,6 +40,7 @@ class PortOptions:
     replay_steps: int = 0
     replay_model: str = DEFAULT_REPLAY_MODEL
     tune_probes: int = DEFAULT_PROBES
+    tune_seconds: float = DEFAULT_SECONDS
     llm: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:

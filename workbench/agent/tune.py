@@ -14,10 +14,12 @@ steps one by one: more warps, fewer stages, smaller tiles): a neighbour that com
 spill-free where the best spills, or is modelled faster (by more than TIE) becomes the best; one that ties is a
 plateau: the next step the same way is tried too, then the tie's other neighbours (two settings that pay only
 together: more warps, then a register cap), and the search moves to a tie that changes fewer of the template's own
-settings. A target stops when no untried neighbour is left (the best is a local optimum) or the
-probe budget ends, and says which. When a required target spills at every launch setting tried, the template's next
-points (the fewest parameters changed, smaller tiles first) are probed until one is spill-free on every target;
-the point moves (its numerics are verified before anything is promoted) and the launch search starts over there.
+settings. A target stops when no untried neighbour is left (the best is a local optimum) or a budget ends
+(probes: SPILL_BUDGET times as many while a target spills; seconds), and says which. When a required target spills
+at every launch setting tried, the template's next points are probed until one is spill-free on every target: first
+every size one step smaller at once (the bold step, as for the launch settings), then the points with the fewest
+parameters changed, smaller tiles first; the point moves (its numerics are verified before anything is promoted)
+and the launch search starts over there.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ TIE = 0.01
 """A neighbour must be modelled this much faster (relative) to move the search: the cost model's noise floor."""
 DEFAULT_PROBES = 8
 """Compile-only probes a port's tuning may spend (each compiles every searched target's kernels once)."""
+SPILL_BUDGET = 3
+"""While a target spills or does not compile, the probe budget is this many times the port's: a spill is the
+finding the search exists for, a faster spill-free neighbour is not."""
+DEFAULT_SECONDS = 600.0
+"""The wall time after which the tuning starts no probe (a probe under way finishes: a compile is not cut)."""
 PRESSURE_UP = ("warps",)
 """Launch settings that relieve register pressure upward (more warps share the tile); every other one downward,
 but a register cap (maxnreg), which lowers a thread's registers by spilling."""
@@ -167,11 +174,12 @@ class Tuner:
 
     def __init__(self, template: Template, params: dict[str, Any],
                  launch_table: Callable[[dict[str, Any]], dict[str, Settings]], targets: list[str], probe: Probe,
-                 budget: int = DEFAULT_PROBES,
+                 budget: int = DEFAULT_PROBES, seconds: float = DEFAULT_SECONDS,
                  covers: Callable[[dict[str, Any]], bool] | None = None,
                  on_trial: Callable[[Trial], None] | None = None):
         self.template, self.params, self.targets = template, dict(params), list(targets)
-        self.launch_table, self.probe, self.budget = launch_table, probe, budget
+        self.launch_table, self.probe, self.budget, self.seconds = launch_table, probe, budget, seconds
+        self.started = time.monotonic()
         self.covers = covers or (lambda p: True)
         self.on_trial = on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
@@ -184,6 +192,17 @@ class Tuner:
         base = self._base(params)
         diff = {t: {k: v for k, v in s.items() if v != base[t][k]} for t, s in table.items()}
         return self.probe(params, {t: d for t, d in diff.items() if d}, targets)
+
+    def _spent(self, spilling: bool) -> str:
+        """Why the search may start no probe now ('' while it may): its probe budget (SPILL_BUDGET times the
+        port's while ``spilling``) or its seconds are spent."""
+        limit = self.budget * (SPILL_BUDGET if spilling else 1)
+        if self.probes >= limit:
+            grown = f" ({SPILL_BUDGET} x {self.budget} while a target spills)" if spilling else ""
+            return f"probe budget of {limit}{grown} spent"
+        if time.monotonic() - self.started >= self.seconds:
+            return f"time budget of {self.seconds:.0f} s spent"
+        return ""
 
     def _trial(self, target: str, params: dict, settings: Settings, figure: Figure, moved: bool, why: str) -> None:
         trial = Trial(self.probes, target, dict(params), dict(settings), figure, moved, why)
@@ -227,9 +246,9 @@ class Tuner:
                     moves[target] = move
             if not moves:
                 return stopped
-            if self.probes >= self.budget:
+            if spent := self._spent(any(f.spilled_bytes or not f.ok for _, f in best.values())):
                 for target in moves:
-                    stopped[target] = f"probe budget of {self.budget} spent"
+                    stopped[target] = spent
                 return stopped
             figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves))
             for target, (settings, text, key, direction) in moves.items():
@@ -253,25 +272,32 @@ class Tuner:
                                        neighbours(self.template, settings, False) if m[key] == settings[key]]
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
-        """The template's other covering points that change only its sizes (numbers: tiles, programs), the
-        fewest parameters changed first, smaller values first; a parameter that is also a launch setting is the
-        launch search's (per target), and one that is no number (a dtype) changes the arithmetic, not the registers:
-        neither is moved here."""
+        """The template's other covering points that change only its sizes (numbers: tiles, programs): first every
+        size one step smaller at once (when that is a point), then the fewest parameters changed first, smaller
+        values first. A parameter that is also a launch setting is the launch search's (per target), and one that
+        is no number (a dtype) changes the arithmetic, not the registers: neither is moved here."""
+        sizes = [k for k, v in params.items()
+                 if k not in self.template.launch and isinstance(v, int | float) and not isinstance(v, bool)]
+        smaller = {**params}
+        for k in sizes:
+            values = axis(self.template.params[k]["choices"])
+            smaller[k] = values[max(values.index(params[k]) - 1, 0)]
+
         def order(point: dict) -> tuple:
             changed = [k for k in params if point[k] != params[k]]
             larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
-            return len(changed), larger
+            return point != smaller or len(changed) < 2, len(changed), larger
         for point in sorted(self.template.points(), key=order):
             key = format_point(point)
-            if any(point[k] != params[k] for k in params
-                   if k in self.template.launch or not isinstance(params[k], int | float)):
+            if any(point[k] != params[k] for k in params if k not in sizes):
                 continue
             if key not in tried and self.covers(point):
                 changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
-                yield point, changes
+                bold = "every size one step smaller: " if point == smaller and changes.count("->") > 1 else ""
+                yield point, bold + changes
 
     def run(self) -> Outcome:
-        started = time.monotonic()
+        self.started = started = time.monotonic()
         params, tried_points = self.params, {format_point(self.params)}
         base = self._base(params)
         figures = self._probe(params, {}, self.targets)
@@ -281,7 +307,7 @@ class Tuner:
         best = {t: (base[t], figures[t]) for t in self.targets}
         stopped = self._descend(params, best, base) if self.template.launch else \
             {t: f"{self.template.ref} declares no launch settings" for t in self.targets}
-        while any(f.spilled_bytes or not f.ok for _, f in best.values()) and self.probes < self.budget:
+        while any(f.spilled_bytes or not f.ok for _, f in best.values()) and not self._spent(True):
             spilling = [t for t, (_, f) in best.items() if f.spilled_bytes or not f.ok]
             move = next(self._point_moves(params, tried_points), None)
             if move is None:

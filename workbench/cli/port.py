@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from workbench.agent.tune import DEFAULT_PROBES
+from workbench.agent.tune import DEFAULT_PROBES, DEFAULT_SECONDS, SPILL_BUDGET
 from workbench.cli._common import (
     DbOption,
     JsonOption,
@@ -59,7 +59,10 @@ def port(
     targets: TargetsOption = None,
     tune_probes: Annotated[int, typer.Option(
         help="compile-only probes the tuning of the chosen candidate may spend: each required target's launch "
-             "settings, and the template point where a target spills (0: promote it as it passed)")] = DEFAULT_PROBES,
+             f"settings, and the template point where a target spills ({SPILL_BUDGET} times as many while a target "
+             "spills; 0: promote it as it passed)")] = DEFAULT_PROBES,
+    tune_seconds: Annotated[float, typer.Option(
+        help="the wall time (s) after which the tuning of a block starts no probe")] = DEFAULT_SECONDS,
     forward_only: Annotated[bool, typer.Option(
         "--forward-only", help="an inference port: verify outputs only, no replay gate (recorded in the manifest)")]
     = False,
@@ -133,7 +136,8 @@ def port(
                                    approve=approve,
                                    replay_steps=settings.replay_steps if replay_steps is None else replay_steps,
                                    targets=_targets(targets) if targets is not None else card_targets,
-                                   forward_only=forward_only, tune_probes=tune_probes)
+                                   forward_only=forward_only, tune_probes=tune_probes,
+                                   tune_seconds=tune_seconds)
     _finish(outcomes, as_json, printed=True)
 
 
