@@ -31,12 +31,13 @@ from workbench.templating import format_point, reverse_choices
 TARGETS = ("sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950")
 
 
-def port(out: Path, model: str, reverse: bool, blocks: list[str]) -> float:
+def port(out: Path, model: str, reverse: bool, blocks: list[str], tune_seconds: float | None) -> float:
     env = dict(os.environ)
     if reverse:
         env["WORKBENCH_TEMPLATES"] = str(reverse_choices(out / "templates"))
     command = [str(Path(sys.executable).with_name("workbench")), "port", *(blocks or ["--model", model]),
-               "--db", f"sqlite:///{out / 'store.db'}", "--operators", str(out / "operators")]
+               "--db", f"sqlite:///{out / 'store.db'}", "--operators", str(out / "operators"),
+               *(["--tune-seconds", str(tune_seconds)] if tune_seconds else [])]
     started = time.monotonic()
     subprocess.run(command, env=env, check=False, stdout=(out / "port.log").open("w"), stderr=subprocess.STDOUT)
     return time.monotonic() - started
@@ -81,11 +82,12 @@ def main() -> None:
     parser.add_argument("--reverse", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--against", type=Path, default=Path(__file__).resolve().parents[1] / "operators",
                         help="the operators promoted from the hand-ordered templates")
+    parser.add_argument("--tune-seconds", type=float, help="the port's --tune-seconds (default: its own)")
     parser.add_argument("--table-only", action="store_true", help="tabulate a port already run under --out")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
-        seconds = port(args.out, args.model, args.reverse, args.blocks)
+        seconds = port(args.out, args.model, args.reverse, args.blocks, args.tune_seconds)
         print(f"port of {args.blocks or args.model} from the {'reversed' if args.reverse else 'shipped'} templates: "
               f"{seconds / 60:.1f} min wall (log: {args.out / 'port.log'})")
     print("\n".join(table(args.out, args.against)))

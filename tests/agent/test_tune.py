@@ -142,6 +142,36 @@ def test_a_point_move_first_takes_every_size_one_step_smaller(tmp_path, monkeypa
     assert {"BD": 32, "BN": 64, "num_warps": 4} not in calls  # no single-size move was needed
 
 
+def test_the_point_descends_through_points_that_spill_less(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    two_tiles = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128, 64, 32]}\n"
+                         "  BN: {choices: [64, 32, 16]}\n  num_warps: {choices: [4]}")
+    points = []
+
+    def probe(params, table, targets):  # NVIDIA spills in proportion to the tile until it is 32 x 16
+        points.append((params["BD"], params["BN"]))
+        spills = 0 if params["BD"] * params["BN"] <= 512 else params["BD"] * params["BN"] // 8
+        return {t: Figure(ok=True, spilled_bytes=spills if t.startswith("sm_") else 0, time_ms=1.0) for t in targets}
+
+    outcome = Tuner(two_tiles, {"BD": 128, "BN": 64, "num_warps": 4}, launch_table(two_tiles), TARGETS, probe,
+                    budget=8).run()
+    assert outcome.params == {"BD": 32, "BN": 16, "num_warps": 4} and outcome.spill_free_on() == TARGETS
+    # 128 x 64 spills 1024 B; every size one step smaller spills 256 B: the point moves there, and from there
+    # the same bold step is spill-free (no point of the old one's neighbourhood is probed in between)
+    moves = [(t.params["BD"], t.params["BN"]) for t in outcome.trials if t.moved and t.target == "sm_80"]
+    assert moves[-2:] == [(64, 32), (32, 16)]
+    assert [p for p in dict.fromkeys(points) if p != (128, 64)] == [(64, 32), (32, 16)]
+    assert "less spill: the point moves" in next(t.why for t in outcome.trials if t.params["BD"] == 64)
+
+
+def test_a_spilling_figure_that_spills_less_is_better():
+    assert Figure(ok=True, spilled_bytes=100, time_ms=2.0).better_than(Figure(ok=True, spilled_bytes=200, time_ms=1.0))
+    assert not Figure(ok=True, spilled_bytes=199, time_ms=1.0).better_than(Figure(ok=True, spilled_bytes=200,
+                                                                                  time_ms=1.0))  # within the tie
+    assert Figure(ok=True, spilled_bytes=200, time_ms=0.5).better_than(Figure(ok=True, spilled_bytes=200,
+                                                                              time_ms=1.0))
+
+
 def test_a_target_still_spilling_when_nothing_is_left_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
     fixed = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128]}\n"

@@ -11,15 +11,16 @@ probe tries a different neighbour on every target at once, and a table of every 
 Per target the search is a descent over the neighbours of its best settings (one setting one step along its
 choices; where the target spills, first every setting one step toward fewer registers a thread at once, then those
 steps one by one: more warps, fewer stages, smaller tiles): a neighbour that compiles where the best does not, is
-spill-free where the best spills, or is modelled faster (by more than TIE) becomes the best; one that ties is a
+spill-free where the best spills, spills less, or is modelled faster (by more than TIE) becomes the best; one that ties is a
 plateau: the next step the same way is tried too, then the tie's other neighbours (two settings that pay only
 together: more warps, then a register cap), and the search moves to a tie that changes fewer of the template's own
 settings. A target stops when no untried neighbour is left (the best is a local optimum) or a budget ends
 (probes: SPILL_BUDGET times as many while a target spills; seconds), and says which. When a required target spills
-at every launch setting tried, the template's next points are probed until one is spill-free on every target: first
-every size one step smaller at once (the bold step, as for the launch settings), then the points with the fewest
-parameters changed, smaller tiles first; the point moves (its numerics are verified before anything is promoted)
-and the launch search starts over there.
+at every launch setting tried, the template's neighbouring points are probed: first every size one step smaller at
+once (the bold step, as for the launch settings), then the points with the fewest parameters changed, the fewest
+steps, smaller tiles first. A point nearer spill-free (fewer targets that do not compile, then fewer bytes spilled
+over all targets) becomes the search's point (its numerics are verified before anything is promoted): its launch
+settings are searched again, then its own neighbouring points, until every target is spill-free or a budget ends.
 """
 
 from __future__ import annotations
@@ -61,13 +62,18 @@ class Figure:
     error: str = ""
 
     def key(self) -> tuple:
-        return (not self.ok, self.spilled_bytes > 0, self.time_ms if self.time_ms is not None else float("inf"))
+        return (not self.ok, self.spilled_bytes > 0, self.spilled_bytes,
+                self.time_ms if self.time_ms is not None else float("inf"))
 
     def better_than(self, other: Figure) -> bool:
+        """Compiles where the other does not; spill-free where it spills; spills less (by more than TIE); or, the
+        spills equal, modelled faster by more than TIE."""
         mine, theirs = self.key(), other.key()
         if mine[:2] != theirs[:2]:
             return mine[:2] < theirs[:2]
-        return mine[2] < theirs[2] * (1 - TIE)
+        if mine[2] != theirs[2]:
+            return mine[2] < theirs[2] * (1 - TIE)
+        return mine[3] < theirs[3] * (1 - TIE)
 
     def text(self) -> str:
         if not self.ok:
@@ -167,6 +173,15 @@ def neighbours(template: Template, settings: Settings, relieve: bool) -> Iterato
                 f"{k} {settings[k]} -> {bold[k]}" for k in changed), "", 0
         moves.sort(key=lambda m: m[3] != relieving(m[2]))
     yield from moves
+
+
+def spills_less(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
+    """Whether ``figures`` (every target's, at a point) is nearer spill-free everywhere than ``than``: fewer targets
+    that do not compile, then fewer bytes spilled over all targets (by more than TIE)."""
+    def totals(found: dict[str, Figure]) -> tuple[int, int]:
+        return sum(not f.ok for f in found.values()), sum(f.spilled_bytes for f in found.values() if f.ok)
+    (broken, spilled), (was_broken, was_spilled) = totals(figures), totals(than)
+    return broken < was_broken or (broken == was_broken and spilled < was_spilled * (1 - TIE))
 
 
 class Tuner:
@@ -273,8 +288,8 @@ class Tuner:
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points that change only its sizes (numbers: tiles, programs): first every
-        size one step smaller at once (when that is a point), then the fewest parameters changed first, smaller
-        values first. A parameter that is also a launch setting is the launch search's (per target), and one that
+        size one step smaller at once (when that is a point), then the fewest parameters changed first, the fewest
+        steps along their choices, smaller values first. A parameter that is also a launch setting is the launch search's (per target), and one that
         is no number (a dtype) changes the arithmetic, not the registers: neither is moved here."""
         sizes = [k for k, v in params.items()
                  if k not in self.template.launch and isinstance(v, int | float) and not isinstance(v, bool)]
@@ -285,8 +300,10 @@ class Tuner:
 
         def order(point: dict) -> tuple:
             changed = [k for k in params if point[k] != params[k]]
+            steps = sum(abs(axis(self.template.params[k]["choices"]).index(point[k]) -
+                            axis(self.template.params[k]["choices"]).index(params[k])) for k in changed if k in sizes)
             larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
-            return point != smaller or len(changed) < 2, len(changed), larger
+            return point != smaller or len(changed) < 2, len(changed), steps, larger
         for point in sorted(self.template.points(), key=order):
             key = format_point(point)
             if any(point[k] != params[k] for k in params if k not in sizes):
@@ -307,26 +324,30 @@ class Tuner:
         best = {t: (base[t], figures[t]) for t in self.targets}
         stopped = self._descend(params, best, base) if self.template.launch else \
             {t: f"{self.template.ref} declares no launch settings" for t in self.targets}
-        while any(f.spilled_bytes or not f.ok for _, f in best.values()) and not self._spent(True):
+        ended = ""
+        while any(f.spilled_bytes or not f.ok for _, f in best.values()):
             spilling = [t for t, (_, f) in best.items() if f.spilled_bytes or not f.ok]
             move = next(self._point_moves(params, tried_points), None)
-            if move is None:
+            ended = self._spent(True) or ("" if move else "no other point of the template left to try")
+            if ended:
                 break
             point, changes = move
             tried_points.add(format_point(point))
             table = {t: s for t, (s, _) in best.items()}
             figures = self._probe(point, table, self.targets)
-            clean = all(f.ok and not f.spilled_bytes for f in figures.values())
+            moved = spills_less(figures, {t: f for t, (_, f) in best.items()})
             for target in self.targets:
                 why = f"{', '.join(spilling)} spill at every launch setting tried: {changes}: {figures[target].text()}"
-                self._trial(target, point, table[target], figures[target], clean, why)
-            if clean:
+                self._trial(target, point, table[target], figures[target], moved,
+                            why + (", less spill: the point moves" if moved else ""))
+            if moved:  # the search goes on from there: its launch settings, then its neighbouring points
                 params, base = point, self._base(point)
                 best = {t: (table[t], figures[t]) for t in self.targets}
                 stopped = self._descend(params, best, base) if self.template.launch else stopped
         for target, (_, figure) in best.items():
             if figure.spilled_bytes or not figure.ok:
-                stopped[target] = f"{stopped.get(target, '')}; still {figure.text()}".strip("; ")
+                stopped[target] = f"{stopped.get(target, '')}; still {figure.text()}".strip("; ") + \
+                    (f" ({ended})" if ended else "")
         tuned = {}
         for target, (settings, _) in best.items():
             changed = {k: v for k, v in settings.items() if v != base[target][k]}

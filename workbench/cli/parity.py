@@ -29,27 +29,70 @@ def parity(
     generate: Annotated[int, typer.Option(min=0, help="new tokens of a greedy generate() with the model's cache on "
                                                       "two left-padded prompts, compared token by token (0: none)")]
     = 0,
+    engine: Annotated[str, typer.Option(help="transformers (the model's modeling code) or vllm (its serving code, "
+                                             "with the workbench's vLLM plugin; source: a model_type of "
+                                             "workbench.integrations.vllm_parity.TINY; --generate tokens, 8 if 0)")]
+    = "transformers",
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Run the model's published transformers code as shipped and with the promoted operators swapped in
     (apply_workbench_kernels) on a tiny random-weight instance; compare logits (KL, cosine, top-1/top-5), router
     choices, loss, gradients and decode steps (with --generate, a greedy generate()); exit 1 when a metric is outside
-    its dtype's bound."""
+    its dtype's bound. With --engine vllm: the model's tiny instance served by vLLM as shipped and with the plugin
+    on; tokens, per-step log-probabilities and op runs compared."""
     from workbench.backends import get_backend
+    from workbench.errors import WorkbenchError
     from workbench.integrations.parity import run_parity
+    from workbench.integrations.vllm_parity import run_vllm_parity
     from workbench.store import records
 
     settings = Settings.load(db, operators)
-    chosen = [b.strip() for b in blocks.split(",") if b.strip()] if blocks else None
-    result = run_parity(source, layers=layers, tokens=tokens, blocks=chosen, dtype=dtype, seed=seed,
-                        backend=get_backend(backend), operators_dir=settings.operators_dir, lora=lora, steps=steps,
-                        generate=generate)
+    if engine == "vllm":
+        result = run_vllm_parity(source, new_tokens=generate or 8, dtype=dtype, seed=seed,
+                                 operators_dir=settings.operators_dir)
+    elif engine == "transformers":
+        chosen = [b.strip() for b in blocks.split(",") if b.strip()] if blocks else None
+        result = run_parity(source, layers=layers, tokens=tokens, blocks=chosen, dtype=dtype, seed=seed,
+                            backend=get_backend(backend), operators_dir=settings.operators_dir, lora=lora,
+                            steps=steps, generate=generate)
+    else:
+        raise WorkbenchError(f"unknown engine '{engine}' (transformers or vllm)")
     parity_id = records.record_parity(_engine(settings), result.as_dict())
     if as_json:
         _emit_json({"id": parity_id, **result.as_dict()})
+    elif engine == "vllm":
+        print_vllm_parity(result)
     else:
         print_parity(result)
     raise typer.Exit(0 if result.status == ParityStatus.PASS else 1)
+
+
+def print_vllm_parity(result) -> None:
+    """A vLLM parity run as the CLI shows it: its checks, the tokens, the log-probability deviation per step, the
+    ops that ran and the vLLM classes the plugin replaced."""
+    console.print(f"{_style(result.status)} parity {escape(result.source)} in vLLM: {escape(result.backend)} "
+                  f"({result.seconds:.1f} s)")
+    console.print(f"  {escape(result.message)}")
+    if result.metrics:
+        m = result.metrics
+        table = Table(title="vLLM as shipped vs with the workbench plugin")
+        for col in ("metric", "value", "bound", ""):
+            table.add_column(col)
+        for c in result.checks:
+            table.add_row(c["metric"], f"{c['value']:.3g}", f"{c['op']} {c['bound']:.3g}",
+                          _style("pass" if c["ok"] else "fail"))
+        mismatch = m["generate_first_mismatch"]
+        for name, value in (
+                (f"tokens ({m['generate_tokens']} per prompt)",
+                 "identical" if mismatch is None else f"first differing token at step {mismatch}"),
+                ("log-probability deviation per step", " ".join(f"{v:.2g}" for v in m["logprob_dev_per_step"])),
+                ("op runs", ", ".join(f"{k} {v}" for k, v in m["op_runs"].items()) or "none"),
+                ("vLLM classes replaced", ", ".join(f"{k} -> {v}" for k, v in m["replaced"].items()) or "none"),
+                ("calls handed back to vLLM", ", ".join(f"{k} {v}" for k, v in m["fallbacks"].items()) or "none")):
+            table.add_row(name, escape(value), "", "")
+        console.print(table)
+    for note in result.notes:
+        console.print(f"  note: {escape(note)}")
 
 
 def print_parity(result) -> None:

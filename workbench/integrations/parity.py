@@ -39,10 +39,11 @@ THRESHOLDS: dict[str, dict[str, float]] = {
     # loss within Liger's float32 convergence rtol (1e-5); a token's top-1 flips only at a near-tie, so at most 2%
     # of the tokens; gradients within 1e-3 of their norm (the float32 kernels' backward accumulates in other orders).
     # generate_min: the share of a greedy generate()'s sequences (--generate) whose new tokens are all the shipped
-    # model's; in float32 a port changes no token.
+    # model's; in float32 a port changes no token. logprob_abs_max: a served step's log-probability of its token
+    # (workbench/integrations/vllm_parity.py) within 1e-4 (the logits' float32 summation order, about 1e-6 relative).
     "float32": {"kl_max": 1e-8, "cosine_min": 1 - 1e-7, "top1_min": 0.98, "top5_min": 0.97, "router_min": 0.98,
                 "loss_rel_max": 1e-5, "grad_rel_max": 1e-3, "module_rel_max": 1e-4, "curve_rel_max": 1e-4,
-                "generate_min": 1.0},
+                "generate_min": 1.0, "logprob_abs_max": 1e-4},
     # bfloat16 (GPU only): every op rounds to 8 bits of mantissa (relative 4e-3), errors compound over layers;
     # MoE routing flips at near-ties (BLOCKS.md: bf16 runs diverge sooner); Liger's bf16 MoE loss rtol is 2e-1,
     # taken tighter here because one batch, not a training curve, is compared.
@@ -52,7 +53,7 @@ THRESHOLDS: dict[str, dict[str, float]] = {
     # differs; one of the two sequences may.
     "bfloat16": {"kl_max": 1e-2, "cosine_min": 0.99, "top1_min": 0.90, "top5_min": 0.85, "router_min": 0.85,
                  "loss_rel_max": 2e-2, "grad_rel_max": 0.15, "module_rel_max": 5e-2, "curve_rel_max": 5e-2,
-                 "generate_min": 0.5},
+                 "generate_min": 0.5, "logprob_abs_max": 0.1},
 }
 """The bounds a patched model must meet per dtype: KL and loss relative difference at most, cosine and agreement
 rates at least, the worst parameter gradient's relative error at most; module_rel_max is the bound past which a
@@ -62,7 +63,7 @@ CHECKS = (("kl", "kl_max", "<="), ("cosine", "cosine_min", ">="), ("top1", "top1
           ("top5", "top5_min", ">="), ("router_match", "router_min", ">="), ("loss_rel", "loss_rel_max", "<="),
           ("grad_rel_worst", "grad_rel_max", "<="), ("curve_rel", "curve_rel_max", "<="),
           ("decode_kl", "kl_max", "<="), ("decode_top1", "top1_min", ">="), ("generate_match", "generate_min", ">="),
-          ("generate_kl", "kl_max", "<="))
+          ("generate_kl", "kl_max", "<="), ("logprob_dev", "logprob_abs_max", "<="))
 """(metric, threshold, comparison): every check a parity run passes or fails on. The decode steps after the patched
 prefill (generation through the cache it wrote) are held to the full forward's logits bounds; so are the logits of
 a greedy generate() (--generate) up to its first differing token."""

