@@ -11,10 +11,10 @@ probe tries a different neighbour on every target at once, and a table of every 
 Per target the search is a descent over the neighbours of its best settings (one setting one step along its
 choices; where the target spills, first every setting one step toward fewer registers a thread at once, then those
 steps one by one: more warps, fewer stages, smaller tiles): a neighbour that compiles where the best does not, is
-spill-free where the best spills, spills less, or is modelled faster (by more than TIE) becomes the best; one that ties is a
-plateau: the next step the same way is tried too, then the tie's other neighbours (two settings that pay only
-together: more warps, then a register cap), and the search moves to a tie that changes fewer of the template's own
-settings. A target stops when no untried neighbour is left (the best is a local optimum) or a budget ends
+spill-free where the best spills, spills less, or is modelled faster (by more than TIE) becomes the best; one that
+ties is a plateau: the next step the same way is tried too, then the tie's other neighbours (two settings that pay
+only together: more warps, then a register cap), and the search moves to a tie that changes fewer of the template's
+own settings. A target stops when no untried neighbour is left (the best is a local optimum) or a budget ends
 (probes: SPILL_BUDGET times as many while a target spills; seconds), and says which. When a required target spills
 at every launch setting tried, the template's neighbouring points are probed: first every size one step smaller at
 once (the bold step, as for the launch settings), then the points with the fewest parameters changed, the fewest
@@ -289,8 +289,9 @@ class Tuner:
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points that change only its sizes (numbers: tiles, programs): first every
         size one step smaller at once (when that is a point), then the fewest parameters changed first, the fewest
-        steps along their choices, smaller values first. A parameter that is also a launch setting is the launch search's (per target), and one that
-        is no number (a dtype) changes the arithmetic, not the registers: neither is moved here."""
+        steps along their choices, smaller values first. A parameter that is also a launch setting is the launch
+        search's (per target), and one that is no number (a dtype) changes the arithmetic, not the registers:
+        neither is moved here."""
         sizes = [k for k, v in params.items()
                  if k not in self.template.launch and isinstance(v, int | float) and not isinstance(v, bool)]
         smaller = {**params}
