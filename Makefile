@@ -17,6 +17,7 @@ port: setup
 # The whole suite (CI runs this through .ci/run), in a random order: the seed is in the header
 # ("Using --randomly-seed=N"); `make test PYTEST_ARGS=--randomly-seed=N` reruns that order.
 test: setup
+	./scripts/setup-vllm.sh
 	./scripts/setup-debian.sh chromium chromium "the browser tests will be skipped"
 	./scripts/setup-debian.sh '/usr/lib/postgresql/*/bin/initdb' postgresql "the PostgreSQL store tests will be skipped"
 	$(VENV)/bin/ruff check workbench tests bench

@@ -1,0 +1,102 @@
+"""The vLLM stage: the plugin inside vLLM's own model code (workbench/integrations/vllm_plugin.py) and
+``workbench parity --engine vllm`` (workbench/integrations/vllm_parity.py). The served runs need the vLLM venv that
+scripts/setup-vllm.sh sets up (`make test` runs it); without it they skip, naming the script."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.integrations import vllm_plugin
+from workbench.integrations.parity import ParityResult
+from workbench.integrations.vllm_parity import PROMPTS, TINY, compare, judge_served, run_vllm_parity, vllm_python
+from workbench.vocabulary import ParityStatus
+
+
+def served(tokens: list[list[int]], logprobs: list[list[float]], runs: dict, replaced: dict) -> dict:
+    """A serve answer as workbench.integrations.vllm_child gives it."""
+    return {"sequences": [{"tokens": t, "logprobs": p} for t, p in zip(tokens, logprobs, strict=True)],
+            "op_runs": runs, "replaced": replaced, "fallbacks": {}, "plugin": bool(replaced)}
+
+
+def result_of(metrics: dict) -> ParityResult:
+    result = ParityResult(source="llama", model_type="llama", model_class="vllm llama", dtype="float32",
+                          backend="vllm-cpu", layers=[], tokens=3)
+    result.metrics = metrics
+    judge_served(result)
+    return result
+
+
+def test_the_plugin_is_off_unless_the_setting_turns_it_on(monkeypatch):
+    monkeypatch.delenv(vllm_plugin.ENABLE, raising=False)
+    vllm_plugin.register()  # vLLM calls it in every process it starts: off, it imports nothing of vLLM
+    assert vllm_plugin.REPLACED == {} and not vllm_plugin.enabled()
+    monkeypatch.setenv(vllm_plugin.ENABLE, "1")
+    assert vllm_plugin.enabled()
+
+
+def test_the_comparison_stops_at_the_first_differing_token_and_fails_it():
+    ours = {"RMSNorm": "rmsnorm", "SiluAndMul": "swiglu"}
+    shipped = served([[5, 6, 7], [8, 9, 10]], [[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]], {}, {})
+    same = compare(shipped, served([[5, 6, 7], [8, 9, 10]], [[-1.0, -2.0 + 3e-7, -3.0], [-1.0, -1.0, -1.0]],
+                                   {"rmsnorm": 12, "swiglu": 6}, ours))
+    assert same["generate_match"] == 1.0 and same["generate_first_mismatch"] is None
+    assert same["logprob_dev_per_step"] == pytest.approx([0.0, 3e-7, 0.0], abs=1e-12)
+    assert result_of(same).status == ParityStatus.PASS
+    # the second prompt's step 1 differs: its later steps (other inputs) are not compared
+    differ = compare(shipped, served([[5, 6, 7], [8, 4, 11]], [[-1.0, -2.0, -3.0], [-1.0, -1.5, -9.0]],
+                                     {"rmsnorm": 12, "swiglu": 6}, ours))
+    assert differ["generate_match"] == 0.5 and differ["generate_first_mismatch"] == 1
+    assert differ["logprob_dev_per_step"] == [0.0, 0.5, 0.0]
+    failed = result_of(differ)
+    assert failed.status == ParityStatus.FAIL and "generate_match" in failed.message
+
+
+def test_a_plugin_that_did_not_load_or_an_op_that_never_ran_fails_the_run():
+    shipped = served([[5, 6]], [[-1.0, -2.0]], {}, {})
+    unloaded = result_of(compare(shipped, served([[5, 6]], [[-1.0, -2.0]], {}, {})))
+    assert unloaded.status == ParityStatus.FAIL and "replaced no vLLM class" in unloaded.message
+    idle = result_of(compare(shipped, served([[5, 6]], [[-1.0, -2.0]], {"rmsnorm": 4},
+                                             {"RMSNorm": "rmsnorm", "SiluAndMul": "swiglu"})))
+    assert idle.status == ParityStatus.FAIL and idle.metrics["idle_blocks"] == ["swiglu"]
+
+
+def test_an_unknown_model_or_dtype_is_one_clear_error():
+    with pytest.raises(WorkbenchError, match="no tiny vLLM model for 'gpt2'"):
+        run_vllm_parity("gpt2")
+    with pytest.raises(WorkbenchError, match="float32"):
+        run_vllm_parity("llama", dtype="bfloat16")
+
+
+def vllm_or_skip() -> None:
+    try:
+        vllm_python()
+    except WorkbenchError as exc:
+        pytest.skip(f"the vLLM stage: {exc}")
+
+
+PER_FORWARD = {
+    # llama: two norms a layer and the final one; one activation a layer
+    "llama": {"rmsnorm": 2 * 2 + 1, "swiglu": 2},
+    # deepseek_v3: four norms a layer (input, post-attention, MLA's q_a and kv_a latents) and the final one; the
+    # dense layer's activation and the MoE layer's shared expert's (its routed experts are vLLM's fused MoE)
+    "deepseek_v3": {"rmsnorm": 2 * 4 + 1, "swiglu": 2},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.interpreter
+@pytest.mark.parametrize("model_type", sorted(PER_FORWARD))
+def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_shipped(model_type):
+    vllm_or_skip()
+    new_tokens = 8
+    result = run_vllm_parity(model_type, new_tokens=new_tokens)
+    m = result.metrics
+    assert result.status == ParityStatus.PASS, result.message
+    assert m["generate_match"] == 1.0 and m["generate_first_mismatch"] is None
+    assert m["logprob_dev"] <= 1e-4 and len(m["logprob_dev_per_step"]) == new_tokens
+    assert m["replaced"] == {"RMSNorm": "rmsnorm", "SiluAndMul": "swiglu"} and m["fallbacks"] == {}
+    # every forward ran ours: one prefill of both prompts, then a decode step per new token but the last
+    assert m["op_runs"] == {block: new_tokens * n for block, n in PER_FORWARD[model_type].items()}
+    assert m["shipped_op_runs"] == {}  # with the setting off, vLLM ran as shipped
+    assert len(PROMPTS) == 2 and set(TINY) == set(PER_FORWARD)
