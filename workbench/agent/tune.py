@@ -15,12 +15,15 @@ spill-free where the best spills, spills less, or is modelled faster (by more th
 ties is a plateau: the next step the same way is tried too, then the tie's other neighbours (two settings that pay
 only together: more warps, then a register cap), and the search moves to a tie that changes fewer of the template's
 own settings. A target stops when no untried neighbour is left (the best is a local optimum) or a budget ends
-(probes: SPILL_BUDGET times as many while a target spills; seconds), and says which. When a required target spills
+(probes: SPILL_BUDGET times the port's while a target spills, else the port's counted past the probes that relieved
+spills; seconds), and says which. When a required target spills
 at every launch setting tried, the template's neighbouring points are probed: first every size one step smaller at
 once (the bold step, as for the launch settings), then the points with the fewest parameters changed, the fewest
 steps, smaller tiles first. A point nearer spill-free (fewer targets that do not compile, then fewer bytes spilled
 over all targets) becomes the search's point (its numerics are verified before anything is promoted): its launch
 settings are searched again, then its own neighbouring points, until every target is spill-free or a budget ends.
+A point the spills shrank then grows back, one size one step up at a time, where it stays spill-free everywhere and
+is modelled faster (its time over the best's, averaged over the targets).
 """
 
 from __future__ import annotations
@@ -184,6 +187,15 @@ def spills_less(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
     return broken < was_broken or (broken == was_broken and spilled < was_spilled * (1 - TIE))
 
 
+def faster(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
+    """Whether ``figures`` (every target's, at a point) is spill-free everywhere and modelled faster than ``than``:
+    its time over the other's, averaged over the targets, below 1 - TIE."""
+    if not all(f.ok and not f.spilled_bytes and f.time_ms for f in figures.values()):
+        return False
+    ratios = [f.time_ms / than[t].time_ms for t, f in figures.items() if than[t].time_ms]
+    return bool(ratios) and sum(ratios) / len(ratios) < 1 - TIE
+
+
 class Tuner:
     """The search for one template point and its per-target launch settings (see the module's docstring)."""
 
@@ -199,22 +211,28 @@ class Tuner:
         self.on_trial = on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
         self.probes = 0
+        self.relief = 0  # probes spent while a target spilled (the spill's, not the speed's budget)
         self._bases: dict[str, dict[str, Settings]] = {}
 
-    def _probe(self, params: dict, table: Table, targets: list[str]) -> dict[str, Figure]:
-        """The probe of ``table`` (full settings per target), rendered with what differs from the point's own."""
+    def _probe(self, params: dict, table: Table, targets: list[str], spilling: bool = False) -> dict[str, Figure]:
+        """The probe of ``table`` (full settings per target), rendered with what differs from the point's own;
+        ``spilling``: made to relieve a spill (counted apart from the speed search's budget)."""
         self.probes += 1
+        self.relief += spilling
         base = self._base(params)
         diff = {t: {k: v for k, v in s.items() if v != base[t][k]} for t, s in table.items()}
         return self.probe(params, {t: d for t, d in diff.items() if d}, targets)
 
     def _spent(self, spilling: bool) -> str:
         """Why the search may start no probe now ('' while it may): its probe budget (SPILL_BUDGET times the
-        port's while ``spilling``) or its seconds are spent."""
-        limit = self.budget * (SPILL_BUDGET if spilling else 1)
-        if self.probes >= limit:
-            grown = f" ({SPILL_BUDGET} x {self.budget} while a target spills)" if spilling else ""
-            return f"probe budget of {limit}{grown} spent"
+        port's while ``spilling``; the port's own, past the probes that relieved spills, when not) or its seconds
+        are spent."""
+        if spilling and self.probes >= self.budget * SPILL_BUDGET:
+            return f"probe budget of {self.budget * SPILL_BUDGET} ({SPILL_BUDGET} x {self.budget} while a target " \
+                   f"spills) spent"
+        if not spilling and self.probes >= self.budget + self.relief:
+            return f"probe budget of {self.budget} spent" + (f" (and {self.relief} relieving spills)"
+                                                               if self.relief else "")
         if time.monotonic() - self.started >= self.seconds:
             return f"time budget of {self.seconds:.0f} s spent"
         return ""
@@ -261,11 +279,12 @@ class Tuner:
                     moves[target] = move
             if not moves:
                 return stopped
-            if spent := self._spent(any(f.spilled_bytes or not f.ok for _, f in best.values())):
+            spilling = any(f.spilled_bytes or not f.ok for _, f in best.values())
+            if spent := self._spent(spilling):
                 for target in moves:
                     stopped[target] = spent
                 return stopped
-            figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves))
+            figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves), spilling)
             for target, (settings, text, key, direction) in moves.items():
                 tried[target].append(settings)
                 figure, before = figures[target], best[target][1]
@@ -314,6 +333,19 @@ class Tuner:
                 bold = "every size one step smaller: " if point == smaller and changes.count("->") > 1 else ""
                 yield point, bold + changes
 
+    def _growth(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
+        """The covering points one size one step larger than ``params``, for sizes still below the passing
+        point's, the largest step in bytes first (the last tile the spills shrank)."""
+        valid = {format_point(p) for p in self.template.points()}
+        for key in sorted(params, key=lambda k: -params[k] if isinstance(params[k], int | float) else 0):
+            if key in self.template.launch or not isinstance(params[key], int | float) or \
+                    isinstance(params[key], bool) or params[key] >= self.params[key]:
+                continue
+            values = axis(self.template.params[key]["choices"])
+            point = {**params, key: values[values.index(params[key]) + 1]}
+            if format_point(point) in valid and format_point(point) not in tried and self.covers(point):
+                yield point, f"{key} {params[key]} -> {point[key]}"
+
     def run(self) -> Outcome:
         self.started = started = time.monotonic()
         params, tried_points = self.params, {format_point(self.params)}
@@ -335,7 +367,7 @@ class Tuner:
             point, changes = move
             tried_points.add(format_point(point))
             table = {t: s for t, (s, _) in best.items()}
-            figures = self._probe(point, table, self.targets)
+            figures = self._probe(point, table, self.targets, spilling=True)
             moved = spills_less(figures, {t: f for t, (_, f) in best.items()})
             for target in self.targets:
                 why = f"{', '.join(spilling)} spill at every launch setting tried: {changes}: {figures[target].text()}"
@@ -349,6 +381,24 @@ class Tuner:
             if figure.spilled_bytes or not figure.ok:
                 stopped[target] = f"{stopped.get(target, '')}; still {figure.text()}".strip("; ") + \
                     (f" ({ended})" if ended else "")
+        # a point the spills shrank grows back, one size one step, while it stays spill-free and gets faster
+        while params != self.params and not ended and all(f.ok and not f.spilled_bytes for _, f in best.values()):
+            move = next(self._growth(params, tried_points), None)
+            if move is None or self._spent(False):
+                break
+            point, changes = move
+            tried_points.add(format_point(point))
+            table = {t: s for t, (s, _) in best.items()}
+            figures = self._probe(point, table, self.targets)
+            moved = faster(figures, {t: f for t, (_, f) in best.items()})
+            for target in self.targets:
+                self._trial(target, point, table[target], figures[target], moved,
+                            f"the spills shrank the point; growing it back: {changes}: {figures[target].text()}"
+                            + (", spill-free and faster: the point moves" if moved else ""))
+            if moved:
+                params, base = point, self._base(point)
+                best = {t: (table[t], figures[t]) for t in self.targets}
+                stopped = self._descend(params, best, base) if self.template.launch else stopped
         tuned = {}
         for target, (settings, _) in best.items():
             changed = {k: v for k, v in settings.items() if v != base[target][k]}
