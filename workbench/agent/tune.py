@@ -187,10 +187,11 @@ def spills_less(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
     return broken < was_broken or (broken == was_broken and spilled < was_spilled * (1 - TIE))
 
 
-def faster(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
-    """Whether ``figures`` (every target's, at a point) is spill-free everywhere and modelled faster than ``than``:
-    its time over the other's, averaged over the targets, below 1 - TIE."""
-    if not all(f.ok and not f.spilled_bytes and f.time_ms for f in figures.values()):
+def faster(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = False) -> bool:
+    """Whether ``figures`` (every target's, at a point) is spill-free everywhere (with ``spills``: compiles
+    everywhere) and modelled faster than ``than``: its time over the other's, averaged over the targets, below
+    1 - TIE."""
+    if not all(f.ok and (spills or not f.spilled_bytes) and f.time_ms for f in figures.values()):
         return False
     ratios = [f.time_ms / than[t].time_ms for t, f in figures.items() if than[t].time_ms]
     return bool(ratios) and sum(ratios) / len(ratios) < 1 - TIE
@@ -390,15 +391,19 @@ class Tuner:
             tried_points.add(format_point(point))
             table = {t: s for t, (s, _) in best.items()}
             figures = self._probe(point, table, self.targets)
-            moved = faster(figures, {t: f for t, (_, f) in best.items()})
+            was = {t: f for t, (_, f) in best.items()}
+            moved, promising = faster(figures, was), faster(figures, was, spills=True)
             for target in self.targets:
                 self._trial(target, point, table[target], figures[target], moved,
                             f"the spills shrank the point; growing it back: {changes}: {figures[target].text()}"
-                            + (", spill-free and faster: the point moves" if moved else ""))
+                            + (", spill-free and faster: the point moves" if moved else
+                               ", faster but spilling: its launch settings are searched" if promising else ""))
+            grown = {t: (table[t], figures[t]) for t in self.targets}
+            if moved or promising:  # a faster point that spills may be relieved by its own launch settings
+                reasons = self._descend(point, grown, self._base(point)) if self.template.launch else stopped
+                moved = faster({t: f for t, (_, f) in grown.items()}, was)
             if moved:
-                params, base = point, self._base(point)
-                best = {t: (table[t], figures[t]) for t in self.targets}
-                stopped = self._descend(params, best, base) if self.template.launch else stopped
+                params, base, best, stopped = point, self._base(point), grown, reasons
         tuned = {}
         for target, (settings, _) in best.items():
             changed = {k: v for k, v in settings.items() if v != base[target][k]}
