@@ -68,6 +68,15 @@ def test_an_unknown_model_or_dtype_is_one_clear_error():
         run_vllm_parity("llama", dtype="bfloat16")
 
 
+def test_the_cli_names_an_unknown_engine_in_one_line(settings):
+    from typer.testing import CliRunner
+
+    from workbench.cli import app
+
+    result = CliRunner().invoke(app, ["parity", "llama", "--engine", "sglang"])
+    assert result.exit_code == 2 and "unknown engine 'sglang' (transformers or vllm)" in result.output
+
+
 def vllm_or_skip() -> None:
     try:
         vllm_python()
