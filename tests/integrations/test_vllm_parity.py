@@ -13,10 +13,12 @@ from workbench.integrations.vllm_parity import PROMPTS, TINY, compare, judge_ser
 from workbench.vocabulary import ParityStatus
 
 
-def served(tokens: list[list[int]], logprobs: list[list[float]], runs: dict, replaced: dict) -> dict:
-    """A serve answer as workbench.integrations.vllm_child gives it."""
+def served(tokens: list[list[int]], logprobs: list[list[float]], runs: dict, replaced: dict,
+           built: dict | None = None) -> dict:
+    """A serve answer as workbench.integrations.vllm_child gives it (every replaced class built once by default)."""
     return {"sequences": [{"tokens": t, "logprobs": p} for t, p in zip(tokens, logprobs, strict=True)],
-            "op_runs": runs, "replaced": replaced, "fallbacks": {}, "plugin": bool(replaced)}
+            "op_runs": runs, "replaced": replaced, "fallbacks": {}, "plugin": bool(replaced),
+            "built": {name: 1 for name in replaced} if built is None else built}
 
 
 def result_of(metrics: dict) -> ParityResult:
@@ -36,7 +38,7 @@ def test_the_plugin_is_off_unless_the_setting_turns_it_on(monkeypatch):
 
 
 def test_the_comparison_stops_at_the_first_differing_token_and_fails_it():
-    ours = {"RMSNorm": "rmsnorm", "SiluAndMul": "swiglu"}
+    ours = {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"]}
     shipped = served([[5, 6, 7], [8, 9, 10]], [[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]], {}, {})
     same = compare(shipped, served([[5, 6, 7], [8, 9, 10]], [[-1.0, -2.0 + 3e-7, -3.0], [-1.0, -1.0, -1.0]],
                                    {"rmsnorm": 12, "swiglu": 6}, ours))
@@ -56,8 +58,11 @@ def test_a_plugin_that_did_not_load_or_an_op_that_never_ran_fails_the_run():
     shipped = served([[5, 6]], [[-1.0, -2.0]], {}, {})
     unloaded = result_of(compare(shipped, served([[5, 6]], [[-1.0, -2.0]], {}, {})))
     assert unloaded.status == ParityStatus.FAIL and "replaced no vLLM class" in unloaded.message
-    idle = result_of(compare(shipped, served([[5, 6]], [[-1.0, -2.0]], {"rmsnorm": 4},
-                                             {"RMSNorm": "rmsnorm", "SiluAndMul": "swiglu"})))
+    replaced = {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"],
+                "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"]}
+    idle = result_of(compare(shipped, served([[5, 6]], [[-1.0, -2.0]], {"rmsnorm": 4}, replaced,
+                                             {"RMSNorm": 5, "SiluAndMul": 2})))
+    # the experts' replacement was never built (a dense model): not idle; the activation was built and never ran
     assert idle.status == ParityStatus.FAIL and idle.metrics["idle_blocks"] == ["swiglu"]
 
 
@@ -88,9 +93,12 @@ PER_FORWARD = {
     # llama: two norms a layer and the final one; one activation a layer
     "llama": {"rmsnorm": 2 * 2 + 1, "swiglu": 2},
     # deepseek_v3: four norms a layer (input, post-attention, MLA's q_a and kv_a latents) and the final one; the
-    # dense layer's activation and the MoE layer's shared expert's (its routed experts are vLLM's fused MoE)
-    "deepseek_v3": {"rmsnorm": 2 * 4 + 1, "swiglu": 2},
+    # dense layer's activation and the MoE layer's shared expert's; the MoE layer's routed experts
+    "deepseek_v3": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_permute": 1, "moe_grouped_gemm": 1, "moe_combine": 1},
 }
+BUILT = {"llama": {"RMSNorm": 5, "SiluAndMul": 2},
+         "deepseek_v3": {"RMSNorm": 9, "SiluAndMul": 2, "UnquantizedFusedMoEMethod": 1}}
+"""The instances of each replacement vLLM's model code builds."""
 
 
 @pytest.mark.slow
@@ -104,7 +112,9 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     assert result.status == ParityStatus.PASS, result.message
     assert m["generate_match"] == 1.0 and m["generate_first_mismatch"] is None
     assert m["logprob_dev"] <= 1e-4 and len(m["logprob_dev_per_step"]) == new_tokens
-    assert m["replaced"] == {"RMSNorm": "rmsnorm", "SiluAndMul": "swiglu"} and m["fallbacks"] == {}
+    assert m["replaced"] == {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"],
+                             "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"]}
+    assert m["built"] == BUILT[model_type] and m["fallbacks"] == {}
     # every forward ran ours: one prefill of both prompts, then a decode step per new token but the last
     assert m["op_runs"] == {block: new_tokens * n for block, n in PER_FORWARD[model_type].items()}
     assert m["shipped_op_runs"] == {}  # with the setting off, vLLM ran as shipped

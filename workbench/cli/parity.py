@@ -87,7 +87,8 @@ def print_vllm_parity(result) -> None:
                  "identical" if mismatch is None else f"first differing token at step {mismatch}"),
                 ("log-probability deviation per step", " ".join(f"{v:.2g}" for v in m["logprob_dev_per_step"])),
                 ("op runs", ", ".join(f"{k} {v}" for k, v in m["op_runs"].items()) or "none"),
-                ("vLLM classes replaced", ", ".join(f"{k} -> {v}" for k, v in m["replaced"].items()) or "none"),
+                ("vLLM classes replaced", "; ".join(f"{k} -> {', '.join(v)}" for k, v in m["replaced"].items())
+                 or "none"),
                 ("calls handed back to vLLM", ", ".join(f"{k} {v}" for k, v in m["fallbacks"].items()) or "none")):
             table.add_row(name, escape(value), "", "")
         console.print(table)

@@ -7,8 +7,9 @@ project's): ``python -m workbench.integrations.vllm_child`` with a job (JSON) on
 - ``{"mode": "serve", "dir", "prompts", "new_tokens", "dtype"}``: vLLM's offline engine (``vllm.LLM``, eager, in
   this process: VLLM_ENABLE_V1_MULTIPROCESSING=0, so the op counts are this process's) greedily decodes
   ``new_tokens`` after each prompt (token ids); the answer has each prompt's tokens and each step's log-probability
-  of its token, the workbench ops that ran (workbench.kernels._ops.RUNS), the classes the plugin replaced and the
-  calls it handed back to vLLM. Whether the plugin is on is the environment's WORKBENCH_VLLM.
+  of its token, the workbench ops that ran (workbench.kernels._ops.RUNS), the classes the plugin replaced, the
+  instances of each vLLM built and the calls it handed back to vLLM. Whether the plugin is on is the environment's
+  WORKBENCH_VLLM.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def serve(job: dict) -> dict:
                         "logprobs": [step[token].logprob for step, token in zip(done.logprobs, done.token_ids,
                                                                                  strict=True)]})
     return {"sequences": answers, "op_runs": dict(sorted(RUNS.items())), "replaced": vllm_plugin.REPLACED,
-            "fallbacks": dict(vllm_plugin.FALLBACKS), "plugin": vllm_plugin.enabled()}
+            "built": dict(vllm_plugin.BUILT), "fallbacks": dict(vllm_plugin.FALLBACKS), "plugin": vllm_plugin.enabled()}
 
 
 def main() -> None:

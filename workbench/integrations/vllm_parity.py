@@ -6,7 +6,8 @@ the tokens, each step's log-probability of its token, and the ops that ran are c
       -> a child serves it with WORKBENCH_VLLM=0 (vLLM as shipped), another with WORKBENCH_VLLM=1 (the plugin)
       -> ParityResult: generate_match (the share of prompts whose tokens are all the shipped engine's),
          logprob_dev (the largest |log p shipped - log p patched| of a step's token, up to the first differing
-         token), the ops' run counts; a plugin that replaced nothing, or a replaced block that never ran, fails
+         token), the ops' run counts; a plugin that replaced nothing, or a block of a replacement vLLM built that never
+         ran, fails
 
 vLLM pins transformers below the project's, so the children run in the vLLM stage's own venv (``.venv-vllm``,
 scripts/setup-vllm.sh; ``$WORKBENCH_VLLM_PYTHON`` names another interpreter). On CPU the operators run through the
@@ -100,8 +101,9 @@ def compare(shipped: dict, patched: dict) -> dict[str, Any]:
     return {"generate_match": sum(same) / len(same), "generate_first_mismatch": first,
             "generate_tokens": len(shipped["sequences"][0]["tokens"]), "logprob_dev": max(per_step),
             "logprob_dev_per_step": per_step, "op_runs": runs, "replaced": patched["replaced"],
-            "fallbacks": patched["fallbacks"], "shipped_op_runs": shipped["op_runs"],
-            "idle_blocks": sorted(block for block in set(patched["replaced"].values()) if not runs.get(block))}
+            "fallbacks": patched["fallbacks"], "built": patched["built"], "shipped_op_runs": shipped["op_runs"],
+            "idle_blocks": sorted({block for name, blocks in patched["replaced"].items() for block in blocks
+                                   if patched["built"].get(name) and not runs.get(block)})}
 
 
 def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32", seed: int = 0,

@@ -11,9 +11,13 @@ before, and only the forward changes, taking vLLM's tensors as they are. vLLM ca
     RMSNorm       CustomOp.register_oot        rmsnorm   the norm; with a residual, vLLM's fused add first (float32
                                                          sum, cast to x's dtype, as vllm.ir's fused_add_rms_norm)
     SiluAndMul    CustomOp.register_oot        swiglu    silu(x[..., :d]) * x[..., d:]
+    UnquantizedFusedMoEMethod                  moe_permute, moe_grouped_gemm (SwiGLU experts), moe_combine: the
+                  CustomOp.register_oot                  routed experts of vLLM's own routing (its top-k ids and
+                                                         weights); vLLM's w13 split into w1, w3 once at load
 
-A call the operator does not cover (RMSNorm's ``var_hidden_size``, no weight) runs vLLM's own forward and is counted
-as such (``FALLBACKS``), so a parity run can say what did not run the operator. vLLM only logs a plugin that fails to
+A call the operator does not cover (RMSNorm's ``var_hidden_size``, no weight; experts with biases, another
+activation, an expert map or the router weight on the input) runs vLLM's own forward and is counted as such
+(``FALLBACKS``), so a parity run can say what did not run the operator. vLLM only logs a plugin that fails to
 import and goes on: ``REPLACED`` (filled at registration) and the ops' run counts are what proves the swap happened.
 """
 
@@ -23,8 +27,10 @@ import collections
 import os
 
 ENABLE = "WORKBENCH_VLLM"
-REPLACED: dict[str, str] = {}
-"""vLLM class -> block, for each replacement registered in this process."""
+REPLACED: dict[str, list[str]] = {}
+"""vLLM class -> the blocks its replacement runs, for each replacement registered in this process."""
+BUILT: collections.Counter[str] = collections.Counter()
+"""vLLM class -> the instances of its replacement vLLM's model code built (a model without MoE builds no experts)."""
 FALLBACKS: collections.Counter[str] = collections.Counter()
 """vLLM class -> calls its replacement handed back to vLLM's own forward (a case the operator does not cover)."""
 
@@ -39,11 +45,23 @@ def register() -> None:
         return
     import torch
     from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
     from vllm.model_executor.layers.layernorm import RMSNorm
 
     import workbench.kernels as wk
 
-    class WorkbenchRMSNorm(RMSNorm):
+    class Built:
+        """Counts the instances vLLM builds of a replacement (BUILT, by the vLLM class it replaces)."""
+
+        replaces = ""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            BUILT[self.replaces] += 1
+
+    class WorkbenchRMSNorm(Built, RMSNorm):
         """vLLM's RMSNorm through the rmsnorm operator: x [T, H] (and residual [T, H]) -> y [T, H] (and x +
         residual, the next residual)."""
 
@@ -58,7 +76,7 @@ def register() -> None:
 
         forward_cuda = forward_cpu
 
-    class WorkbenchSiluAndMul(SiluAndMul):
+    class WorkbenchSiluAndMul(Built, SiluAndMul):
         """vLLM's SiluAndMul through the swiglu operator: x [T, 2d] -> [T, d]."""
 
         def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +85,40 @@ def register() -> None:
 
         forward_cuda = forward_cpu
 
-    for vllm_class, ours, block in ((RMSNorm, WorkbenchRMSNorm, "rmsnorm"),
-                                    (SiluAndMul, WorkbenchSiluAndMul, "swiglu")):
+    class WorkbenchFusedMoEMethod(Built, UnquantizedFusedMoEMethod):
+        """vLLM's unquantized experts through moe_permute, moe_grouped_gemm and moe_combine: x [T, D], top-k ids and
+        weights [T, k] (vLLM's router) -> [T, D]. w13 [E, 2F, D] (gate rows, then up rows) is split once at load
+        into w1, w3 [E, F, D]; w2 [E, D, F] is read as loaded."""
+
+        def covers(self, layer) -> bool:
+            return (layer.activation == MoEActivation.SILU and not self.moe.has_bias and layer.expert_map is None
+                    and not layer.apply_router_weight_on_input)
+
+        def process_weights_after_loading(self, layer) -> None:
+            if not self.covers(layer):  # vLLM's own kernel (it lays the weights out for itself)
+                FALLBACKS["UnquantizedFusedMoEMethod"] += 1
+                super().process_weights_after_loading(layer)
+                return
+            half = layer.w13_weight.shape[1] // 2
+            layer.workbench_w1 = layer.w13_weight.data[:, :half].contiguous()
+            layer.workbench_w3 = layer.w13_weight.data[:, half:].contiguous()
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+            if not hasattr(layer, "workbench_w1"):
+                return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+            rows, _, row_of_slot, _, offsets = wk.moe_permute(x, topk_ids.long(), layer.global_num_experts)
+            y = wk.moe_grouped_gemm(rows, offsets, layer.workbench_w1, layer.workbench_w3, layer.w2_weight,
+                                    "swiglu", 4.0, 25.0)
+            if shared_experts is not None:  # as vLLM's modular kernel runs them (their output is the runner's)
+                shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
+            return wk.moe_combine(y, topk_weights, row_of_slot)
+
+        forward_cpu = forward_cuda = apply
+
+    for vllm_class, ours, blocks in ((RMSNorm, WorkbenchRMSNorm, ["rmsnorm"]),
+                                     (SiluAndMul, WorkbenchSiluAndMul, ["swiglu"]),
+                                     (UnquantizedFusedMoEMethod, WorkbenchFusedMoEMethod,
+                                      ["moe_permute", "moe_grouped_gemm", "moe_combine"])):
+        ours.replaces = vllm_class.__name__
         vllm_class.register_oot(ours)
-        REPLACED[vllm_class.__name__] = block
+        REPLACED[vllm_class.__name__] = blocks
