@@ -389,16 +389,22 @@ def run(job: dict) -> dict:
     return {"metrics": metrics, "patch": report.as_dict()}
 
 
-def main() -> None:
-    job = json.loads(sys.stdin.read())
+def reply(mark: str, compute) -> None:
+    """Write ``compute()``'s answer as one line ``<mark><json>`` on stdout, or {"error": ...} with the exception in
+    one line and its last frame (the parent reports it as the run's error)."""
     try:
-        answer = run(job)
-    except Exception as exc:  # the parent reports it as the run's error, with the last frame
+        answer = compute()
+    except Exception as exc:
         last = traceback.extract_tb(exc.__traceback__)[-1]
         answer = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())} "
                            f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"}
-    sys.stdout.write(MARK + json.dumps(answer) + "\n")
+    sys.stdout.write(mark + json.dumps(answer) + "\n")
     sys.stdout.flush()
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    reply(MARK, lambda: run(job))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 
 MARK = "@@vllm "
 
@@ -57,15 +56,10 @@ def serve(job: dict) -> dict:
 
 
 def main() -> None:
+    from workbench.integrations.parity_child import reply
+
     job = json.loads(sys.stdin.read())
-    try:
-        answer = {"build": build, "serve": serve}[job["mode"]](job)
-    except Exception as exc:  # the parent reports it as the run's error, with the last frame
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        answer = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]} "
-                           f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"}
-    sys.stdout.write(MARK + json.dumps(answer) + "\n")
-    sys.stdout.flush()
+    reply(MARK, lambda: {"build": build, "serve": serve}[job["mode"]](job))
 
 
 if __name__ == "__main__":
