@@ -89,6 +89,7 @@ def print_vllm_parity(result) -> None:
                 ("op runs", ", ".join(f"{k} {v}" for k, v in m["op_runs"].items()) or "none"),
                 ("vLLM classes replaced", "; ".join(f"{k} -> {', '.join(v)}" for k, v in m["replaced"].items())
                  or "none"),
+                ("instances vLLM built", ", ".join(f"{k} {v}" for k, v in m["built"].items()) or "none"),
                 ("calls handed back to vLLM", ", ".join(f"{k} {v}" for k, v in m["fallbacks"].items()) or "none")):
             table.add_row(name, escape(value), "", "")
         console.print(table)
