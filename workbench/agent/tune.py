@@ -214,6 +214,7 @@ class Tuner:
         self.probes = 0
         self.relief = 0  # probes spent while a target spilled (the spill's, not the speed's budget)
         self._bases: dict[str, dict[str, Settings]] = {}
+        self._points = list(template.points())  # every valid point, enumerated once
 
     def _probe(self, params: dict, table: Table, targets: list[str], spilling: bool = False) -> dict[str, Figure]:
         """The probe of ``table`` (full settings per target), rendered with what differs from the point's own;
@@ -325,7 +326,7 @@ class Tuner:
                             axis(self.template.params[k]["choices"]).index(params[k])) for k in changed if k in sizes)
             larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
             return point != smaller or len(changed) < 2, len(changed), steps, larger
-        for point in sorted(self.template.points(), key=order):
+        for point in sorted(self._points, key=order):
             key = format_point(point)
             if any(point[k] != params[k] for k in params if k not in sizes):
                 continue
@@ -337,14 +338,13 @@ class Tuner:
     def _growth(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The covering points one size one step larger than ``params``, for sizes still below the passing
         point's, the largest step in bytes first (the last tile the spills shrank)."""
-        valid = {format_point(p) for p in self.template.points()}
         for key in sorted(params, key=lambda k: -params[k] if isinstance(params[k], int | float) else 0):
             if key in self.template.launch or not isinstance(params[key], int | float) or \
                     isinstance(params[key], bool) or params[key] >= self.params[key]:
                 continue
             values = axis(self.template.params[key]["choices"])
             point = {**params, key: values[values.index(params[key]) + 1]}
-            if format_point(point) in valid and format_point(point) not in tried and self.covers(point):
+            if point in self._points and format_point(point) not in tried and self.covers(point):
                 yield point, f"{key} {params[key]} -> {point[key]}"
 
     def run(self) -> Outcome:

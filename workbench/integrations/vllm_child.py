@@ -19,6 +19,9 @@ import os
 import sys
 
 MARK = "@@vllm "
+KV_CACHE_BYTES = 64 << 20
+"""The KV cache a tiny model is served with (the CPU backend otherwise reserves a share of the machine's memory, and
+refuses to start where less is free)."""
 
 
 def build(job: dict) -> dict:
@@ -41,7 +44,7 @@ def serve(job: dict) -> dict:
 
     llm = LLM(model=job["dir"], dtype=job["dtype"], enforce_eager=True, max_model_len=job["max_model_len"],
               skip_tokenizer_init=True, seed=0, enable_prefix_caching=False,
-              kv_cache_memory_bytes=job.get("kv_cache_bytes", 64 << 20), **job.get("engine", {}))
+              kv_cache_memory_bytes=KV_CACHE_BYTES, **job.get("engine", {}))
     params = SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], logprobs=0, detokenize=False,
                             ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in job["prompts"]], params, use_tqdm=False)
