@@ -246,3 +246,27 @@ def test_neighbours_step_along_value_order_whatever_the_preference_order(warps_a
     assert base_settings(table, "sm_80", ["num_warps"]) == {"num_warps": 8}
     assert base_settings(table, "sm_90a", ["num_warps"]) == {"num_warps": 2}
     assert base_settings(table, "gfx942", ["num_warps"]) == {"num_warps": 4}
+
+
+def test_a_probe_fails_only_the_target_whose_compile_failed_and_a_sandbox_verdict_fails_every_target():
+    """A launch that does not compile in time on sm_80 is sm_80's figure, not gfx942's (the report's verdict is
+    the target compile error of one of them); a candidate the sandbox refused has no figure anywhere."""
+    from workbench.agent.tune import probe_figures
+    from workbench.verify.result import VerificationResult
+    from workbench.vocabulary import Verdict
+
+    def build(target, ok=True, spilled=0, suite="model"):
+        return {"target": target, "suite": suite, "ok": ok, "spilled_bytes": spilled if ok else None,
+                "registers": 128 if ok else None, "error": "" if ok else "compiler did not finish within 60 s"}
+    builds = [build("sm_80"), build("sm_80", ok=False), build("gfx942", spilled=8), build("gfx942"),
+              build("sm_90a", ok=False, suite="edge"), build("sm_90a")]
+    report = VerificationResult(block="b", candidate="c", source_hash="h", backend="capture",
+                                verdict=Verdict.TARGET_COMPILE_ERROR, message="sm_80: k: did not finish", builds=builds)
+    figures = probe_figures(report, ["sm_80", "sm_90a", "gfx942", "gfx950"], {"gfx942": {"time_ms": 2.0}})
+    assert not figures["sm_80"].ok and figures["sm_80"].error == "compiler did not finish within 60 s"
+    assert figures["sm_90a"].ok and figures["sm_90a"].spilled_bytes == 0  # another suite's failure is not its
+    assert (figures["gfx942"].ok, figures["gfx942"].spilled_bytes, figures["gfx942"].time_ms) == (True, 8, 2.0)
+    assert figures["gfx950"].error == "no model-suite launch captured"
+    report.verdict, report.message = Verdict.TIMEOUT, "the capture did not finish"
+    assert [f.error for f in probe_figures(report, ["sm_90a", "gfx942"], {}).values()] == \
+        ["the capture did not finish"] * 2

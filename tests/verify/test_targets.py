@@ -191,6 +191,13 @@ def test_a_compiler_that_hangs_is_a_verdict_on_that_launch(tmp_path):
     report = compile_for_targets(path, "hang", [COPY_LAUNCH, other], get_targets(["gfx942"]), item_timeout_s=5)
     assert [b.ok for b in report.builds] == [False, False]
     assert all("did not finish within 5 s" in b.error for b in report.builds)
+    # a tuning probe's compiles: the target's first launch that does not finish ends that target's; nothing cached
+    probe = compile_for_targets(path, "hang", [COPY_LAUNCH, other], get_targets(["gfx942"]), item_timeout_s=5,
+                                cache_dir=tmp_path / "cache", first_failure_ends=True)
+    assert [b.ok for b in probe.builds] == [False, False]
+    assert "did not finish within 5 s" in probe.builds[0].error
+    assert probe.builds[1].error.startswith("not compiled: an earlier launch did not (compiler did not finish")
+    assert not (tmp_path / "cache").exists()
 
 
 def test_a_compile_child_that_dies_is_a_verdict_and_the_others_go_on(tmp_path):

@@ -54,7 +54,7 @@ from workbench.agent.diagnose import diagnose
 from workbench.agent.llm import LLM_TEMPLATE
 from workbench.agent.rank import rank_passing
 from workbench.agent.state import Attempt, PortOptions, PortState, Proposal
-from workbench.agent.tune import Figure, Tuner
+from workbench.agent.tune import Figure, Tuner, probe_figures
 from workbench.backends import Backend
 from workbench.blocks.base import BlockSpec
 from workbench.config import Settings
@@ -66,6 +66,7 @@ from workbench.perf.measure import MEASURE_TRIALS
 from workbench.store import records
 from workbench.store.models import utcnow
 from workbench.templating import Template, candidate_filename, format_point
+from workbench.verify.aot import PROBE_COMPILE_S
 from workbench.verify.contract import contract_problem
 from workbench.verify.harness import source_hash, suite_shapes
 from workbench.vocabulary import NUMERIC_VERDICTS, ReplayStatus, RunStatus, Verdict
@@ -389,21 +390,10 @@ def compile_probe(ctx: PortContext, template: Template, folder: Path):
         path = folder / candidate_filename(ctx.spec.name, template.name, source)
         path.write_text(source)
         report = target_report(path, block=ctx.spec.name, targets=targets, forward_only=ctx.options.forward_only,
-                               timeout_s=ctx.options.timeout_s)
+                               timeout_s=ctx.options.timeout_s, probe_limit_s=PROBE_COMPILE_S)
         modelled = modelled_summary(ctx.spec.name, shapes, report.builds, targets,
                                     backward=not ctx.options.forward_only)
-        figures = {}
-        for target in targets:
-            builds = [b for b in report.builds if b["target"] == target and b["suite"] == "model"]
-            failed = next((b for b in builds if not b["ok"]), None)
-            if report.verdict != Verdict.PASS or not builds or failed:
-                why = failed["error"] if failed else report.message or "no model-suite launch captured"
-                figures[target] = Figure(ok=False, error=why)
-                continue
-            figures[target] = Figure(ok=True, spilled_bytes=max(b["spilled_bytes"] for b in builds),
-                                     registers=max(b["registers"] or 0 for b in builds),
-                                     time_ms=modelled.get(target, {}).get("time_ms"))
-        return figures
+        return probe_figures(report, targets, modelled)
 
     return probe
 

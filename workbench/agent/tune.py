@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.templating import Template, format_point
+from workbench.vocabulary import Verdict
 
 TIE = 0.01
 """A neighbour must be modelled this much faster (relative) to move the search: the cost model's noise floor."""
@@ -176,6 +177,25 @@ def neighbours(template: Template, settings: Settings, relieve: bool) -> Iterato
                 f"{k} {settings[k]} -> {bold[k]}" for k in changed), "", 0
         moves.sort(key=lambda m: m[3] != relieving(m[2]))
     yield from moves
+
+
+def probe_figures(report, targets: list[str], modelled: dict[str, dict]) -> dict[str, Figure]:
+    """Each target's figure from a probe's target report (workbench.verify.harness.target_report) and its modelled
+    summary ({target: {"time_ms": ...}}): a target's own failed model-suite compile fails that target alone; any
+    other verdict (the sandbox's: the candidate crashed, hung, was refused) fails every target."""
+    whole = report.verdict not in (Verdict.PASS, Verdict.TARGET_COMPILE_ERROR)
+    figures = {}
+    for target in targets:
+        builds = [b for b in report.builds if b["target"] == target and b["suite"] == "model"]
+        failed = next((b for b in builds if not b["ok"]), None)
+        if whole or not builds or failed:
+            why = report.message if whole else failed["error"] if failed else "no model-suite launch captured"
+            figures[target] = Figure(ok=False, error=why)
+        else:
+            figures[target] = Figure(ok=True, spilled_bytes=max(b["spilled_bytes"] for b in builds),
+                                     registers=max(b["registers"] or 0 for b in builds),
+                                     time_ms=modelled.get(target, {}).get("time_ms"))
+    return figures
 
 
 def spills_less(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:

@@ -34,6 +34,9 @@ COMPILE_WORKER = Path(__file__).with_name("compile_worker.py")
 REPORT_VERSION = 2  # in the cache key: what a cached build records changed (AMD registers count AGPRs once)
 ITEM_TIMEOUT_S = 600  # one launch x target; a compile past SLOW_COMPILE_S is a finding (a GPU's JIT pays it too)
 SLOW_COMPILE_S = 60
+PROBE_COMPILE_S = SLOW_COMPILE_S
+"""A tuning probe's limit on one launch x target: a point whose compile runs past it is a finding (it does not
+compile in time), not minutes of ptxas the search waits for."""
 COMPILE_MEMORY_BYTES = 8 << 30
 
 
@@ -158,8 +161,11 @@ def _cache_key(source_hash: str, launch: dict, target: Target) -> str:
 
 
 def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict], targets: list[Target], *,
-                        cache_dir: Path | None = None, item_timeout_s: float = ITEM_TIMEOUT_S) -> TargetReport:
-    """Compile the selected launches for every target; cached results are reused (``cached`` set)."""
+                        cache_dir: Path | None = None, item_timeout_s: float = ITEM_TIMEOUT_S,
+                        first_failure_ends: bool = False) -> TargetReport:
+    """Compile the selected launches for every target; cached results are reused (``cached`` set).
+    first_failure_ends: a target's first launch that does not compile (or finish in ``item_timeout_s``) ends that
+    target's compiles, its other launches failed as not compiled (a probe's figure needs no more)."""
     report = TargetReport()
     items, pending = [], []
     for target in targets:
@@ -177,7 +183,8 @@ def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict],
     by_target = [group for group in by_target if group]
     done: dict[int, dict] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(len(by_target), os.cpu_count() or 1))) as pool:
-        for records, integrity in pool.map(lambda group: _run_compiles(candidate, items, group, item_timeout_s),
+        for records, integrity in pool.map(lambda group: _run_compiles(candidate, items, group, item_timeout_s,
+                                                                         first_failure_ends),
                                            by_target):
             done.update(records)
             report.integrity += [i for i in integrity if i not in report.integrity]
@@ -185,8 +192,9 @@ def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict],
         launch, target, key = items[build_id]
         build = _build(launch, target, record)
         report.builds.append(build)
-        # a crash or hang may be the machine's, and a child the candidate tampered with reports nothing: no cache
-        if cache_dir is not None and "crash" not in record and not report.integrity:
+        # a crash or hang may be the machine's, a launch skipped was never compiled, and a child the candidate
+        # tampered with reports nothing: no cache
+        if cache_dir is not None and "crash" not in record and "skipped" not in record and not report.integrity:
             cache_dir.mkdir(parents=True, exist_ok=True)
             partial = cache_dir / f"{key}.{os.getpid()}.tmp"  # whole files only: readers in other processes
             partial.write_text(json.dumps(build.to_dict()))
@@ -206,10 +214,11 @@ def _build(launch: dict, target: Target, record: dict) -> KernelBuild:
     return build
 
 
-def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout_s: float
-                  ) -> tuple[dict[int, dict], list[tuple[str, str]]]:
+def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout_s: float,
+                  first_failure_ends: bool = False) -> tuple[dict[int, dict], list[tuple[str, str]]]:
     """({item id: the worker's record}, [(integrity verdict, reason)]). A child that dies mid-item (crash, hang)
-    gives that item its verdict and a new child takes the rest. Only lines with the job's token are the worker's;
+    gives that item its verdict and a new child takes the rest (none, with ``first_failure_ends``: they are
+    skipped). Only lines with the job's token are the worker's;
     a line without it, an audit event or a patched namespace is an integrity verdict, and no item of that child
     keeps a result."""
     done: dict[int, dict] = {}
@@ -253,6 +262,11 @@ def _run_compiles(candidate: Path, items: list, pending: list[int], item_timeout
                 done[victim] = {"ok": False, "crash": True,
                                 "error": f"compiler {why}: {outcome.message} ({outcome.output_tail.strip()[-200:]})"
                                 if why == "crashed" else f"compiler did not finish within {item_timeout_s:g} s"}
+        failed = next((record for record in done.values() if not record.get("ok")), None)
+        if failed is not None and first_failure_ends:
+            for i in pending:
+                done.setdefault(i, {"ok": False, "skipped": True,
+                                    "error": f"not compiled: an earlier launch did not ({failed['error'][:120]})"})
         pending = [i for i in pending if i not in done]
     return done, integrity
 

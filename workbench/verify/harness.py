@@ -344,10 +344,11 @@ def verify_candidate(path: str | Path, *, block: str | None = None, suites: list
     return result
 
 
-def _compile_for_targets(path: Path, result: VerificationResult, results: dict, required, cache: Path | None
-                         ) -> list[Check]:
+def _compile_for_targets(path: Path, result: VerificationResult, results: dict, required, cache: Path | None,
+                         probe_limit_s: float | None = None) -> list[Check]:
     """Compile the worker's captured launches for the required targets; keep every build and the findings on
-    ``result``, and return one failed check per kernel x target that did not compile."""
+    ``result``, and return one failed check per kernel x target that did not compile. probe_limit_s: a tuning
+    probe's limit on one launch x target, a target's first failure ending its compiles."""
     started = time.monotonic()
     for capture in results.get("captures", []):
         if capture.get("error") and capture.get("suite", "").startswith("model"):
@@ -355,7 +356,8 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     settings = Settings.load()
     cache = cache or settings.compile_cache or settings.work_dir / "compile-cache"
     launches = [launch for launch in results.get("launches", []) if not launch["suite"].startswith(PROBE)]
-    report = compile_for_targets(path, compile_key(path.read_text()), launches, required, cache_dir=cache)
+    limits = {"item_timeout_s": probe_limit_s, "first_failure_ends": True} if probe_limit_s else {}
+    report = compile_for_targets(path, compile_key(path.read_text()), launches, required, cache_dir=cache, **limits)
     result.compile_seconds = time.monotonic() - started
     result.builds = [b.to_dict() for b in report.builds]
     result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the model suite"
@@ -380,12 +382,14 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
 
 def target_report(path: str | Path, *, block: str | None = None, targets: list[str] | None = None,
                   compile_cache: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                  forward_only: bool = False, shapes: list[dict] | None = None) -> VerificationResult:
+                  forward_only: bool = False, shapes: list[dict] | None = None,
+                  probe_limit_s: float | None = None) -> VerificationResult:
     """The model-suite launches of a candidate, captured in the sandbox without running anything, compiled for
     ``targets``: a VerificationResult with builds and findings only (verdict pass, or target_compile_error, or the
     sandbox's verdict). What ``workbench targets`` tabulates; no numerics are verified here. forward_only: the
     forward's launches only (an inference kernel without a backward); shapes: the model suite to compile at in place
-    of the cards' (a benchmark's own sizes)."""
+    of the cards' (a benchmark's own sizes); probe_limit_s: a tuning probe's limit on one launch x target (a target's
+    first launch that fails or runs past it ends that target's compiles)."""
     started = time.monotonic()
     path = Path(path).resolve()
     named_block, source = read_candidate(path)
@@ -411,7 +415,7 @@ def target_report(path: str | Path, *, block: str | None = None, targets: list[s
         result.verdict, result.message = outcome.results["load_error"]["kind"], \
             outcome.results["load_error"]["message"]
     else:
-        result.checks = _compile_for_targets(path, result, outcome.results, required, compile_cache)
+        result.checks = _compile_for_targets(path, result, outcome.results, required, compile_cache, probe_limit_s)
         result.verdict, result.message = _verdict(result.checks) if result.checks else \
             ("pass", f"{len(result.builds)} kernel x target builds")
         shapes = {c["id"]: c["shape"] for c in captures if c["suite"] == "model"}
