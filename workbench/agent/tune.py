@@ -5,7 +5,8 @@ A probe renders the template at a point with a per-target table of launch settin
 ``launch`` space, templates/_launch.j2's TUNED_SETTINGS), captures its model-suite launches in the sandbox and
 compiles them for the targets being searched (seconds; no numerics run). Each target's figure is the builds' worst
 spill, most registers and the cost model's time at the model suite (or, on the target of a GPU backend that
-measures, the measured time). Targets are independent (a target's launches read only its own settings), so one
+measures, the measured time); a launch whose compile runs past workbench.verify.aot.PROBE_COMPILE_S fails that
+target (minutes of ptxas on a spilling extreme are a finding, not a wait), and its other launches are not compiled. Targets are independent (a target's launches read only its own settings), so one
 probe tries a different neighbour on every target at once, and a table of every target's best is exact.
 
 Per target the search is a descent over the neighbours of its best settings (one setting one step along its
