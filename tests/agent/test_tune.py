@@ -166,6 +166,30 @@ def test_the_point_descends_through_points_that_spill_less(tmp_path, monkeypatch
     assert "less spill: the point moves" in next(t.why for t in outcome.trials if t.params["BD"] == 64)
 
 
+def test_a_spill_past_a_register_file_shrinks_the_point_before_any_launch_setting(tmp_path, monkeypatch):
+    """128 x 64 spills 8 KB a thread on NVIDIA: no number of stages relieves that, so the first probes are the bold
+    point steps (while each spills less), and only the spill-free point's launch settings are searched."""
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    two_tiles = template(tmp_path, "  num_stages: {choices: [null, 1, 2]}", params="  BD: {choices: [128, 64, 32]}\n"
+                         "  BN: {choices: [64, 32, 16]}\n  num_warps: {choices: [4]}")
+    calls = []
+
+    def probe(params, table, targets):  # NVIDIA spills a byte for each element past 512 of the tile
+        calls.append((params["BD"], params["BN"], {t: dict(s) for t, s in table.items()}))
+        spills = max(0, params["BD"] * params["BN"] - 512)
+        return {t: Figure(ok=True, spilled_bytes=spills if t.startswith("sm_") else 0, time_ms=1.0) for t in targets}
+
+    outcome = Tuner(two_tiles, {"BD": 128, "BN": 64, "num_warps": 4}, launch_table(two_tiles), TARGETS, probe,
+                    budget=8).run()
+    assert outcome.params == {"BD": 32, "BN": 16, "num_warps": 4} and outcome.spill_free_on() == TARGETS
+    # the passing point (7680 B), then 64 x 32 (1536 B, still past HEAVY_SPILL), then 32 x 16: no table in between
+    assert [(bd, bn) for bd, bn, _ in calls[:3]] == [(128, 64), (64, 32), (32, 16)]
+    assert all(table == {} for *_, table in calls[:3])
+    shrink = [t for t in outcome.trials if t.target == "sm_80" and t.moved][1]
+    assert "spill over 1024 B a thread (or do not compile): every size one step smaller before any launch " \
+           "setting: BD 128 -> 64, BN 64 -> 32" in shrink.why
+
+
 def test_a_point_the_spills_shrank_grows_back_while_spill_free_and_faster(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
     two_tiles = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128, 64, 32]}\n"

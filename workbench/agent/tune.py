@@ -6,25 +6,28 @@ A probe renders the template at a point with a per-target table of launch settin
 compiles them for the targets being searched (seconds; no numerics run). Each target's figure is the builds' worst
 spill, most registers and the cost model's time at the model suite (or, on the target of a GPU backend that
 measures, the measured time); a launch whose compile runs past workbench.verify.aot.PROBE_COMPILE_S fails that
-target (minutes of ptxas on a spilling extreme are a finding, not a wait), and its other launches are not compiled. Targets are independent (a target's launches read only its own settings), so one
-probe tries a different neighbour on every target at once, and a table of every target's best is exact.
+target (minutes of ptxas on a spilling extreme are a finding, not a wait) and its other launches are not compiled.
+Targets are independent (a target's launches read only its own settings), so one probe tries a different neighbour
+on every target at once, and a table of every target's best is exact.
 
-Per target the search is a descent over the neighbours of its best settings (one setting one step along its
-choices; where the target spills, first every setting one step toward fewer registers a thread at once, then those
-steps one by one: more warps, fewer stages, smaller tiles): a neighbour that compiles where the best does not, is
-spill-free where the best spills, spills less, or is modelled faster (by more than TIE) becomes the best; one that
-ties is a plateau: the next step the same way is tried too, then the tie's other neighbours (two settings that pay
-only together: more warps, then a register cap), and the search moves to a tie that changes fewer of the template's
-own settings. A target stops when no untried neighbour is left (the best is a local optimum) or a budget ends
-(probes: SPILL_BUDGET times the port's while a target spills, else the port's counted past the probes that relieved
-spills; seconds), and says which. When a required target spills
-at every launch setting tried, the template's neighbouring points are probed: first every size one step smaller at
-once (the bold step, as for the launch settings), then the points with the fewest parameters changed, the fewest
-steps, smaller tiles first. A point nearer spill-free (fewer targets that do not compile, then fewer bytes spilled
-over all targets) becomes the search's point (its numerics are verified before anything is promoted): its launch
-settings are searched again, then its own neighbouring points, until every target is spill-free or a budget ends.
-A point the spills shrank then grows back, one size one step up at a time, where it stays spill-free everywhere and
-is modelled faster (its time over the best's, averaged over the targets).
+A point where a target spills more than HEAVY_SPILL bytes a thread (or does not compile) first takes the bold point
+step (every size one step smaller at once) while it spills less: no launch setting relieves a spill of more than a
+thread's whole register file. Then, per target, the search is a descent over the neighbours of its best settings
+(one setting one step along its choices; where the target spills, first every setting one step toward fewer
+registers a thread at once, then those steps one by one: more warps, fewer stages, smaller tiles): a neighbour that
+compiles where the best does not, is spill-free where the best spills, spills less, or is modelled faster (by more
+than TIE) becomes the best; one that ties is a plateau: the next step the same way is tried too, then the tie's
+other neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a
+tie that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is
+a local optimum) or a budget ends (probes: SPILL_BUDGET times the port's while a target spills, else the port's
+counted past the probes that relieved spills; seconds), and says which. When a required target spills at every
+launch setting tried, the template's neighbouring points are probed: first every size one step smaller at once (the
+bold step), then the points with the fewest parameters changed, the fewest steps, smaller tiles first. A point
+nearer spill-free (fewer targets that do not compile, then fewer bytes spilled over all targets) becomes the
+search's point (its numerics are verified before anything is promoted): its launch settings are searched again,
+then its own neighbouring points, until every target is spill-free or a budget ends. A point the spills shrank then
+grows back, one size one step up at a time, where it stays spill-free everywhere and is modelled faster (its time
+over the best's, averaged over the targets).
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ SPILL_BUDGET = 3
 finding the search exists for, a faster spill-free neighbour is not."""
 DEFAULT_SECONDS = 600.0
 """The wall time after which the tuning starts no probe (a probe under way finishes: a compile is not cut)."""
+HEAVY_SPILL = 1024
+"""Bytes a thread spills past which no launch setting is tried first: more than a whole NVIDIA register file (255
+32-bit registers) a thread, where more warps at best halve a thread's share of the tile. Such a point (or one that
+does not compile) takes the bold point step first: every size one step smaller at once."""
 PRESSURE_UP = ("warps",)
 """Launch settings that relieve register pressure upward (more warps share the tile); every other one downward,
 but a register cap (maxnreg), which lowers a thread's registers by spilling."""
@@ -328,18 +335,52 @@ class Tuner:
                     across[target] += [(m, f"{text}, then {t}", k, d) for m, t, k, d in
                                        neighbours(self.template, settings, False) if m[key] == settings[key]]
 
+    def _sizes(self, params: dict) -> list[str]:
+        """The point's parameters the point search may move: numbers (tiles, programs) that are no launch setting."""
+        return [k for k, v in params.items()
+                if k not in self.template.launch and isinstance(v, int | float) and not isinstance(v, bool)]
+
+    def _smaller(self, params: dict) -> dict:
+        """``params`` with every size one step smaller along its choices (the smallest stays)."""
+        smaller = {**params}
+        for k in self._sizes(params):
+            values = axis(self.template.params[k]["choices"])
+            smaller[k] = values[max(values.index(params[k]) - 1, 0)]
+        return smaller
+
+    def _shrink(self, params: dict, best: dict[str, tuple[Settings, Figure]], tried: set[str]
+                ) -> tuple[dict, dict[str, tuple[Settings, Figure]]]:
+        """While a target spills more than HEAVY_SPILL or does not compile: the bold point step, taken where it
+        spills less (fewer targets that do not compile, then fewer bytes over all); (the point, its figures)."""
+        while any(not f.ok or f.spilled_bytes > HEAVY_SPILL for _, f in best.values()) and not self._spent(True):
+            point = self._smaller(params)
+            key = format_point(point)
+            if point == params or key in tried or point not in self._points or not self.covers(point):
+                break
+            tried.add(key)
+            heavy = [t for t, (_, f) in best.items() if not f.ok or f.spilled_bytes > HEAVY_SPILL]
+            changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
+            table = {t: s for t, (s, _) in best.items()}
+            figures = self._probe(point, table, self.targets, spilling=True)
+            moved = spills_less(figures, {t: f for t, (_, f) in best.items()})
+            for target in self.targets:
+                self._trial(target, point, table[target], figures[target], moved,
+                            f"{', '.join(heavy)} spill over {HEAVY_SPILL} B a thread (or do not compile): every size "
+                            f"one step smaller before any launch setting: {changes}: {figures[target].text()}"
+                            + (", less spill: the point moves" if moved else ""))
+            if not moved:
+                break
+            params, best = point, {t: (table[t], figures[t]) for t in self.targets}
+        return params, best
+
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points that change only its sizes (numbers: tiles, programs): first every
         size one step smaller at once (when that is a point), then the fewest parameters changed first, the fewest
         steps along their choices, smaller values first. A parameter that is also a launch setting is the launch
         search's (per target), and one that is no number (a dtype) changes the arithmetic, not the registers:
         neither is moved here."""
-        sizes = [k for k, v in params.items()
-                 if k not in self.template.launch and isinstance(v, int | float) and not isinstance(v, bool)]
-        smaller = {**params}
-        for k in sizes:
-            values = axis(self.template.params[k]["choices"])
-            smaller[k] = values[max(values.index(params[k]) - 1, 0)]
+        sizes = self._sizes(params)
+        smaller = self._smaller(params)
 
         def order(point: dict) -> tuple:
             changed = [k for k in params if point[k] != params[k]]
@@ -377,6 +418,8 @@ class Tuner:
             self._trial(target, params, base[target], figures[target], True, f"the passing point: "
                         f"{figures[target].text()}")
         best = {t: (base[t], figures[t]) for t in self.targets}
+        params, best = self._shrink(params, best, tried_points)
+        base = self._base(params)
         stopped = self._descend(params, best, base) if self.template.launch else \
             {t: f"{self.template.ref} declares no launch settings" for t in self.targets}
         ended = ""
@@ -396,8 +439,8 @@ class Tuner:
                 self._trial(target, point, table[target], figures[target], moved,
                             why + (", less spill: the point moves" if moved else ""))
             if moved:  # the search goes on from there: its launch settings, then its neighbouring points
-                params, base = point, self._base(point)
-                best = {t: (table[t], figures[t]) for t in self.targets}
+                params, best = self._shrink(point, {t: (table[t], figures[t]) for t in self.targets}, tried_points)
+                base = self._base(params)
                 stopped = self._descend(params, best, base) if self.template.launch else stopped
         for target, (_, figure) in best.items():
             if figure.spilled_bytes or not figure.ok:
