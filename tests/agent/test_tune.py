@@ -190,6 +190,29 @@ def test_a_spill_past_a_register_file_shrinks_the_point_before_any_launch_settin
            "setting: BD 128 -> 64, BN 64 -> 32" in shrink.why
 
 
+def test_a_smaller_point_takes_the_warps_its_constraints_allow(tmp_path, monkeypatch):
+    """moe_grouped_gemm_mxfp4's constraint: 8 warps only on a tile of at least 8192 elements. From 128 x 64 over 8
+    warps the bold step is 64 x 32 over 4 (the point's warps are only its default: each target's table sets
+    them), not no point at all."""
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    tiles = template(tmp_path, "  num_warps: {choices: [4, 8, 2]}", params="  BD: {choices: [128, 64, 32]}\n"
+                     "  BN: {choices: [64, 32, 16]}\n  num_warps: {choices: [4, 8]}")
+    (tmp_path / "blk" / "t.yaml").write_text((tmp_path / "blk" / "t.yaml").read_text().replace(
+        "launch:", "constraints:\n  - \"num_warps == 4 or BD * BN >= 8192\"\nlaunch:"))
+    tiles = load_template("blk", "t")
+
+    def probe(params, table, targets):  # NVIDIA spills a byte for each element past 2048 of the tile
+        spills = max(0, params["BD"] * params["BN"] - 2048)
+        return {t: Figure(ok=True, spilled_bytes=spills if t.startswith("sm_") else 0, time_ms=1.0) for t in targets}
+
+    outcome = Tuner(tiles, {"BD": 128, "BN": 64, "num_warps": 8}, launch_table(tiles), TARGETS, probe,
+                    budget=8).run()
+    assert outcome.params == {"BD": 64, "BN": 32, "num_warps": 4} and outcome.spill_free_on() == TARGETS
+    assert outcome.trials[len(TARGETS)].why.endswith("BD 128 -> 64, BN 64 -> 32, num_warps 8 -> 4: "
+                                                      "0 registers, spill-free, 1.0000 ms modelled, less spill: "
+                                                      "the point moves")
+
+
 def test_a_point_the_spills_shrank_grows_back_while_spill_free_and_faster(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
     two_tiles = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128, 64, 32]}\n"

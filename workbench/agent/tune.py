@@ -348,15 +348,26 @@ class Tuner:
             smaller[k] = values[max(values.index(params[k]) - 1, 0)]
         return smaller
 
+    def _settle(self, point: dict) -> dict | None:
+        """The template's point with ``point``'s sizes and dtypes: its own values of the parameters that are also
+        launch settings where the constraints allow, else the first allowed ones (each target's table sets those;
+        the point's only have to satisfy the template's constraints: 8 warps on a tile too small for them, say);
+        None where no such point exists."""
+        if point in self._points:
+            return point
+        fixed = [k for k in point if k not in self.template.launch]
+        return next((p for p in self._points if all(p[k] == point[k] for k in fixed)), None)
+
     def _shrink(self, params: dict, best: dict[str, tuple[Settings, Figure]], tried: set[str]
                 ) -> tuple[dict, dict[str, tuple[Settings, Figure]]]:
         """While a target spills more than HEAVY_SPILL or does not compile: the bold point step, taken where it
         spills less (fewer targets that do not compile, then fewer bytes over all); (the point, its figures)."""
         while any(not f.ok or f.spilled_bytes > HEAVY_SPILL for _, f in best.values()) and not self._spent(True):
-            point = self._smaller(params)
-            key = format_point(point)
-            if point == params or key in tried or point not in self._points or not self.covers(point):
+            point = self._settle(self._smaller(params))
+            if point is None or format_point(point) in tried or not self.covers(point) or \
+                    all(point[k] == params[k] for k in self._sizes(params)):
                 break
+            key = format_point(point)
             tried.add(key)
             heavy = [t for t, (_, f) in best.items() if not f.ok or f.spilled_bytes > HEAVY_SPILL]
             changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
@@ -378,9 +389,10 @@ class Tuner:
         size one step smaller at once (when that is a point), then the fewest parameters changed first, the fewest
         steps along their choices, smaller values first. A parameter that is also a launch setting is the launch
         search's (per target), and one that is no number (a dtype) changes the arithmetic, not the registers:
-        neither is moved here."""
+        neither is moved here (but for what the template's constraints need at the new sizes: ``_settle``)."""
         sizes = self._sizes(params)
-        smaller = self._smaller(params)
+        smaller = self._settle(self._smaller(params))
+        seen: set[tuple] = set()
 
         def order(point: dict) -> tuple:
             changed = [k for k in params if point[k] != params[k]]
@@ -389,9 +401,11 @@ class Tuner:
             larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
             return point != smaller or len(changed) < 2, len(changed), steps, larger
         for point in sorted(self._points, key=order):
-            key = format_point(point)
-            if any(point[k] != params[k] for k in params if k not in sizes):
+            key, at = format_point(point), tuple(point[k] for k in sizes)
+            if at in seen or any(point[k] != params[k] for k in params
+                                 if k not in sizes and k not in self.template.launch):
                 continue
+            seen.add(at)  # one point for each set of sizes: the one nearest ``params`` in its launch values
             if key not in tried and self.covers(point):
                 changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
                 bold = "every size one step smaller: " if point == smaller and changes.count("->") > 1 else ""
@@ -405,8 +419,8 @@ class Tuner:
                     isinstance(params[key], bool) or params[key] >= self.params[key]:
                 continue
             values = axis(self.template.params[key]["choices"])
-            point = {**params, key: values[values.index(params[key]) + 1]}
-            if point in self._points and format_point(point) not in tried and self.covers(point):
+            point = self._settle({**params, key: values[values.index(params[key]) + 1]})
+            if point is not None and format_point(point) not in tried and self.covers(point):
                 yield point, f"{key} {params[key]} -> {point[key]}"
 
     def run(self) -> Outcome:
