@@ -213,6 +213,27 @@ def test_a_smaller_point_takes_the_warps_its_constraints_allow(tmp_path, monkeyp
                                                       "the point moves")
 
 
+def test_where_the_smallest_sizes_still_spill_the_arithmetic_moves_before_any_tile_grows(tmp_path, monkeypatch):
+    """mla's reversed float32 dots spill on NVIDIA at the smallest tiles: the dtype's other choice (its numerics
+    verified before it is promoted) is tried before any larger tile, alone, and taken where it spills less."""
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    tiles = template(tmp_path, "  num_warps: {choices: [4, 8, 2]}", params="  BD: {choices: [32, 16]}\n"
+                     "  DOT: {choices: [float32, input]}\n  num_warps: {choices: [4]}")
+    tried = []
+
+    def probe(params, table, targets):  # float32 operands spill at any tile; input ones only past 16
+        tried.append((params["BD"], params["DOT"]))
+        spills = 512 if params["DOT"] == "float32" else 0 if params["BD"] == 16 else 64
+        return {t: Figure(ok=True, spilled_bytes=spills if t.startswith("sm_") else 0, time_ms=1.0) for t in targets}
+
+    outcome = Tuner(tiles, {"BD": 16, "DOT": "float32", "num_warps": 4}, launch_table(tiles), TARGETS, probe,
+                    budget=8).run()
+    assert outcome.params == {"BD": 16, "DOT": "input", "num_warps": 4} and outcome.spill_free_on() == TARGETS
+    assert list(dict.fromkeys(tried))[:2] == [(16, "float32"), (16, "input")]  # not (32, ...) first, nor both
+    move = next(t for t in outcome.trials if t.params["DOT"] == "input")
+    assert "DOT float32 -> input (the arithmetic: its numerics are verified before it is promoted)" in move.why
+
+
 def test_a_point_the_spills_shrank_grows_back_while_spill_free_and_faster(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
     two_tiles = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BD: {choices: [128, 64, 32]}\n"

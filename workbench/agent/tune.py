@@ -22,7 +22,8 @@ tie that changes fewer of the template's own settings. A target stops when no un
 a local optimum) or a budget ends (probes: SPILL_BUDGET times the port's while a target spills, else the port's
 counted past the probes that relieved spills; seconds), and says which. When a required target spills at every
 launch setting tried, the template's neighbouring points are probed: first every size one step smaller at once (the
-bold step), then the points with the fewest parameters changed, the fewest steps, smaller tiles first. A point
+bold step), then the points where no size grows before those where one does, the fewest parameters changed, the
+fewest steps; a dtype (the operands' arithmetic) moves alone, at the sizes as they are. A point
 nearer spill-free (fewer targets that do not compile, then fewer bytes spilled over all targets) becomes the
 search's point (its numerics are verified before anything is promoted): its launch settings are searched again,
 then its own neighbouring points, until every target is spill-free or a budget ends. A point the spills shrank then
@@ -385,12 +386,15 @@ class Tuner:
         return params, best
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
-        """The template's other covering points that change only its sizes (numbers: tiles, programs): first every
-        size one step smaller at once (when that is a point), then the fewest parameters changed first, the fewest
-        steps along their choices, smaller values first. A parameter that is also a launch setting is the launch
-        search's (per target), and one that is no number (a dtype) changes the arithmetic, not the registers:
-        neither is moved here (but for what the template's constraints need at the new sizes: ``_settle``)."""
+        """The template's other covering points: first every size (numbers: tiles, programs) one step smaller at
+        once (when that is a point), then the points no size of which grows before those where one does, the
+        fewest parameters changed first, the fewest steps along their choices. A parameter that is no number (a
+        dtype: the operands' arithmetic) moves alone, one at a time and with the sizes as they are: fewer registers
+        a value where the sizes alone left a spill, at a precision the verification holds to the tolerances before
+        anything is promoted. A parameter that is also a launch setting is the launch search's (per target): it
+        moves only where the template's constraints need it at the new sizes (``_settle``)."""
         sizes = self._sizes(params)
+        arithmetic = [k for k in params if k not in sizes and k not in self.template.launch]
         smaller = self._settle(self._smaller(params))
         seen: set[tuple] = set()
 
@@ -398,18 +402,19 @@ class Tuner:
             changed = [k for k in params if point[k] != params[k]]
             steps = sum(abs(axis(self.template.params[k]["choices"]).index(point[k]) -
                             axis(self.template.params[k]["choices"]).index(params[k])) for k in changed if k in sizes)
-            larger = sum(isinstance(point[k], int | float) and point[k] > params[k] for k in changed)
-            return point != smaller or len(changed) < 2, len(changed), steps, larger
+            larger = any(k in sizes and point[k] > params[k] for k in changed)
+            return point != smaller or len(changed) < 2, larger, len(changed), steps
         for point in sorted(self._points, key=order):
-            key, at = format_point(point), tuple(point[k] for k in sizes)
-            if at in seen or any(point[k] != params[k] for k in params
-                                 if k not in sizes and k not in self.template.launch):
+            key, at = format_point(point), tuple(point[k] for k in (*sizes, *arithmetic))
+            recast = [k for k in arithmetic if point[k] != params[k]]
+            if at in seen or len(recast) > 1 or (recast and any(point[k] != params[k] for k in sizes)):
                 continue
-            seen.add(at)  # one point for each set of sizes: the one nearest ``params`` in its launch values
+            seen.add(at)  # one point for each set of sizes and dtypes: the nearest ``params`` in its launch values
             if key not in tried and self.covers(point):
                 changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
                 bold = "every size one step smaller: " if point == smaller and changes.count("->") > 1 else ""
-                yield point, bold + changes
+                yield point, bold + changes + (" (the arithmetic: its numerics are verified before it is promoted)"
+                                               if recast else "")
 
     def _growth(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The covering points one size one step larger than ``params``, for sizes still below the passing
