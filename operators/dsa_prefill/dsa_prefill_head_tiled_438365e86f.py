@@ -4,7 +4,7 @@
 params: BH=16, BN=16, num_warps=4
 launch on gfx950: num_warps=8
 launch on sm_100a: num_warps=8
-launch on sm_80: num_warps=8
+launch on sm_80: num_stages=1, num_warps=8
 launch on sm_90a: num_warps=8
 """
 import torch
@@ -20,7 +20,7 @@ BN = 16
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'gfx950': {'num_warps': 8}, 'sm_100a': {'num_warps': 8}, 'sm_80': {'num_warps': 8}, 'sm_90a': {'num_warps': 8}}
+TUNED_SETTINGS = {'gfx950': {'num_warps': 8}, 'sm_100a': {'num_warps': 8}, 'sm_80': {'num_stages': 1, 'num_warps': 8}, 'sm_90a': {'num_warps': 8}}
 
 
 def launch_target(device) -> str:
@@ -45,7 +45,7 @@ def target_settings(device) -> dict:
             **LAUNCH_SETTINGS.get(target, {}), **TUNED_SETTINGS.get(target, {})}
 # Warps per target, as mla_decode's head_tiled: R-wide tiles over 8 NVIDIA warps; AMD's 64-lane wavefronts hold
 # twice the lanes. `workbench targets` shows each launch's registers.
-LAUNCH_SETTINGS = {"default": {"num_warps": 4}}
+LAUNCH_SETTINGS = {"default": {"num_warps": 4, "num_stages": None}}
 
 
 @triton.jit
@@ -116,6 +116,14 @@ def dsa_prefill_head_tiled_kernel(Q, CKV, KR, CACHE, TABLE, LENS, CU, IDX, O, sc
         tl.store(CACHE + row_new + R + rdr, kr_new, mask=rdr < DR)
 
 
+def _launch_options(settings, warps):
+    """num_warps, and num_stages where the target sets it (else Triton's default for the backend)."""
+    options = {"num_warps": settings[warps]}
+    if settings["num_stages"] is not None:
+        options["num_stages"] = settings["num_stages"]
+    return options
+
+
 def run(q, c_kv, k_rope, latent_cache, block_table, seq_lens, cu_seqlens, indices, scale):
     """q [TOTAL, H, R + DR]; c_kv [TOTAL, R]; k_rope [TOTAL, DR] (float32/float16/bfloat16); latent_cache
     [PAGES, PAGE, R + DR] in q's dtype, contiguous, updated in place; block_table [S, MAXP] int32; seq_lens [S] int32
@@ -130,10 +138,11 @@ def run(q, c_kv, k_rope, latent_cache, block_table, seq_lens, cu_seqlens, indice
     o = torch.empty(total, h, r, dtype=q.dtype, device=q.device)
     if total and h:
         s = cu_seqlens.shape[0] - 1
-        warps = target_settings(q.device)["num_warps"]
+        settings = target_settings(q.device)
         dsa_prefill_head_tiled_kernel[(total, triton.cdiv(h, BH))](
             q.contiguous(), c_kv.contiguous(), k_rope.contiguous(), latent_cache, block_table.contiguous(),
             seq_lens.contiguous(), cu_seqlens.contiguous(), indices.contiguous(), o, scale, s, h, r, dr,
             latent_cache.shape[1], block_table.shape[1], indices.shape[1], R_PAD=max(16, triton.next_power_of_2(r)),
-            DR_PAD=max(16, triton.next_power_of_2(dr)), BS=triton.next_power_of_2(s), BH=BH, BN=BN, num_warps=warps)
+            DR_PAD=max(16, triton.next_power_of_2(dr)), BS=triton.next_power_of_2(s), BH=BH, BN=BN,
+            **_launch_options(settings, "num_warps"))
     return o, latent_cache
