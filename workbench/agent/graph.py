@@ -69,7 +69,7 @@ from workbench.templating import Template, candidate_filename, format_point
 from workbench.verify.aot import PROBE_COMPILE_S
 from workbench.verify.contract import contract_problem
 from workbench.verify.harness import source_hash, suite_shapes
-from workbench.vocabulary import NUMERIC_VERDICTS, ReplayStatus, RunStatus, Verdict
+from workbench.vocabulary import NUMERIC_VERDICTS, FailureClass, ReplayStatus, RunStatus, Verdict
 
 NODES_PER_ITERATION = 5  # render, contract, verify, diagnose, revise
 TUNE_NODES = 6  # tune, and the tuned candidate's render, contract, verify, diagnose, revise
@@ -359,7 +359,9 @@ def tune(state: PortState, runtime: Runtime[PortContext]) -> dict:
                   covers=getattr(ctx.proposer, "covers", None) and (lambda p: ctx.proposer.covers(template, p)),
                   on_trial=lambda trial: ctx.emit(state["run_id"], "tune", f"probe {trial.probe} {trial.target}: "
                                                   f"{trial.why}{' -> best' if trial.moved else ''}",
-                                                  trial.to_dict()))
+                                                  trial.to_dict()),
+                  imprecise=[h["params"] for h in state["history"] if h.get("template") == template.name and
+                             (h.get("diagnosis") or {}).get("class") == FailureClass.PRECISION])
     outcome = tuner.run()
     records.add_tune_trials(ctx.engine, state["run_id"], ctx.spec.name, template.name,
                             [t.to_dict() for t in outcome.trials])

@@ -233,11 +233,13 @@ class Tuner:
                  launch_table: Callable[[dict[str, Any]], dict[str, Settings]], targets: list[str], probe: Probe,
                  budget: int = DEFAULT_PROBES, seconds: float = DEFAULT_SECONDS,
                  covers: Callable[[dict[str, Any]], bool] | None = None,
-                 on_trial: Callable[[Trial], None] | None = None):
+                 on_trial: Callable[[Trial], None] | None = None, imprecise: list[dict[str, Any]] | None = None):
         self.template, self.params, self.targets = template, dict(params), list(targets)
         self.launch_table, self.probe, self.budget, self.seconds = launch_table, probe, budget, seconds
         self.started = time.monotonic()
         self.covers = covers or (lambda p: True)
+        # points of the template the run's verification found too imprecise: no dtype moves to their arithmetic
+        self.imprecise = list(imprecise or [])
         self.on_trial = on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
         self.probes = 0
@@ -387,12 +389,14 @@ class Tuner:
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points: first every size (numbers: tiles, programs) one step smaller at
-        once (when that is a point), then the points no size of which grows before those where one does, the
-        fewest parameters changed first, the fewest steps along their choices. A parameter that is no number (a
-        dtype: the operands' arithmetic) moves alone, one at a time and with the sizes as they are: fewer registers
-        a value where the sizes alone left a spill, at a precision the verification holds to the tolerances before
-        anything is promoted. A parameter that is also a launch setting is the launch search's (per target): it
-        moves only where the template's constraints need it at the new sizes (``_settle``)."""
+        once (when that is a point), then the points no size of which grows before those where one does, sizes
+        before dtypes, the fewest parameters changed first, the fewest steps along their choices. A parameter that
+        is no number (a dtype: the operands' arithmetic) moves alone, one at a time and with the sizes as they are:
+        fewer registers a value where the sizes alone left a spill, at a precision the verification holds to the
+        tolerances before anything is promoted; never to a value a point the run found too imprecise had
+        (``imprecise``: the tuned candidate would fail, and the tuning's other moves with it). A parameter that is
+        also a launch setting is the launch search's (per target): it moves only where the template's constraints
+        need it at the new sizes (``_settle``)."""
         sizes = self._sizes(params)
         arithmetic = [k for k in params if k not in sizes and k not in self.template.launch]
         smaller = self._settle(self._smaller(params))
@@ -403,11 +407,13 @@ class Tuner:
             steps = sum(abs(axis(self.template.params[k]["choices"]).index(point[k]) -
                             axis(self.template.params[k]["choices"]).index(params[k])) for k in changed if k in sizes)
             larger = any(k in sizes and point[k] > params[k] for k in changed)
-            return point != smaller or len(changed) < 2, larger, len(changed), steps
+            recast = any(k in arithmetic for k in changed)
+            return point != smaller or len(changed) < 2, larger, recast, len(changed), steps
         for point in sorted(self._points, key=order):
             key, at = format_point(point), tuple(point[k] for k in (*sizes, *arithmetic))
             recast = [k for k in arithmetic if point[k] != params[k]]
-            if at in seen or len(recast) > 1 or (recast and any(point[k] != params[k] for k in sizes)):
+            if at in seen or len(recast) > 1 or (recast and any(point[k] != params[k] for k in sizes)) or \
+                    any(all(point[k] == bad.get(k) for k in recast) for bad in self.imprecise if recast):
                 continue
             seen.add(at)  # one point for each set of sizes and dtypes: the nearest ``params`` in its launch values
             if key not in tried and self.covers(point):
