@@ -389,8 +389,8 @@ class Tuner:
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points: first every size (numbers: tiles, programs) one step smaller at
-        once (when that is a point), then the points no size of which grows before those where one does, sizes
-        before dtypes, the fewest parameters changed first, the fewest steps along their choices. A parameter that
+        once (when that is a point), then the points no size of which grows before those where one does, the
+        fewest parameters changed first, the fewest steps along their choices (a dtype takes none). A parameter that
         is no number (a dtype: the operands' arithmetic) moves alone, one at a time and with the sizes as they are:
         fewer registers a value where the sizes alone left a spill, at a precision the verification holds to the
         tolerances before anything is promoted; never to a value a point the run found too imprecise had
@@ -407,8 +407,7 @@ class Tuner:
             steps = sum(abs(axis(self.template.params[k]["choices"]).index(point[k]) -
                             axis(self.template.params[k]["choices"]).index(params[k])) for k in changed if k in sizes)
             larger = any(k in sizes and point[k] > params[k] for k in changed)
-            recast = any(k in arithmetic for k in changed)
-            return point != smaller or len(changed) < 2, larger, recast, len(changed), steps
+            return point != smaller or len(changed) < 2, larger, len(changed), steps
         for point in sorted(self._points, key=order):
             key, at = format_point(point), tuple(point[k] for k in (*sizes, *arithmetic))
             recast = [k for k in arithmetic if point[k] != params[k]]
