@@ -370,22 +370,28 @@ class Tuner:
             if point is None or format_point(point) in tried or not self.covers(point) or \
                     all(point[k] == params[k] for k in self._sizes(params)):
                 break
-            key = format_point(point)
-            tried.add(key)
+            tried.add(format_point(point))
             heavy = [t for t, (_, f) in best.items() if not f.ok or f.spilled_bytes > HEAVY_SPILL]
             changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
-            table = {t: s for t, (s, _) in best.items()}
-            figures = self._probe(point, table, self.targets, spilling=True)
-            moved = spills_less(figures, {t: f for t, (_, f) in best.items()})
-            for target in self.targets:
-                self._trial(target, point, table[target], figures[target], moved,
-                            f"{', '.join(heavy)} spill over {HEAVY_SPILL} B a thread (or do not compile): every size "
-                            f"one step smaller before any launch setting: {changes}: {figures[target].text()}"
-                            + (", less spill: the point moves" if moved else ""))
+            moved, moved_best = self._relieving_point(point, best, f"{', '.join(heavy)} spill over {HEAVY_SPILL} B a "
+                                                      f"thread (or do not compile): every size one step smaller "
+                                                      f"before any launch setting: {changes}")
             if not moved:
                 break
-            params, best = point, {t: (table[t], figures[t]) for t in self.targets}
+            params, best = point, moved_best
         return params, best
+
+    def _relieving_point(self, point: dict, best: dict[str, tuple[Settings, Figure]], why: str
+                         ) -> tuple[bool, dict[str, tuple[Settings, Figure]]]:
+        """The probe of ``point`` at each target's best settings, made to relieve a spill, each target's trial
+        recorded with ``why``: (whether it spills less than ``best``, each target's settings and figure there)."""
+        table = {t: s for t, (s, _) in best.items()}
+        figures = self._probe(point, table, self.targets, spilling=True)
+        moved = spills_less(figures, {t: f for t, (_, f) in best.items()})
+        for target in self.targets:
+            self._trial(target, point, table[target], figures[target], moved,
+                        f"{why}: {figures[target].text()}" + (", less spill: the point moves" if moved else ""))
+        return moved, {t: (table[t], figures[t]) for t in self.targets}
 
     def _point_moves(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
         """The template's other covering points: first every size (numbers: tiles, programs) one step smaller at
@@ -455,15 +461,10 @@ class Tuner:
                 break
             point, changes = move
             tried_points.add(format_point(point))
-            table = {t: s for t, (s, _) in best.items()}
-            figures = self._probe(point, table, self.targets, spilling=True)
-            moved = spills_less(figures, {t: f for t, (_, f) in best.items()})
-            for target in self.targets:
-                why = f"{', '.join(spilling)} spill at every launch setting tried: {changes}: {figures[target].text()}"
-                self._trial(target, point, table[target], figures[target], moved,
-                            why + (", less spill: the point moves" if moved else ""))
+            moved, moved_best = self._relieving_point(point, best, f"{', '.join(spilling)} spill at every launch "
+                                                      f"setting tried: {changes}")
             if moved:  # the search goes on from there: its launch settings, then its neighbouring points
-                params, best = self._shrink(point, {t: (table[t], figures[t]) for t in self.targets}, tried_points)
+                params, best = self._shrink(point, moved_best, tried_points)
                 base = self._base(params)
                 stopped = self._descend(params, best, base) if self.template.launch else stopped
         for target, (_, figure) in best.items():
