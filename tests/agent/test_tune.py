@@ -5,12 +5,13 @@ real compile-only probe."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from workbench.agent.tune import Figure, Tuner, axis, base_settings, neighbours
-from workbench.templating import load_template
+from workbench.templating import format_point, load_template
 
 TARGETS = ["sm_80", "sm_90a", "gfx942"]
 
@@ -113,7 +114,70 @@ def test_a_spilling_target_grows_the_probe_budget_until_it_is_spill_free(warps_a
     stuck = Tuner(warps_and_stages, {"BD": 128, "num_warps": 2}, lambda p: {"default": {"num_warps": 2}},
                   ["sm_80"], lambda params, table, targets: {"sm_80": Figure(ok=True, spilled_bytes=8, time_ms=1.0)},
                   budget=1).run()
-    assert stuck.probes == 3 and stuck.stopped["sm_80"].startswith("probe budget of 3 (3 x 1 while a target spills)")
+    # two settings that relieve nothing end the launch search; the point search then finds the budget spent
+    assert stuck.probes == 3 and stuck.stopped["sm_80"].startswith("no relief from the last 2 settings tried")
+    assert "(probe budget of 3 (3 x 1 while a target spills) spent)" in stuck.stopped["sm_80"]
+
+
+def stages_probe(nvidia_spills):
+    """NVIDIA spills 96 B where ``nvidia_spills(params)``, at any launch setting; gfx942 is spill-free and fastest
+    at 1 stage, three steps from the template's None."""
+    def probe(params, table, targets):
+        def figure(target):
+            stages = table.get(target, {}).get("num_stages")
+            if target.startswith("sm_"):
+                return Figure(ok=True, spilled_bytes=96 if nvidia_spills(params) else 0, time_ms=1.0)
+            return Figure(ok=True, time_ms={None: 1.0, 3: 0.95, 2: 0.9, 1: 0.8}[stages])
+        return {t: figure(t) for t in targets}
+    return probe
+
+
+def test_launch_settings_that_relieve_nothing_hand_over_to_the_point_search(warps_and_stages):
+    """dsa_sparse_attention's reversed walk spent 16 probes on sm_90a's launch settings, none relieving its 64 B,
+    before its time budget ended: now two in a row that relieve nothing end the launch search, and the point
+    search comes first; the spill-free target's speed search waits for it."""
+    probe = stages_probe(lambda params: params["BD"] == 128)
+    calls = []
+    outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), TARGETS,
+                    lambda *args: calls.append(args[0]["BD"]) or probe(*args), budget=12).run()
+    assert outcome.params["BD"] == 64 and outcome.spill_free_on() == TARGETS
+    # the passing point, the bold launch step, one single step: then the smaller point
+    assert calls[:4] == [128, 128, 128, 64]
+    nvidia_at_128 = [t for t in outcome.trials if t.target == "sm_80" and t.params["BD"] == 128]
+    assert len(nvidia_at_128) == 3 and not any(t.moved for t in nvidia_at_128[1:])
+    # gfx942 reaches its best stages at the point the search ended at
+    assert outcome.tuned["gfx942"] == {"num_stages": 1}
+
+
+def test_where_no_point_relieves_the_spill_free_targets_speed_search_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    fixed = template(tmp_path, "  num_warps: {choices: [4, 8, 2]}\n  num_stages: {choices: [null, 1, 2, 3]}",
+                     params="  BD: {choices: [128]}\n  num_warps: {choices: [4]}")
+    calls = []
+
+    def probe(params, table, targets):
+        calls.append({t: dict(s) for t, s in table.items()})
+        return stages_probe(lambda p: True)(params, table, targets)
+
+    outcome = Tuner(fixed, {"BD": 128, "num_warps": 4}, launch_table(fixed), TARGETS, probe, budget=12).run()
+    assert outcome.spill_free_on() == ["gfx942"] and outcome.tuned["gfx942"] == {"num_stages": 1}
+    assert outcome.stopped["sm_80"].startswith("no relief from the last 2 settings tried")
+    assert "no other point of the template left to try" in outcome.stopped["sm_80"]
+    assert outcome.stopped["gfx942"].startswith("local optimum")
+    # the resumed search remembers what gfx942 tried before the pause: no setting is probed twice
+    gfx942 = [t.settings for t in outcome.trials if t.target == "gfx942"]
+    assert len(gfx942) == len({format_point(s) for s in gfx942})
+    # after NVIDIA's two settings, gfx942's probes carry no NVIDIA settings
+    assert all(set(table) <= {"gfx942"} for table in calls[3:])
+
+
+def test_while_a_target_spills_the_time_budget_is_three_times_the_ports(warps_and_stages):
+    tuner = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), TARGETS,
+                  FakeProbe(), seconds=10.0)
+    tuner.started = time.monotonic() - 15
+    assert tuner._spent(True) == "" and tuner._spent(False) == "time budget of 10 s spent"
+    tuner.started = time.monotonic() - 31
+    assert tuner._spent(True) == "time budget of 30 s spent (3 x 10 while a target spills)"
 
 
 def test_the_time_budget_ends_the_search_and_the_reason_says_so(warps_and_stages):

@@ -19,12 +19,14 @@ compiles where the best does not, is spill-free where the best spills, spills le
 than TIE) becomes the best; one that ties is a plateau: the next step the same way is tried too, then the tie's
 other neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a
 tie that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is
-a local optimum) or a budget ends (probes: SPILL_BUDGET times the port's while a target spills, else the port's
-counted past the probes that relieved spills; seconds), and says which. When a required target spills at every
-launch setting tried, the template's neighbouring points are probed: first every size one step smaller at once (the
-bold step), then the points where no size grows before those where one does, the fewest parameters changed, the
-fewest steps; a dtype (the operands' arithmetic) moves alone, at the sizes as they are. A point
-nearer spill-free (fewer targets that do not compile, then fewer bytes spilled over all targets) becomes the
+a local optimum), when it spills and STALL settings in a row relieved nothing, or when a budget ends (probes and
+seconds: SPILL_BUDGET times the port's while a target spills; else the port's probes counted past those that
+relieved spills, and its seconds), and says which. Spills come first: once every spilling target has stopped, the
+spill-free targets' speed search waits for the point search, and goes on at the point it ends at. When a required
+target spills at every launch setting tried, the template's neighbouring points are probed: first every size one
+step smaller at once (the bold step), then the points where no size grows before those where one does, the fewest
+parameters changed, the fewest steps; a dtype (the operands' arithmetic) moves alone, at the sizes as they are. A
+point nearer spill-free (fewer targets that do not compile, then fewer bytes spilled over all targets) becomes the
 search's point (its numerics are verified before anything is promoted): its launch settings are searched again,
 then its own neighbouring points, until every target is spill-free or a budget ends. A point the spills shrank then
 grows back, one size one step up at a time, where it stays spill-free everywhere and is modelled faster (its time
@@ -46,10 +48,14 @@ TIE = 0.01
 DEFAULT_PROBES = 8
 """Compile-only probes a port's tuning may spend (each compiles every searched target's kernels once)."""
 SPILL_BUDGET = 3
-"""While a target spills or does not compile, the probe budget is this many times the port's: a spill is the
-finding the search exists for, a faster spill-free neighbour is not."""
+"""While a target spills or does not compile, the budgets (probes and seconds) are this many times the port's: a
+spill is the finding the search exists for, a faster spill-free neighbour is not."""
 DEFAULT_SECONDS = 600.0
 """The wall time after which the tuning starts no probe (a probe under way finishes: a compile is not cut)."""
+STALL = 2
+"""Launch settings a spilling target tries in a row without spilling less, after which its launch search stops and
+the template's neighbouring points are probed. In the walks of the reversed and the hand-ordered cards, 89 of 90
+launch settings that relieved a spill came at most one probe after the last relief (the other: 16 B, four after)."""
 HEAVY_SPILL = 1024
 """Bytes a thread spills past which no launch setting is tried first: more than a whole NVIDIA register file (255
 32-bit registers) a thread, where more warps at best halve a thread's share of the tile. Such a point (or one that
@@ -78,15 +84,19 @@ class Figure:
         return (not self.ok, self.spilled_bytes > 0, self.spilled_bytes,
                 self.time_ms if self.time_ms is not None else float("inf"))
 
-    def better_than(self, other: Figure) -> bool:
-        """Compiles where the other does not; spill-free where it spills; spills less (by more than TIE); or, the
-        spills equal, modelled faster by more than TIE."""
+    def relieves(self, other: Figure) -> bool:
+        """Nearer spill-free than the other: compiles where it does not, spill-free where it spills, or spills less
+        (by more than TIE)."""
         mine, theirs = self.key(), other.key()
         if mine[:2] != theirs[:2]:
             return mine[:2] < theirs[:2]
-        if mine[2] != theirs[2]:
-            return mine[2] < theirs[2] * (1 - TIE)
-        return mine[3] < theirs[3] * (1 - TIE)
+        return mine[2] < theirs[2] * (1 - TIE)
+
+    def better_than(self, other: Figure) -> bool:
+        """Relieves the other's spill; or, the spills equal, is modelled faster by more than TIE."""
+        if self.key()[:3] != other.key()[:3]:
+            return self.relieves(other)
+        return self.key()[3] < other.key()[3] * (1 - TIE)
 
     def text(self) -> str:
         if not self.ok:
@@ -245,6 +255,7 @@ class Tuner:
         self.probes = 0
         self.relief = 0  # probes spent while a target spilled (the spill's, not the speed's budget)
         self._bases: dict[str, dict[str, Settings]] = {}
+        self._tried: dict[tuple[str, str], list[Settings]] = {}  # (point, target): the settings probed there
         self._points = list(template.points())  # every valid point, enumerated once
 
     def _probe(self, params: dict, table: Table, targets: list[str], spilling: bool = False) -> dict[str, Figure]:
@@ -259,15 +270,17 @@ class Tuner:
     def _spent(self, spilling: bool) -> str:
         """Why the search may start no probe now ('' while it may): its probe budget (SPILL_BUDGET times the
         port's while ``spilling``; the port's own, past the probes that relieved spills, when not) or its seconds
-        are spent."""
+        (SPILL_BUDGET times the port's while ``spilling``) are spent."""
         if spilling and self.probes >= self.budget * SPILL_BUDGET:
             return f"probe budget of {self.budget * SPILL_BUDGET} ({SPILL_BUDGET} x {self.budget} while a target " \
                    f"spills) spent"
         if not spilling and self.probes >= self.budget + self.relief:
             return f"probe budget of {self.budget} spent" + (f" (and {self.relief} relieving spills)"
                                                                if self.relief else "")
-        if time.monotonic() - self.started >= self.seconds:
-            return f"time budget of {self.seconds:.0f} s spent"
+        seconds = self.seconds * (SPILL_BUDGET if spilling else 1)
+        if time.monotonic() - self.started >= seconds:
+            return f"time budget of {seconds:.0f} s spent" + (f" ({SPILL_BUDGET} x {self.seconds:.0f} while a "
+                                                              f"target spills)" if spilling else "")
         return ""
 
     def _trial(self, target: str, params: dict, settings: Settings, figure: Figure, moved: bool, why: str) -> None:
@@ -288,39 +301,53 @@ class Tuner:
         """Each target's descent from ``best`` (updated in place); why each stopped. A neighbour no better and no
         worse (within TIE) is a plateau: the next step the same way is tried too (a register cap that starts to
         pay two steps down, say), and the search moves there when it is nearer the template's own settings
-        (``base``: what a bold step changed for nothing is taken back)."""
+        (``base``: what a bold step changed for nothing is taken back). Spills first: a spilling target stops
+        after STALL settings in a row that relieve nothing, and once every spilling target has stopped the descent
+        returns, the spill-free targets' not stopped (their speed search goes on after the point search, at the
+        point it ends at: what they tried at a point is remembered)."""
         def changes(target: str, settings: Settings) -> int:
             return sum(settings[k] != base[target][k] for k in settings)
 
-        tried = {t: [best[t][0]] for t in best}
+        def spills(target: str) -> bool:
+            return best[target][1].spilled_bytes > 0 or not best[target][1].ok
+
+        tried = {t: self._tried.setdefault((format_point(params), t), []) for t in best}
+        for target, (settings, _) in best.items():
+            if settings not in tried[target]:
+                tried[target].append(settings)
+        stall = {t: 0 for t in best}  # a spilling target's settings in a row that relieved nothing
         # a tie's next step the same way (tried before the best's own neighbours), and its other neighbours (after)
         plateau: dict[str, list[tuple[Settings, str, str, int]]] = {t: [] for t in best}
         across: dict[str, list[tuple[Settings, str, str, int]]] = {t: [] for t in best}
         stopped: dict[str, str] = {}
         while True:
             moves = {}
-            for target, (settings, figure) in best.items():
+            for target, (settings, _) in best.items():
                 if target in stopped:
                     continue
-                relieve = figure.spilled_bytes > 0 or not figure.ok
-                options = [*plateau[target], *neighbours(self.template, settings, relieve), *across[target]]
+                if spills(target) and stall[target] >= STALL:
+                    stopped[target] = f"no relief from the last {STALL} settings tried: the template's " \
+                                      f"neighbouring points next"
+                    continue
+                options = [*plateau[target], *neighbours(self.template, settings, spills(target)), *across[target]]
                 move = next((m for m in options if m[0] not in tried[target]), None)
                 if move is None:
                     stopped[target] = f"local optimum: no untried neighbour left ({len(tried[target])} settings " \
                                       f"tried)"
                 else:
                     moves[target] = move
-            if not moves:
+            spilling = [t for t in best if spills(t)]
+            if not moves or (spilling and not any(t in moves for t in spilling)):
                 return stopped
-            spilling = any(f.spilled_bytes or not f.ok for _, f in best.values())
-            if spent := self._spent(spilling):
+            if spent := self._spent(bool(spilling)):
                 for target in moves:
                     stopped[target] = spent
                 return stopped
-            figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves), spilling)
+            figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves), bool(spilling))
             for target, (settings, text, key, direction) in moves.items():
                 tried[target].append(settings)
                 figure, before = figures[target], best[target][1]
+                stall[target] = 0 if figure.relieves(before) else stall[target] + 1
                 flat = not figure.better_than(before) and not before.better_than(figure)
                 moved = figure.better_than(before) or (flat and changes(target, settings) <
                                                        changes(target, best[target][0]))
@@ -493,6 +520,10 @@ class Tuner:
                 moved = faster({t: f for t, (_, f) in grown.items()}, was)
             if moved:
                 params, base, best, stopped = point, self._base(point), grown, reasons
+        # the speed search of the spill-free targets the spills deferred, at the point the search ended at
+        if pending := {t: best[t] for t in self.targets if t not in stopped}:
+            stopped.update(self._descend(params, pending, base))
+            best.update(pending)
         tuned = {}
         for target, (settings, _) in best.items():
             changed = {k: v for k, v in settings.items() if v != base[target][k]}
