@@ -295,7 +295,12 @@ PARITY = {"source": "kimi-k3 (workbench/models/configs/kimi-k3.config.json)", "m
           "layers": ["linear_attention", "full_attention"], "tokens": 16, "status": "fail",
           "metrics": {"kl": 3.1e-4, "cosine": 0.999, "top1": 0.9, "top5": 0.95, "router_match": 1.0,
                       "loss_rel": 2e-3, "grad_rel_worst": 0.2,
-                      "first_divergence": {"module": "model.layers.0.input_layernorm", "rel": 0.4}},
+                      "first_divergence": {"module": "model.layers.0.input_layernorm", "rel": 0.4},
+                      "torch_share": {"flops_share": 0.25, "bytes_share": 0.4, "flops_torch": 100, "bytes_torch": 400,
+                                      "flops_total": 400, "bytes_total": 1000, "ported_calls": {"rmsnorm": 5},
+                                      "left": [{"class": "KimiLinearForgetGate", "modules": 1, "flops": 100,
+                                                "bytes": 400, "ops": ["softplus", "mul"],
+                                                "example": "model.layers.0.self_attn.forget_gate"}]}},
           "checks": [{"metric": "kl", "value": 3.1e-4, "bound": 1e-8, "op": "<=", "ok": False}],
           "patch": {"modules": [{"class": "KimiLinearRMSNorm", "blocks": ["rmsnorm"], "reason": "", "count": 5,
                                  "example": "model.norm"},
@@ -315,6 +320,9 @@ def test_parity_page_shows_the_runs_their_checks_and_modules(empty_db):
     assert (runs.iloc[0]["replaced"], runs.iloc[0]["left_alone"]) == (5, 1)
     assert at.dataframe[1].value.iloc[0]["metric"] == "kl"
     assert list(at.dataframe[2].value["class"]) == ["KimiLinearRMSNorm", "KimiLinearForgetGate"]
+    # the share of the forward left in torch, and what it is
+    assert (runs.iloc[0]["torch_flops"], runs.iloc[0]["torch_bytes"]) == (0.25, 0.4)
+    assert list(at.dataframe[3].value["class"]) == ["KimiLinearForgetGate"]
     assert {m.label: m.value for m in at.metric}["latest"] == "fail"
 
 

@@ -55,6 +55,13 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert m["generate_kl"] < 1e-8 and len(m["generate_rel_per_step"]) == 6 and 0 < max(m["generate_rel_per_step"])
     assert m["generate_op_runs"]["kda_decode"] == m["generate_op_runs"]["kda_short_conv_decode"] == 5 * 3
     assert m["generate_op_runs"]["mla_decode"] == 5
+    # outside plain projections the patched forward runs in torch only the KDA layers' glue (l2norm of q and k,
+    # beta's sigmoid), the residual adds and the MLA layer's concatenations: under 1% of the FLOPs (modelled)
+    share = m["torch_share"]
+    assert 0 < share["flops_share"] < 0.01 and 0 < share["bytes_share"] < 0.02
+    assert share["left"][0]["class"] == "KimiLinearDeltaAttention" and "l2norm" not in share["ported_calls"]
+    assert {"KimiLinearDecoderLayer", "KimiLinearAttention"} < {row["class"] for row in share["left"]}
+    assert share["ported_calls"]["kda"] == 3 and share["ported_calls"]["mla"] == 1
     (row,) = parity_runs(get_engine(settings.db_url))
     assert row.status == "pass" and row.metrics["kl"] == m["kl"] and row.id == report["id"]
 

@@ -126,6 +126,10 @@ def print_parity(result) -> None:
                       ("generate logits max rel diff per step",
                        " ".join(f"{v:.2g}" for v in m["generate_rel_per_step"])),
                       ("generate op runs", ", ".join(f"{k} {v}" for k, v in m["generate_op_runs"].items()))]
+        if share := m.get("torch_share"):
+            extra.append(("left in torch (forward, outside plain projections; modelled)",
+                          f"{share['flops_share']:.1%} of {share['flops_total']:.3g} FLOPs, "
+                          f"{share['bytes_share']:.1%} of {share['bytes_total']:.3g} bytes"))
         if m.get("lora"):
             extra += [(f"LoRA r{m['lora']['rank']} curve, {name}", " ".join(f"{v:.6g}" for v in curve))
                       for name, curve in m["lora"]["curves"].items()]
@@ -140,6 +144,17 @@ def print_parity(result) -> None:
         for row in modules:
             table.add_row(row["class"], str(row["count"]), escape(", ".join(row["blocks"]) or
                                                                   f"left alone: {row['reason']}"), row["example"])
+        console.print(table)
+    left = (result.metrics.get("torch_share") or {}).get("left", [])
+    if left:
+        share = result.metrics["torch_share"]
+        table = Table(title="Left in torch (patched forward, by module class; modelled)")
+        for col in ("class", "modules", "FLOPs", "bytes", "ops", "example"):
+            table.add_column(col)
+        for row in left:
+            table.add_row(row["class"], str(row["modules"]), f"{row['flops'] / (share['flops_total'] or 1):.1%}",
+                          f"{row['bytes'] / (share['bytes_total'] or 1):.1%}", ", ".join(row["ops"]),
+                          escape(row["example"]))
         console.print(table)
     for note in result.notes:
         console.print(f"  note: {escape(note)}")

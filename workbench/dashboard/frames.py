@@ -43,7 +43,8 @@ CI_COLUMNS = ["id", "commit", "status", "started_at", "finished_at", "seconds", 
               "failed_checks", "regressions", "junit_path", "summary"]
 PARITY_COLUMNS = ["id", "source", "model_class", "dtype", "backend", "status", "kl", "cosine", "top1", "top5",
                   "router_match", "loss_rel", "grad_rel_worst", "first_divergence", "replaced", "left_alone",
-                  "ci_job_id", "seconds", "created_at", "message", "checks", "modules", "notes"]
+                  "torch_flops", "torch_bytes", "ci_job_id", "seconds", "created_at", "message", "checks", "modules",
+                  "left_in_torch", "notes"]
 BENCH_COLUMNS = ["id", "block", "subject", "backend", "label", "shape", "dtype", "metric", "value", "unit",
                  "created_at"]
 
@@ -249,19 +250,21 @@ def ci_jobs_frame(engine: Engine, limit: int = 200) -> pd.DataFrame:
 
 def parity_frame(engine: Engine, limit: int = 200) -> pd.DataFrame:
     """Parity runs newest first: the metrics, the first diverging module, how many modules were replaced and left
-    alone; checks, modules (by class) and notes as lists."""
+    alone, the share of the forward left in torch (FLOPs, bytes: workbench.integrations.torch_share); checks,
+    modules (by class), the torch compute by module class and notes as lists."""
     rows = []
     for r in queries.parity_runs(engine, limit):
         m, modules = r.metrics or {}, (r.patch or {}).get("modules", [])
-        first = m.get("first_divergence")
+        first, share = m.get("first_divergence"), m.get("torch_share") or {}
         rows.append({"id": r.id, "source": r.source, "model_class": r.model_class, "dtype": r.dtype,
                      "backend": r.backend, "status": r.status, **{k: m.get(k) for k in PARITY_COLUMNS[6:13]},
                      "first_divergence": first["module"] if first else None,
                      "replaced": sum(row["count"] for row in modules if row["blocks"]),
                      "left_alone": sum(row["count"] for row in modules if not row["blocks"]),
+                     "torch_flops": share.get("flops_share"), "torch_bytes": share.get("bytes_share"),
                      "ci_job_id": r.ci_job_id, "seconds": r.seconds, "created_at": r.created_at,
                      "message": r.message, "checks": list(r.checks or []), "modules": modules,
-                     "notes": list(r.notes or [])})
+                     "left_in_torch": list(share.get("left", [])), "notes": list(r.notes or [])})
     return _frame(rows, PARITY_COLUMNS, times=("created_at",))
 
 

@@ -5,7 +5,9 @@ write only in the job's ``scratch`` folder (workbench.verify.worker.install_writ
 
 The model is built from the job's seed twice over (shipped, then a deep copy patched with apply_workbench_kernels),
 both run forward and backward on one batch (labels = the inputs: the causal LM loss), and forward hooks on every
-module record its first output tensor, so the first module whose output leaves the bound is named. On a machine
+module record its first output tensor, so the first module whose output leaves the bound is named. One more forward
+of each (no grad, workbench.integrations.torch_share) gives the share of the compute outside plain projections that
+the patched model still runs in torch. On a machine
 without a GPU driver the family's functions that transformers bound to fla (``chunk_kda``, ``fused_recurrent_kda``,
 resolved when fla is installed) run their torch path (``__wrapped__``): what transformers runs without fla, since
 fla's kernels need a driver.
@@ -313,6 +315,7 @@ def run(job: dict) -> dict:
 
     import workbench.kernels as wk
     from workbench.integrations.parity import THRESHOLDS
+    from workbench.integrations.torch_share import torch_share
     from workbench.integrations.transformers import apply_workbench_kernels, config_class, family
     from workbench.kernels._ops import RUNS
     from workbench.operators import newest_promoted
@@ -376,6 +379,7 @@ def run(job: dict) -> dict:
                                         job["seed"], device, bound))
     metrics["idle_blocks"] = sorted(set(report.blocks) - set(runs) - set(decode_runs)
                                     - set(metrics.get("generate_op_runs", ())))
+    metrics["torch_share"] = torch_share(shipped, patched, ids)
     modules, first = first_past(rec_s, rec_p, bound)
     metrics["first_divergence"] = {"module": first, "rel": modules[first]} if first else None
     worst = max(modules, key=modules.get) if modules else None
