@@ -12,6 +12,7 @@ the Triton interpreter, which must be selected before triton is first imported, 
     in_place a cache updated in place through its op (kda_decode): the argument itself comes back, updated
     heads    softmax attention at the head sizes the families use (64, 80, 96, 128, 192, 256): forward and every
              gradient against the float64 reference
+    steep    kda at Qwen3-Next's decay rates: the decay-rate gradient against the float64 reference
 """
 
 from __future__ import annotations
@@ -350,9 +351,33 @@ def check_heads() -> dict:
     return figures
 
 
+def check_steep() -> dict:
+    """kda at Qwen3-Next's decay rates (per head A in (0, 16), g_t = -A softplus(a_t + 1), a_t ~ N(0, 1): down to
+    about -35 a token), its scalar gate spread over the key channels as the family's patch passes it, two chunks: the
+    decay-rate gradient sum_t g_t dg_t per head (the A_log gradient's), its worst relative error against the float64
+    reference."""
+    spec, gen = get_block("kda"), torch.Generator().manual_seed(3)
+    B, T, H, K = 1, 80, 4, 16
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1) for _ in range(2))
+    v, beta = torch.randn(B, T, H, K, generator=gen), torch.rand(B, T, H, generator=gen)
+    rates = 16 * torch.rand(H, generator=gen)
+    g = (-rates[:, None] * torch.nn.functional.softplus(torch.randn(B, T, H, 1, generator=gen) + 1)).expand(
+        B, T, H, K)
+    up = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+
+    def rate_grad(fn, dtype):
+        args = [x.to(dtype).requires_grad_() for x in (q, k, v, g, beta)]
+        o = fn(*args, K ** -0.5, None)[0]
+        (o * up.to(dtype)).sum().backward()
+        return (args[3].grad.double() * g.double()).sum((0, 1, 3))
+    truth = rate_grad(spec.reference, torch.float64)
+    error = (rate_grad(wk.kda, torch.float32) - truth).abs() / truth.abs()
+    return {"rates": rates.tolist(), "error": float(error.max())}
+
+
 CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
           "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place,
-          "heads": check_heads}
+          "heads": check_heads, "steep": check_steep}
 
 
 if __name__ == "__main__":

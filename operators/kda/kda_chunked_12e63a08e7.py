@@ -1,12 +1,10 @@
 """kda candidate rendered from templates/kda/chunked.py.j2.
 
 chunked WY form, forward and backward; tl.dot within and across chunks, the state carried chunk to chunk
-params: BT=64, BC=16, BV=16, KC=32, num_warps=4
-launch on gfx942: num_warps=8
-launch on gfx950: num_warps=8
-launch on sm_100a: KB=32, num_warps=8
-launch on sm_80: KB=32, num_warps=8
-launch on sm_90a: KB=32, num_warps=8
+params: BT=16, BC=16, BV=16, KC=16, num_warps=4
+launch on sm_100a: KB=16, num_warps=8
+launch on sm_80: KB=32
+launch on sm_90a: KB=16
 """
 import torch
 import triton
@@ -19,16 +17,16 @@ from triton.language.standard import _sum_combine as add
 
 BLOCK = "kda"
 TEMPLATE = "chunked"
-BT = 64  # chunk length: the WY transform runs within a chunk, the state is carried from chunk to chunk
+BT = 16  # chunk length: the WY transform runs within a chunk, the state is carried from chunk to chunk
 BC = 16  # sub-chunk: pairs in different sub-chunks use tl.dot, pairs within one use exact per-pair decays
 BV = 16  # value columns per program of the state passes
-KC = 32  # key columns per tile of the intra-chunk kernels (capped at K rounded up to a power of two)
+KC = 16  # key columns per tile of the intra-chunk kernels (capped at K rounded up to a power of two)
 # Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
 # backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'gfx942': {'num_warps': 8}, 'gfx950': {'num_warps': 8}, 'sm_100a': {'KB': 32, 'num_warps': 8}, 'sm_80': {'KB': 32, 'num_warps': 8}, 'sm_90a': {'KB': 32, 'num_warps': 8}}
+TUNED_SETTINGS = {'sm_100a': {'KB': 16, 'num_warps': 8}, 'sm_80': {'KB': 32}, 'sm_90a': {'KB': 16}}
 
 
 def launch_target(device) -> str:
@@ -483,30 +481,39 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
                                K, TP, NT, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                                KC: tl.constexpr, DOT: tl.constexpr):
     """Per (chunk, batch x value head, tile of KC key columns; every term is separate per key column), sub-chunk
-    blocks last to first: gradients of q, k and the gate cumsum G, then dg = the suffix sum of dG within the chunk.
-    With x = q~ (dA = daqk) or k (dA = da), y = k and A[i, j] = sum_d x_i y_j exp(G_i - G_j):
-        dx_i += sum_j dA[i, j] y_j e_ij;  dy_j += sum_i dA[i, j] x_i e_ij;  dG_i += x_i dx_i;  dG_j -= y_j dy_j
+    blocks last to first: gradients of q, k and of the gate g. With x = q~ (dA = daqk) or k (dA = da), y = k and
+    A[i, j] = sum_d x_i y_j exp(G_i - G_j):
+        dx_i += sum_j dA[i, j] y_j e_ij;  dy_j += sum_i dA[i, j] x_i e_ij
     (split decays through tl.dot off the diagonal, per-pair decays on it), plus the elementwise terms of
-    Qh = q~ exp(G), Kh = k exp(G) and Kb = k exp(G_last - G), and dG_last += dgl + sum_i Kb_i dKb_i.
+    Qh = q~ exp(G), Kh = k exp(G) and Kb = k exp(G_last - G).
+    dg_t is summed from the terms whose decay spans t, never as a difference: a pair j < i spans t where j < t <= i
+    (its term dA[i, j] x_i y_j e_ij), Qh_i and Kh_i where t <= i, Kb_j where j < t, the state's decay exp(G_last)
+    (dgl) at every t. A suffix sum of per-row differences dG_i (the pair's term added at i, taken off at j) is the
+    same sum in exact arithmetic, but where the decay is steep (Qwen3-Next's) those terms round far above dg itself.
     dq, dk are per value head (float32 [B, T, HV, K], summed over GVA groups afterwards); dg [B, T, HV, K] is final."""
     i_t, i_bh, i_k = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     NC: tl.constexpr = BT // BC
     oc = tl.arange(0, BC)
+    on = tl.arange(0, NC)
     ok = i_k * KC + tl.arange(0, KC)
     o_ck = oc[:, None] * BK + ok[None, :]
     o_cc = oc[:, None] * BT + oc[None, :]
     o_tk = tl.arange(0, BT)[:, None] * BK + ok[None, :]
-    lower = oc[:, None, None] >= oc[None, :, None]
+    earlier = oc[None, :, None] < oc[:, None, None]  # [t or i, j, 1]: j before the row
+    lower = earlier | (oc[None, :, None] == oc[:, None, None])
     p_q = qs + ((i_b * H + i_h) * TP + i_t * BT) * BK
     p_k = ks + ((i_b * H + i_h) * TP + i_t * BT) * BK
     o_hk = (i_bh * TP + i_t * BT) * BK               # this chunk in gc, dkh, dqh, dkb
     o_a = (i_bh * TP + i_t * BT) * BT + o_cc         # ... in da, daqk
     b_gl = tl.load(gc + o_hk + (BT - 1) * BK + ok)
-    # dG_last (dgl + sum_i Kb_i dKb_i) reaches every row of the chunk through the suffix sum: it starts the carry
-    b_kb = tl.load(p_k + o_tk) * tl.exp(b_gl[None, :] - tl.load(gc + o_hk + o_tk))
-    b_carry = tl.load(dgl + (i_bh * NT + i_t) * BK + ok) + tl.reduce(tl.load(dkb + o_hk + o_tk) * b_kb, 0, add)
+    # each block's sum of Kb_j dKb_j, and the state's decay: every t
+    b_kbt = tl.load(dkb + o_hk + o_tk) * tl.load(p_k + o_tk) * tl.exp(b_gl[None, :] - tl.load(gc + o_hk + o_tk))
+    b_kb_blocks = tl.sum(tl.reshape(b_kbt, [NC, BC, KC]), 1)
+    b_dgl = tl.load(dgl + (i_bh * NT + i_t) * BK + ok)
+    b_after = tl.full([KC], 0.0, tl.float32)      # Qh, Kh terms of the blocks after this one
+    b_span = tl.full([NC, KC], 0.0, tl.float32)   # [J]: pairs of the blocks after this one with block J
     for ic in range(NC):
         i = NC - 1 - ic
         o_i = i * BC * BK + o_ck
@@ -522,19 +529,27 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
         # elementwise terms of Qh, Kh, Kb
         b_dq = b_dqh * b_eg
         b_dk = b_dkh * b_eg + b_dkb * b_egl
-        b_dg = (b_dqh * b_qi + b_dkh * b_ki) * b_eg - b_dkb * b_ki * b_egl
+        b_own = (b_dqh * b_qi + b_dkh * b_ki) * b_eg
+        b_dg = tl.associative_scan(b_own, 0, add, reverse=True) + b_after[None, :] + b_dgl[None, :]
+        b_dg += tl.sum(tl.where(on[:, None] < i, b_kb_blocks, 0.0), 0)[None, :]
+        b_dg += tl.sum(tl.where(earlier, (b_dkb * b_ki * b_egl)[None, :, :], 0.0), 1)
+        # pairs of a block after this one with a block before it span every row here
+        b_dg += tl.sum(tl.where(on[:, None] < i, b_span, 0.0), 0)[None, :]
         # rows i as x against blocks j < i: tl.dot, decays split at r (first row of block i)
+        b_eir = tl.exp(b_gi - b_gr[None, :])
         b_dqx = tl.full([BC, KC], 0.0, tl.float32)
         b_dkx = tl.full([BC, KC], 0.0, tl.float32)
         for j in range(i):
             o_j = j * BC * BK + o_ck
             b_kj = tl.load(p_k + o_j) * tl.exp(b_gr[None, :] - tl.load(gc + o_hk + o_j))
             o_ij = o_a + i * BC * BT + j * BC
-            b_dqx += tl.dot(tl.load(daqk + o_ij), b_kj, input_precision=DOT)
-            b_dkx += tl.dot(tl.load(da + o_ij), b_kj, input_precision=DOT)
-        b_eir = tl.exp(b_gi - b_gr[None, :])
-        b_dqx *= b_eir
-        b_dkx *= b_eir
+            b_xq = tl.dot(tl.load(daqk + o_ij), b_kj, input_precision=DOT) * b_eir
+            b_xk = tl.dot(tl.load(da + o_ij), b_kj, input_precision=DOT) * b_eir
+            b_dqx += b_xq
+            b_dkx += b_xk
+            b_span += tl.where(on[:, None] == j, tl.sum(b_qi * b_xq + b_ki * b_xk, 0)[None, :], 0.0)
+        # ... whose pairs span the rows from their own i up
+        b_dg += tl.associative_scan(b_qi * b_dqx + b_ki * b_dkx, 0, add, reverse=True)
         # rows i as y against blocks j > i: tl.dot, decays split at r_j (first row of block j)
         b_dky = tl.full([BC, KC], 0.0, tl.float32)
         for j in range(i + 1, NC):
@@ -545,7 +560,9 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
             b_y = tl.dot(tl.trans(tl.load(daqk + o_ji)), tl.load(p_q + o_j) * b_ejr, input_precision=DOT)
             b_y += tl.dot(tl.trans(tl.load(da + o_ji)), tl.load(p_k + o_j) * b_ejr, input_precision=DOT)
             b_dky += b_y * tl.exp(b_grj[None, :] - b_gi)
-        # the diagonal block, exact decay per pair ([BC, BC, KC] in registers)
+        # ... whose pairs span the rows after their own j
+        b_dg += tl.sum(tl.where(earlier, (b_ki * b_dky)[None, :, :], 0.0), 1)
+        # the diagonal block, exact decay per pair ([BC, BC, KC] in registers): pair (i, j) spans j < t <= i
         o_ii = o_a + i * BC * (BT + 1)
         b_daqk = tl.load(daqk + o_ii)
         b_da = tl.load(da + o_ii)
@@ -554,19 +571,19 @@ def kda_chunk_intra_bwd_kernel(qs, ks, gc, dqh, dkb, dgl, daqk, dkh, da, dq_part
         b_ye = b_ki[None, :, :] * b_e
         b_dqx += tl.reduce(b_daqk[:, :, None] * b_ye, 1, add)
         b_dkx += tl.reduce(b_da[:, :, None] * b_ye, 1, add)
-        b_dky += tl.reduce((b_daqk[:, :, None] * b_qi[:, None, :] + b_da[:, :, None] * b_ki[:, None, :]) * b_e, 0, add)
+        b_xe = (b_daqk[:, :, None] * b_qi[:, None, :] + b_da[:, :, None] * b_ki[:, None, :]) * b_e
+        b_dky += tl.reduce(b_xe, 0, add)
+        b_pair = tl.associative_scan(tl.where(earlier, b_xe * b_ki[None, :, :], 0.0), 0, add, reverse=True)
+        b_dg += tl.sum(tl.where(earlier, b_pair, 0.0), 1)
         b_dq += b_dqx
         b_dk += b_dkx + b_dky
-        b_dg += b_qi * b_dqx + b_ki * (b_dkx - b_dky)
-        # dg = suffix sum of dG within the chunk: within the block, plus everything after it (the carry)
-        b_dgs = tl.associative_scan(b_dg, 0, add, reverse=True) + b_carry[None, :]
-        b_carry += tl.reduce(b_dg, 0, add)
+        b_after += tl.sum(b_own, 0)
         oi = i_t * BT + i * BC + oc
         p_out = ((i_b * T + oi[:, None]) * HV + i_hv) * K + ok[None, :]
         m_out = (oi < T)[:, None] & (ok < K)[None, :]
         tl.store(dq_part + p_out, b_dq * scale, mask=m_out)
         tl.store(dk_part + p_out, b_dk, mask=m_out)
-        tl.store(dg + p_out, b_dgs.to(dg.dtype.element_ty), mask=m_out)
+        tl.store(dg + p_out, b_dg.to(dg.dtype.element_ty), mask=m_out)
 
 
 @triton.jit
