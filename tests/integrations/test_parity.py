@@ -83,26 +83,26 @@ def test_deepseek_v3_with_group_limited_routing_and_rotary_mla_computes_the_ship
     assert m["decode_op_runs"]["mla_decode"] == 4 * 4 and m["decode_kl"] < 1e-8  # 4 MLA layers x 4 rotary steps
 
 
-def test_qwen3_next_gated_delta_net_through_kda_matches_but_for_the_decay_rate_gradient(settings):
+def test_qwen3_next_gated_delta_net_through_kda_computes_the_shipped_model(settings):
     """The class's default config shrunk: 3 Gated DeltaNet layers (two value heads per q/k head) and a gated
     softmax-attention one, softmax routing over 16 experts, zero-centred RMSNorm, SiLU-gated output norm. Logits,
-    loss, routing, decode and every gradient but the decay rates' match; those do not: Qwen3-Next's decay rates (A up
-    to 16, g down to -35 per token) leave layer 0's dg ~4e-9 while the terms of kda's chunked backward that cancel
-    into it are far larger, so dg is 1.5% off the float64 truth and the A_log and dt_bias gradients (its sums over
-    tokens) of the first layers 1e-3 to 1. Held to the shipped model's float64 gradients there, the shipped float32
-    is within 1e-4 of them and the patched one is not: the run fails on that check alone, naming layer 0's A_log."""
+    loss, routing, decode and every gradient match but the decay rates': Qwen3-Next's (A up to 16, g down to -35 a
+    token) make the A_log and dt_bias gradients of the first layers sums of tiny terms, and there the shipped
+    float32 code (transformers' chunked delta rule, float32 inside) is itself 1e-2 to 1e-1 from float64. Held to
+    the float64 truth (the shipped code with its float32 casts kept in float64), the patched model is within 1e-3:
+    kda's backward sums the gate gradient from the terms whose decay spans each token."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "qwen3_next", "--tokens", "16", "--json"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 0, result.output
     report = json.loads(result.stdout[result.stdout.index("{"):])
     m = report["metrics"]
     assert report["model_class"] == "Qwen3NextForCausalLM" and m["idle_blocks"] == []
-    assert [c["metric"] for c in report["checks"] if not c["ok"]] == ["grad_truth_ratio"]
-    assert m["grad_worst_param"].endswith("linear_attn.A_log") and m["grad_rel_median"] < 1e-5
-    # the gradients past the bound are the decay parameters'; against float64 the shipped float32 is accurate there
-    assert m["grad_truth_worst"] == "model.layers.0.linear_attn.A_log" and m["grad_truth_ratio"] > 1
+    assert all(c["ok"] for c in report["checks"]) and "grad_truth_ratio" in [c["metric"] for c in report["checks"]]
+    assert m["grad_worst_param"].split(".")[-1] in ("A_log", "dt_bias") and m["grad_rel_median"] < 1e-5
+    # the gradients past the bound are the decay parameters'; against float64 the patched model is the accurate one
     assert {name.rsplit(".", 1)[1] for name in m["grad_truth"]} == {"A_log", "dt_bias"}
-    assert all(e["shipped"] < 1e-4 < e["patched"] for e in m["grad_truth"].values())
+    assert all(e["patched"] < 1e-3 < e["shipped"] for e in m["grad_truth"].values())
+    assert m["grad_truth_ratio"] < 1e-2
     assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["decode_kl"] < 1e-8
     assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
     assert {"attention", "kda", "kda_gate", "kda_short_conv", "moe_router", "rmsnorm", "rmsnorm_gated"} <= \

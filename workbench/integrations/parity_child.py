@@ -226,14 +226,19 @@ def generate_metrics(shipped, patched, vocab: int, prompt: int, new_tokens: int,
 
 def float64_grads(shipped, ids) -> dict[str, Any] | str:
     """Every parameter's gradient of the shipped model computed in float64 (a deep copy; experts on transformers'
-    eager path, which computes any dtype): the truth both float32 models are held to where they differ by more than
-    the bound. A string (why) where the family's code does not run in float64."""
+    eager path, which computes any dtype; its casts to float32, which transformers' norms, softmaxes and chunked
+    delta rules make inside, kept in float64 by references.Float64Casts, else the truth would round where the float32
+    model rounds): the truth both float32 models are held to where they differ by more than the bound. A string
+    (why) where the family's code does not run in float64."""
+    from workbench.integrations.references import Float64Casts
+
     model = copy.deepcopy(shipped).double()
     model.zero_grad(set_to_none=True)
     try:
         if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
             model.set_experts_implementation("eager")
-        model(input_ids=ids, labels=ids).loss.backward()
+        with Float64Casts():
+            model(input_ids=ids, labels=ids).loss.backward()
     except Exception as exc:  # noqa: BLE001 - the run goes on without the truth, and says why
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
     return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
