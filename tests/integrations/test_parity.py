@@ -103,6 +103,9 @@ def test_qwen3_next_gated_delta_net_through_kda_computes_the_shipped_model(setti
     assert {name.rsplit(".", 1)[1] for name in m["grad_truth"]} == {"A_log", "dt_bias"}
     assert all(e["patched"] < 1e-3 < e["shipped"] for e in m["grad_truth"].values())
     assert m["grad_truth_ratio"] < 1e-2
+    # the router's logits, which the sparse MoE block discards, are not computed in torch beside moe_router
+    (router,) = [row for row in m["torch_share"]["left"] if row["class"] == "Qwen3NextTopKRouter"]
+    assert router["ops"] == ["zeros"]  # its zero selection bias; no matmul
     assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["decode_kl"] < 1e-8
     assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
     assert {"attention", "kda", "kda_gate", "kda_short_conv", "moe_router", "rmsnorm", "rmsnorm_gated"} <= \

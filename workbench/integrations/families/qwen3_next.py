@@ -32,6 +32,7 @@ from workbench.integrations.families._common import (
     patch_attention,
     patch_gated_rmsnorm,
     patch_shared,
+    requested_logits,
     short_conv_supported,
 )
 from workbench.integrations.ops import ops
@@ -55,13 +56,13 @@ def zero_centred_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -
 
 def softmax_router_forward(self: nn.Module, hidden_states: torch.Tensor):
     """Qwen3NextTopKRouter as workbench::moe_router: softmax scores of the float32 logits, top k, renormalized where
-    norm_topk_prob, no selection bias, scale 1; returns (router_logits, top_k_weights [N, k] in the logits' dtype,
-    top_k_index [N, k])."""
+    norm_topk_prob, no selection bias, scale 1; returns (router_logits, top_k_weights [N, k] in the input's dtype,
+    top_k_index [N, k]). The sparse MoE block discards the logits: they are computed (in torch) only when the model
+    is asked for them (config.output_router_logits), else None."""
     x = hidden_states.reshape(-1, self.hidden_dim)
     bias = torch.zeros(self.num_experts, dtype=torch.float32, device=x.device)
     weights, ids, _ = ops.moe_router(x, self.weight, bias, self.top_k, "softmax", None, bool(self.norm_topk_prob), 1.0)
-    logits = torch.nn.functional.linear(x, self.weight)
-    return logits, weights.to(logits.dtype), ids
+    return requested_logits(self, x), weights.to(x.dtype), ids
 
 
 def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params=None,
