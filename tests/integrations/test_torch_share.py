@@ -81,3 +81,13 @@ def test_matmuls_and_attention_are_counted_by_their_multiply_adds():
         2 * 2 * 4 * 6 * 10 * (8 + 8)
     x = torch.randn(6, 9)
     assert op_flops(torch.ops.aten.sum.dim_IntList, (x, [1]), {}, x.sum(1)) == 54  # a reduction: its input
+
+
+def test_an_op_on_no_tensor_is_not_counted():
+    class Promotes(nn.Module):
+        def forward(self, input_ids):
+            torch.promote_types(torch.float16, torch.float32)  # a dispatched op on dtypes alone
+            return input_ids.float() * 2
+
+    found = tally(Promotes(), torch.arange(N).reshape(1, N))
+    assert set(found.torch[("Promotes", "")]) == {"flops", "bytes", "op:_to_copy", "op:mul"}

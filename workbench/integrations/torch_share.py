@@ -14,8 +14,9 @@ FLOPs first.
 Modelled, not measured: an op's FLOPs are torch.utils.flop_counter's formula where it has one (mm, bmm, addmm,
 convolutions, the fused attentions), two per multiply-add of CPU's fused attention, else one per element of its
 largest tensor (an elementwise op's output, a reduction's input); its bytes are its tensor inputs' and outputs' sizes
-(the memory traffic of an unfused op). View ops (views, expands, transposes) compute and move nothing and are not
-counted. The figures are the tiny instance's: its widths and lengths, not the published config's.
+(the memory traffic of an unfused op). View ops (views, expands, transposes) and ops on no tensor (dtype promotion)
+compute and move nothing and are not counted. The figures are the tiny instance's: its widths and lengths, not the
+published config's.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class ForwardTally(TorchDispatchMode):
         path, module = self.stack[-1]
         if func.namespace in self.ported_namespaces:
             self.ported[func.overloadpacket.__name__] += 1
-        elif not func.is_view and not isinstance(module, PLAIN):
+        elif not func.is_view and not isinstance(module, PLAIN) and \
+                any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs, out))):
             tally = self.torch[(type(module).__name__, path)]
             tally["flops"] += op_flops(func, args, kwargs, out)
             tally["bytes"] += op_bytes(args, kwargs, out)
