@@ -80,6 +80,16 @@ class Figure:
     measured: bool = False
     error: str = ""
 
+    @property
+    def spills(self) -> bool:
+        """Spills or does not compile: what the search exists to relieve."""
+        return not self.ok or self.spilled_bytes > 0
+
+    @property
+    def heavy(self) -> bool:
+        """Spills more than HEAVY_SPILL or does not compile: the bold point step before any launch setting."""
+        return not self.ok or self.spilled_bytes > HEAVY_SPILL
+
     def key(self) -> tuple:
         return (not self.ok, self.spilled_bytes > 0, self.spilled_bytes,
                 self.time_ms if self.time_ms is not None else float("inf"))
@@ -138,7 +148,7 @@ class Outcome:
     seconds: float = 0.0
 
     def spill_free_on(self) -> list[str]:
-        return [t for t, f in self.best.items() if f.ok and not f.spilled_bytes]
+        return [t for t, f in self.best.items() if not f.spills]
 
     def summary(self) -> str:
         per_target = "; ".join(f"{t}: {format_point(self.tuned.get(t, {})) or 'template settings'} "
@@ -308,9 +318,6 @@ class Tuner:
         def changes(target: str, settings: Settings) -> int:
             return sum(settings[k] != base[target][k] for k in settings)
 
-        def spills(target: str) -> bool:
-            return best[target][1].spilled_bytes > 0 or not best[target][1].ok
-
         tried = {t: self._tried.setdefault((format_point(params), t), []) for t in best}
         for target, (settings, _) in best.items():
             if settings not in tried[target]:
@@ -325,18 +332,19 @@ class Tuner:
             for target, (settings, _) in best.items():
                 if target in stopped:
                     continue
-                if spills(target) and stall[target] >= STALL:
+                if best[target][1].spills and stall[target] >= STALL:
                     stopped[target] = f"no relief from the last {STALL} settings tried: the template's " \
                                       f"neighbouring points next"
                     continue
-                options = [*plateau[target], *neighbours(self.template, settings, spills(target)), *across[target]]
+                options = [*plateau[target], *neighbours(self.template, settings, best[target][1].spills),
+                           *across[target]]
                 move = next((m for m in options if m[0] not in tried[target]), None)
                 if move is None:
                     stopped[target] = f"local optimum: no untried neighbour left ({len(tried[target])} settings " \
                                       f"tried)"
                 else:
                     moves[target] = move
-            spilling = [t for t in best if spills(t)]
+            spilling = [t for t, (_, f) in best.items() if f.spills]
             if not moves or (spilling and not any(t in moves for t in spilling)):
                 return stopped
             if spent := self._spent(bool(spilling)):
@@ -392,13 +400,12 @@ class Tuner:
                 ) -> tuple[dict, dict[str, tuple[Settings, Figure]]]:
         """While a target spills more than HEAVY_SPILL or does not compile: the bold point step, taken where it
         spills less (fewer targets that do not compile, then fewer bytes over all); (the point, its figures)."""
-        while any(not f.ok or f.spilled_bytes > HEAVY_SPILL for _, f in best.values()) and not self._spent(True):
+        while (heavy := [t for t, (_, f) in best.items() if f.heavy]) and not self._spent(True):
             point = self._settle(self._smaller(params))
             if point is None or format_point(point) in tried or not self.covers(point) or \
                     all(point[k] == params[k] for k in self._sizes(params)):
                 break
             tried.add(format_point(point))
-            heavy = [t for t, (_, f) in best.items() if not f.ok or f.spilled_bytes > HEAVY_SPILL]
             changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
             moved, moved_best = self._relieving_point(point, best, f"{', '.join(heavy)} spill over {HEAVY_SPILL} B a "
                                                       f"thread (or do not compile): every size one step smaller "
@@ -480,8 +487,7 @@ class Tuner:
         stopped = self._descend(params, best, base) if self.template.launch else \
             {t: f"{self.template.ref} declares no launch settings" for t in self.targets}
         ended = ""
-        while any(f.spilled_bytes or not f.ok for _, f in best.values()):
-            spilling = [t for t, (_, f) in best.items() if f.spilled_bytes or not f.ok]
+        while spilling := [t for t, (_, f) in best.items() if f.spills]:
             move = next(self._point_moves(params, tried_points), None)
             ended = self._spent(True) or ("" if move else "no other point of the template left to try")
             if ended:
@@ -495,11 +501,11 @@ class Tuner:
                 base = self._base(params)
                 stopped = self._descend(params, best, base) if self.template.launch else stopped
         for target, (_, figure) in best.items():
-            if figure.spilled_bytes or not figure.ok:
+            if figure.spills:
                 stopped[target] = f"{stopped.get(target, '')}; still {figure.text()}".strip("; ") + \
                     (f" ({ended})" if ended else "")
         # a point the spills shrank grows back, one size one step, while it stays spill-free and gets faster
-        while params != self.params and not ended and all(f.ok and not f.spilled_bytes for _, f in best.values()):
+        while params != self.params and not ended and not any(f.spills for _, f in best.values()):
             move = next(self._growth(params, tried_points), None)
             if move is None or self._spent(False):
                 break
