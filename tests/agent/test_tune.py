@@ -390,6 +390,18 @@ def test_a_setting_that_does_not_compile_never_becomes_the_best():
     assert not Figure(ok=True, time_ms=0.995).better_than(Figure(ok=True, time_ms=1.0))  # within the tie
 
 
+def test_a_measured_neighbour_moves_the_search_only_when_faster_past_both_spreads():
+    best = Figure(ok=True, time_ms=5.0).timed({"time_ms": 1.0, "spread_ms": 0.05})
+    assert best.measured and best.text() == "0 registers, spill-free, 1.0000 ms measured (spread 0.0500)"
+    within = Figure(ok=True).timed({"time_ms": 0.92, "spread_ms": 0.05})  # 8% faster, inside the trials' noise
+    past = Figure(ok=True).timed({"time_ms": 0.85, "spread_ms": 0.05})
+    assert not within.better_than(best) and past.better_than(best) and not best.better_than(past)
+    # a measurement that failed (wrong at the sizes timed, crashed, timed out) has no time: anything timed beats it
+    failed = Figure(ok=True, time_ms=0.1).timed({"error": "timeout: no result"})
+    assert failed.time_ms is None and "not measured (timeout: no result)" in failed.text()
+    assert best.better_than(failed) and not failed.better_than(best)
+
+
 def test_neighbours_step_along_value_order_whatever_the_preference_order(warps_and_stages):
     assert axis([4, 8, 2]) == [2, 4, 8] and axis([1, None, 3]) == [1, 3, None]
     moves = [m[1] for m in neighbours(warps_and_stages, {"num_warps": 4, "num_stages": None}, relieve=True)]

@@ -5,11 +5,14 @@ target, within its candidate and probe budgets. The whole card's figures: bench/
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from workbench.agent.run import port_block
-from workbench.agent.tune import DEFAULT_PROBES
-from workbench.operators import list_promoted
+from workbench.agent.tune import DEFAULT_PROBES, base_settings
+from workbench.executor import InProcessExecutor
+from workbench.operators import launch_settings, list_promoted
 from workbench.store import get_engine
 from workbench.store.queries import run_candidates, tune_probes
 from workbench.templating import reverse_choices
@@ -42,3 +45,36 @@ def test_from_the_reversed_choices_a_port_promotes_spill_free_on_the_five_target
     assert {t.target for t in trials} == set(TARGETS) and all(t.label == "modelled" for t in trials)
     relieved = [t for t in trials if t.moved and t.probe > 1 and t.spilled_bytes == 0]
     assert relieved and all(t.why for t in relieved)
+
+
+class H200Timings(InProcessExecutor):
+    """The executor of a port on one H200, faithful to workbench.perf.measure's figure, but for the clock: a
+    candidate's time is a function of the warps its source sets for sm_90a (8 fastest), spread 0.02 ms."""
+
+    def __init__(self):
+        super().__init__()
+        self.timed: list[int] = []
+
+    def measure(self, path, block, shapes, backend, **options):
+        source = Path(path).read_text()
+        table = launch_settings(source)
+        warps = {**base_settings(table["per_target"], "sm_90a", ["num_warps"]),
+                 **table.get("tuned", {}).get("sm_90a", {})}["num_warps"]
+        self.timed.append(warps)
+        return {"label": "measured", "device": "NVIDIA H200", "target": "sm_90a", "time_ms": {2: 3.0, 4: 2.0, 8: 1.0}[
+            warps], "spread_ms": 0.02, "shapes": len(shapes)}
+
+
+def test_on_a_gpu_that_measures_its_own_targets_launch_settings_rank_by_the_measured_time(settings):
+    executor = H200Timings()
+    outcome = port_block("kda_short_conv_decode", settings, targets=["sm_90a", "gfx942"], suites=["smoke"], seeds=1,
+                         start="channel_tiled:BD=64,num_warps=2", measure=True, executor=executor)
+    assert outcome.status == "promoted", outcome.reason
+    trials = tune_probes(get_engine(settings.db_url), outcome.run_id)
+    # the device's target is timed wherever it compiled spill-free; the other target keeps the cost model's time
+    assert {t.label for t in trials if t.target == "sm_90a"} == {"measured"}
+    assert {t.label for t in trials if t.target == "gfx942"} == {"modelled"}
+    moved = [t for t in trials if t.target == "sm_90a" and t.moved and t.probe > 1]
+    assert moved and moved[-1].settings["num_warps"] == 8 and "ms measured (spread 0.0200)" in moved[-1].why
+    manifest = list_promoted(settings.operators_dir, "kda_short_conv_decode")[0]
+    assert manifest["launch_settings"]["tuned"]["sm_90a"] == {"num_warps": 8} and 8 in executor.timed

@@ -211,9 +211,7 @@ def verify_on_executor(ctx: PortContext, run_id: str, current: Attempt) -> tuple
     current.update(verdict=result.verdict, message=result.message, worst_ratio=result.worst_ratio(),
                    target_report=target_report, modelled=modelled)
     if result.passed and ctx.measures:
-        current["measured"] = ctx.executor.measure(
-            current["path"], ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
-            timeout_s=ctx.options.timeout_s, forward_only=ctx.options.forward_only)
+        current["measured"] = measure(ctx, current["path"])
         figure = current["measured"]
         ctx.emit(run_id, "measure", f"#{current['iteration']} " + (
             f"{figure['time_ms']:.3f} ms measured on {figure['device']} ({figure['shapes']} shapes, median of "
@@ -382,10 +380,13 @@ def tune(state: PortState, runtime: Runtime[PortContext]) -> dict:
 def compile_probe(ctx: PortContext, template: Template, folder: Path):
     """The tuner's probe: the template rendered at a point with a per-target settings table, its model-suite
     launches captured in the sandbox and compiled for the targets asked (workbench.verify.harness.target_report),
-    each target's figure modelled at the model suite."""
+    each target's figure modelled at the model suite. Where the port measures (a GPU backend), the target of the
+    measuring device (learnt from the first probe's measurement) gets the measured time instead, wherever a probe
+    compiled it spill-free."""
     from workbench.verify.harness import target_report
 
     shapes = suite_shapes(ctx.spec, "model")
+    device: dict[str, str] = {}  # {"target": the measuring device's target ("" off a GPU)}, once measured
 
     def probe(params: dict, table: dict, targets: list[str]) -> dict[str, Figure]:
         source = template.render(params, table)
@@ -395,7 +396,14 @@ def compile_probe(ctx: PortContext, template: Template, folder: Path):
                                timeout_s=ctx.options.timeout_s, probe_limit_s=PROBE_COMPILE_S)
         modelled = modelled_summary(ctx.spec.name, shapes, report.builds, targets,
                                     backward=not ctx.options.forward_only)
-        return probe_figures(report, targets, modelled)
+        figures = probe_figures(report, targets, modelled)
+        local = device.get("target")
+        if ctx.measures and (local is None or (local in figures and not figures[local].spills)):
+            timing = measure(ctx, path)
+            local = device.setdefault("target", timing.get("target", ""))
+            if local in figures and not figures[local].spills:
+                figures[local] = figures[local].timed(timing)
+        return figures
 
     return probe
 
@@ -574,6 +582,12 @@ def build_graph(checkpointer=None):
     graph.add_edge("promote", "record")
     graph.add_edge("record", END)
     return graph.compile(checkpointer=checkpointer)
+
+
+def measure(ctx: PortContext, path: str | Path) -> dict:
+    """The candidate at ``path`` timed on the backend's device at measure_shapes (workbench.perf.measure's figure)."""
+    return ctx.executor.measure(path, ctx.spec.name, measure_shapes(ctx), ctx.backend, dtype=ctx.options.dtypes[-1],
+                                timeout_s=ctx.options.timeout_s, forward_only=ctx.options.forward_only)
 
 
 def measure_shapes(ctx: PortContext) -> list[dict]:

@@ -4,9 +4,11 @@ where a target still spills, for a neighbouring template point) by compile-only 
 A probe renders the template at a point with a per-target table of launch settings (the template's declared
 ``launch`` space, templates/_launch.j2's TUNED_SETTINGS), captures its model-suite launches in the sandbox and
 compiles them for the targets being searched (seconds; no numerics run). Each target's figure is the builds' worst
-spill, most registers and the cost model's time at the model suite (or, on the target of a GPU backend that
-measures, the measured time); a launch whose compile runs past workbench.verify.aot.PROBE_COMPILE_S fails that
-target (minutes of ptxas on a spilling extreme are a finding, not a wait) and its other launches are not compiled.
+spill, most registers and the cost model's time at the model suite; on the target of a GPU backend that measures,
+where the probe compiled it spill-free, the measured time instead (the probe timed on that GPU at the model suite,
+its outputs checked; a move there must be faster past both spreads of the trials). A launch whose compile runs
+past workbench.verify.aot.PROBE_COMPILE_S fails that target (minutes of ptxas on a spilling extreme are a finding,
+not a wait) and its other launches are not compiled.
 Targets are independent (a target's launches read only its own settings), so one probe tries a different neighbour
 on every target at once, and a table of every target's best is exact.
 
@@ -15,7 +17,7 @@ step (every size one step smaller at once) while it spills less: no launch setti
 thread's whole register file. Then, per target, the search is a descent over the neighbours of its best settings
 (one setting one step along its choices; where the target spills, first every setting one step toward fewer
 registers a thread at once, then those steps one by one: more warps, fewer stages, smaller tiles): a neighbour that
-compiles where the best does not, is spill-free where the best spills, spills less, or is modelled faster (by more
+compiles where the best does not, is spill-free where the best spills, spills less, or is faster (by more
 than TIE) becomes the best; one that ties is a plateau: the next step the same way is tried too, then the tie's
 other neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a
 tie that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.templating import Template, format_point
@@ -71,13 +73,15 @@ Table = dict[str, Settings]
 @dataclass
 class Figure:
     """One target's outcome of a probe: compiled, worst spill (B/thread), most registers, time (ms; None: not
-    modelled), and whether the time was measured."""
+    modelled, or its measurement failed), whether the time was measured and its spread (ms: the interquartile ranges
+    of the trials, summed over the shapes; 0 when modelled)."""
 
     ok: bool
     spilled_bytes: int = 0
     registers: int = 0
     time_ms: float | None = None
     measured: bool = False
+    spread_ms: float = 0.0
     error: str = ""
 
     @property
@@ -103,17 +107,26 @@ class Figure:
         return mine[2] < theirs[2] * (1 - TIE)
 
     def better_than(self, other: Figure) -> bool:
-        """Relieves the other's spill; or, the spills equal, is modelled faster by more than TIE."""
+        """Relieves the other's spill; or, the spills equal, is faster by more than TIE (measured times: by more
+        than TIE past both spreads, so that the noise of the trials moves nothing)."""
         if self.key()[:3] != other.key()[:3]:
             return self.relieves(other)
-        return self.key()[3] < other.key()[3] * (1 - TIE)
+        return self.key()[3] + self.spread_ms < (other.key()[3] - other.spread_ms) * (1 - TIE)
+
+    def timed(self, timing: dict) -> Figure:
+        """This figure with its time measured (workbench.perf.measure's figure): time_ms and spread_ms; no time,
+        and the error, where the measurement failed (the candidate was wrong, crashed or ran out of time at the
+        sizes timed: no neighbour is slower than that)."""
+        return replace(self, time_ms=timing.get("time_ms"), spread_ms=timing.get("spread_ms") or 0.0, measured=True,
+                       error=timing.get("error", ""))
 
     def text(self) -> str:
         if not self.ok:
             return f"does not compile ({self.error[:80]})"
         spill = f"spills {self.spilled_bytes} B" if self.spilled_bytes else "spill-free"
-        when = "no time" if self.time_ms is None else \
-            f"{self.time_ms:.4f} ms {'measured' if self.measured else 'modelled'}"
+        when = f"not measured ({self.error[:80]})" if self.measured and self.time_ms is None else \
+            "no time" if self.time_ms is None else f"{self.time_ms:.4f} ms measured (spread {self.spread_ms:.4f})" \
+            if self.measured else f"{self.time_ms:.4f} ms modelled"
         return f"{self.registers} registers, {spill}, {when}"
 
 
@@ -242,7 +255,8 @@ def faster(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = F
     1 - TIE."""
     if not all(f.ok and (spills or not f.spilled_bytes) and f.time_ms for f in figures.values()):
         return False
-    ratios = [f.time_ms / than[t].time_ms for t, f in figures.items() if than[t].time_ms]
+    ratios = [(f.time_ms + f.spread_ms) / (than[t].time_ms - than[t].spread_ms) for t, f in figures.items()
+              if than[t].time_ms and than[t].time_ms > than[t].spread_ms]
     return bool(ratios) and sum(ratios) / len(ratios) < 1 - TIE
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.backends import Backend
+from workbench.backends import Backend, cuda_target_name
 from workbench.verify.sandbox import run_child
 
 MEASURE_WORKER = Path(__file__).with_name("measure_worker.py")
@@ -22,13 +22,15 @@ MEASURE_TRIALS = 10
 def measure_candidate(path: str | Path, block: str, shapes: list[dict], backend: Backend, *, dtype: str,
                       timeout_s: float, trials: int = MEASURE_TRIALS, clock: str | None = None,
                       forward_only: bool = False) -> dict:
-    """{"label": "measured", "device", "time_ms" (the median forward+backward, or forward, times summed over
-    ``shapes``), "spread_ms" (their interquartile ranges summed), "shapes"}; or {"label", "device", "error"}
+    """{"label": "measured", "device", "target" (the device's compile target, sm_90a say; "" off a GPU), "time_ms"
+    (the median forward+backward, or forward, times summed over ``shapes``), "spread_ms" (their interquartile ranges
+    summed), "shapes"}; or {"label", "device", "target", "error"}
     when the candidate failed, was wrong or ran out of time at these sizes. clock: "cuda" (events, the default on
     a GPU backend) or "wall" (the CPU stand-in, for the protocol's own tests)."""
     path = Path(path).resolve()
     clock = clock or ("cuda" if backend.device == "cuda" else "wall")
-    figure = {"label": "measured", "device": torch.cuda.get_device_name() if clock == "cuda" else backend.name}
+    figure = {"label": "measured", "device": torch.cuda.get_device_name() if clock == "cuda" else backend.name,
+              "target": cuda_target_name(*torch.cuda.get_device_capability()) if clock == "cuda" else ""}
     job = {"candidate": str(path), "block": block, "shapes": shapes, "device": backend.device, "dtype": dtype,
            "clock": clock, "trials": trials, "token": secrets.token_hex(16)}
     job_dir = Path(tempfile.mkdtemp(prefix="measure-"))
