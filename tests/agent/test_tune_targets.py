@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.agent.run import port_block
-from workbench.agent.tune import DEFAULT_PROBES, base_settings
+from workbench.agent.tune import DEFAULT_PROBES, SPILL_BUDGET, base_settings
 from workbench.executor import InProcessExecutor
 from workbench.operators import launch_settings, list_promoted
 from workbench.store import get_engine
@@ -26,9 +26,10 @@ def reversed_templates(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(reverse_choices(tmp_path / "reversed")))
 
 
-# kda_short_conv_prefill's reversed first point (32 x 64 over 2 warps) spills on NVIDIA; mla_decode's passes the same
-# way in twice the time (`python bench/reversed_port.py --blocks mla_decode ...`), kept out of the suite's budget
-@pytest.mark.parametrize("block", ["kda_short_conv_prefill"])
+# kda_short_conv_prefill's reversed first point (32 x 64 over 2 warps) spills on NVIDIA, mla_decode's (head_loop over 4
+# warps) too: 21 s and 25 s here. moe_grouped_gemm_mxfp4's (126 s: two interpreter verifications of a 128-wide GEMM)
+# and kda's (minutes) are kept out of the suite's budget: `python bench/reversed_port.py --blocks ...`
+@pytest.mark.parametrize("block", ["kda_short_conv_prefill", "mla_decode"])
 def test_from_the_reversed_choices_a_port_promotes_spill_free_on_the_five_targets(block, settings,
                                                                                   reversed_templates):
     outcome = port_block(block, settings, targets=TARGETS, forward_only=True, suites=["smoke"], seeds=1,
@@ -40,7 +41,7 @@ def test_from_the_reversed_choices_a_port_promotes_spill_free_on_the_five_target
     assert first.status == "pass" and not set(TARGETS) <= set(first.target_report["spill_free_on"])
     manifest = list_promoted(settings.operators_dir, block)[0]
     assert set(TARGETS) <= set(manifest["target_report"]["spill_free_on"])
-    assert manifest["tuning"]["probes"] <= DEFAULT_PROBES and manifest["launch_settings"]["tuned"]
+    assert manifest["tuning"]["probes"] <= DEFAULT_PROBES * SPILL_BUDGET and manifest["launch_settings"]["tuned"]
     trials = tune_probes(engine, outcome.run_id)
     assert {t.target for t in trials} == set(TARGETS) and all(t.label == "modelled" for t in trials)
     relieved = [t for t in trials if t.moved and t.probe > 1 and t.spilled_bytes == 0]
