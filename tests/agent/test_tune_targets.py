@@ -14,7 +14,7 @@ from workbench.agent.tune import DEFAULT_PROBES, SPILL_BUDGET, base_settings
 from workbench.executor import InProcessExecutor
 from workbench.operators import launch_settings, list_promoted
 from workbench.store import get_engine
-from workbench.store.queries import run_candidates, tune_probes
+from workbench.store.queries import run_candidates, run_steps, tune_probes
 from workbench.templating import reverse_choices
 
 TARGETS = ["sm_80", "sm_90a", "sm_100a", "gfx942", "gfx950"]
@@ -79,3 +79,13 @@ def test_on_a_gpu_that_measures_its_own_targets_launch_settings_rank_by_the_meas
     assert moved and moved[-1].settings["num_warps"] == 8 and "ms measured (spread 0.0200)" in moved[-1].why
     manifest = list_promoted(settings.operators_dir, "kda_short_conv_decode")[0]
     assert manifest["launch_settings"]["tuned"]["sm_90a"] == {"num_warps": 8} and 8 in executor.timed
+
+
+def test_a_block_no_model_card_gives_sizes_is_not_tuned(settings):
+    """swiglu is no part of Kimi K3's card (its experts use SiTU): no model-suite launch to compile, so no probe."""
+    outcome = port_block("swiglu", settings, targets=["sm_90a"], suites=["smoke"], seeds=1, dtypes=["float32"])
+    assert outcome.status == "promoted", outcome.reason
+    tune = [s for s in run_steps(get_engine(settings.db_url), outcome.run_id) if s.node == "tune"]
+    assert [s.message for s in tune] == ["tuning off: no model card gives the block a model-suite shape: nothing to "
+                                         "tune at a model's sizes"]
+    assert not tune_probes(get_engine(settings.db_url), outcome.run_id)

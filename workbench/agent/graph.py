@@ -342,7 +342,9 @@ def tune(state: PortState, runtime: Runtime[PortContext]) -> dict:
     template = ctx.templates.get(best["template"])
     skip = "--tune-probes 0" if ctx.options.tune_probes <= 0 else \
         "no GPU targets required" if not ctx.options.targets else \
-        "the candidate is no template's point" if template is None else ""
+        "the candidate is no template's point" if template is None else \
+        "no model card gives the block a model-suite shape: nothing to tune at a model's sizes" \
+        if not suite_shapes(ctx.spec, "model") else ""
     if skip:
         ctx.emit(state["run_id"], "tune", f"tuning off: {skip}")
         return {"tuning": {"skipped": skip}, "proposal": None}
