@@ -64,7 +64,8 @@ def test_get_block_unknown_raises_with_known_names():
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("block, args", [("rmsnorm", ("x", "weight", "eps")), ("swiglu", ("a", "b"))])
+@pytest.mark.parametrize("block, args", [("rmsnorm", ("x", "weight", "eps")),
+                                         ("swiglu", ("a", "b", "limit", "alpha", "up_offset"))])
 def test_arg_names_equal_reference_signature(block, args):
     spec = get_block(block)
     assert spec.arg_names == args
@@ -201,6 +202,50 @@ def test_swiglu_gradcheck_float64():
     assert torch.autograd.gradcheck(SWIGLU.reference, (a, b))
 
 
+def test_swiglu_variants_hand_cases():
+    """GLM-5-Next's clamp (limit 3): the gate capped above, the up clamped both ways; GPT-OSS's alpha form (alpha
+    1.702, up + 1) at the same limit."""
+    a, b = f64([5.0, -5.0, 2.0, 3.0]), f64([1.0, 4.0, -7.0, -3.0])
+    g, u = f64([3.0, -5.0, 2.0, 3.0]), f64([1.0, 3.0, -3.0, -3.0])
+    clamped = SWIGLU.reference(a, b, 3.0)
+    torch.testing.assert_close(clamped, g / (1 + torch.exp(-g)) * u, rtol=1e-12, atol=1e-15)
+    alpha = SWIGLU.reference(a, b, 3.0, 1.702, 1.0)
+    torch.testing.assert_close(alpha, g / (1 + torch.exp(-1.702 * g)) * (u + 1), rtol=1e-12, atol=1e-15)
+    assert float(alpha[3]) == -2 * 3 / (1 + math.exp(-3 * 1.702))  # up at its lower bound, + 1
+
+
+def test_swiglu_clamps_pass_the_gradient_within_their_bounds_bounds_included():
+    """torch.clamp's rule, which the published modules' gate.clamp(max=L) and up.clamp(-L, L) follow: a gradient
+    where the input lies within the bounds (a at L, b at -L or L included), 0 past them."""
+    a = f64([4.0, 3.0, 1.0, 1.0, 1.0]).requires_grad_()
+    b = f64([1.0, 1.0, 3.0, -3.0, 3.5]).requires_grad_()
+    SWIGLU.reference(a, b, 3.0, 1.702, 1.0).sum().backward()
+    assert a.grad[0] == 0 and a.grad[1] != 0 and all(a.grad[2:] != 0)
+    assert b.grad[2] != 0 and b.grad[3] != 0 and b.grad[4] == 0
+
+
+def test_swiglu_variant_gradcheck_float64():
+    g = torch.Generator().manual_seed(0)
+    a = (2 * torch.randn(3, 7, dtype=torch.float64, generator=g)).requires_grad_()
+    b = (2 * torch.randn(3, 7, dtype=torch.float64, generator=g)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: SWIGLU.reference(a, b, 2.5, 1.702, 1.0), (a, b))
+
+
+def test_swiglu_suites_clamp_and_the_hidden_shapes_draw_a_variant():
+    import random
+
+    from workbench.blocks.swiglu import hidden_shapes
+
+    for suite in ("smoke", "edge"):
+        variants = [s for s in SWIGLU.shapes[suite] if s.get("limit")]
+        assert variants and any(s.get("alpha_milli") for s in variants) and any(not s.get("alpha_milli")
+                                                                               for s in variants)
+    inputs = SWIGLU.make_inputs({"rows": 16, "N": 256, "limit": 3}, torch.float32, 0, "cpu")
+    assert 0.05 < float((inputs["a"] > 3).float().mean()) and 0.05 < float((inputs["b"].abs() > 3).float().mean())
+    plain, variant = hidden_shapes(random.Random(0))
+    assert "limit" not in plain and 1 <= variant["limit"] <= 10
+
+
 # --- input factories -------------------------------------------------------------------------------------------
 
 
@@ -280,7 +325,7 @@ def test_smoke_and_edge_suites(block):
     for suite in ("smoke", "edge"):
         assert spec.shapes[suite], suite
         for shape in spec.shapes[suite]:
-            assert set(shape) == {"rows", "N"}
+            assert {"rows", "N"} <= set(shape) <= {"rows", "N", "limit", "alpha_milli"}
             assert all(isinstance(v, int) and v >= 1 for v in shape.values())
     edge = spec.shapes["edge"]
     assert any(s["rows"] == 1 for s in edge), "a single-row shape"

@@ -67,8 +67,8 @@ R_SAVE = "        ctx.save_for_backward(x2, weight, rstd)\n"
 R_BWD_LAUNCH_END = ("                                            dx.stride(0), rows, n, rows_per_program, "
                     "BLOCK_N=block,\n                                            num_warps=warps)\n")
 R_RUN = "    return RMSNormFunction.apply(x, weight, eps)\n"
-S_STORE_Y = "    tl.store(Y + offs, (a * s * b).to(Y.dtype.element_ty), mask=mask)\n"
-S_STORE_DB = "    tl.store(DB + offs, (dy * a * s).to(DB.dtype.element_ty), mask=mask)\n"
+S_STORE_Y = "    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)\n"
+S_STORE_DB = "    tl.store(DB + offs, db.to(DB.dtype.element_ty), mask=mask)\n"
 S_SAVE = "        ctx.save_for_backward(a_c, b_c)\n"
 D_EMPTY_O = "    o = torch.empty(n, hv, vd, dtype=v.dtype, device=v.device)\n"
 
@@ -338,10 +338,10 @@ CHEATS = [
          + S_SAVE)],
         "cached_result", "[rows=4,N=64] float32: seed 1 returned seed 0's output", {"seeds": 2}),
     Cheat("stores an all-zero output", "swiglu", [(S_STORE_Y,
-        "    tl.store(Y + offs, (a * s * b * 0.0).to(Y.dtype.element_ty), mask=mask)\n")],
+        "    tl.store(Y + offs, (y * 0.0).to(Y.dtype.element_ty), mask=mask)\n")],
         "constant_output", "constant output where the truth varies: [rows=4,N=64] float32"),
     Cheat("stores an all-zero output, two seeds a shape", "swiglu", [(S_STORE_Y,
-        "    tl.store(Y + offs, (a * s * b * 0.0).to(Y.dtype.element_ty), mask=mask)\n")],
+        "    tl.store(Y + offs, (y * 0.0).to(Y.dtype.element_ty), mask=mask)\n")],
         "constant_output", "constant output where the truth varies: [rows=4,N=64] float32", {"seeds": 2},
         why="two seeds' zeros are bit-identical too: a constant is reported as constant, not as a cached result"),
     Cheat("jitters within tolerance, a different sign on later calls", "rmsnorm", [

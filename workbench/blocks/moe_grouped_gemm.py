@@ -131,7 +131,8 @@ def abstract_outputs(x, offsets, w1, w3, w2, activation, beta, linear_beta):
 def onboard(model: ModelConfig) -> list[Found]:
     """Every MoE layer's routed experts, at their width (expert_width under latent MoE) and FFN size, with the
     config's hidden_act, at a training step's tokens and a decode step's (most experts then get no row or one); an
-    activation the grouped GEMM does not compute is marked ``differs``."""
+    activation the grouped GEMM does not compute (another hidden_act, a swiglu_limit clamp or alpha) is marked
+    ``differs``."""
     if not model.experts:
         return []
     act, act_field = model.field("hidden_act")
@@ -139,6 +140,10 @@ def onboard(model: ModelConfig) -> list[Found]:
     known = activation in ACTIVATIONS
     differs = "" if known else f"the catalog's grouped GEMM computes {' or '.join(ACTIVATIONS)}; the config's " \
                                f"experts use {act} ({act_field})"
+    clamps = [f"{name} {value} ({where})" for name in ("swiglu_limit", "swiglu_alpha")
+              for value, where in [model.field(name)] if value is not None]
+    if clamps and not differs:
+        differs = f"the catalog's grouped GEMM computes SwiGLU unclamped; the config's experts set {', '.join(clamps)}"
     shape = {"k": model.active, "D": model.expert_width or model.hidden, "F": model.expert_ffn, "E": model.experts,
              "hot": 0, "drop": 0, "act": ACTIVATIONS.index(activation) if known else 0}
     return [Found(f"per-expert gated FFN ({act or 'silu'}) over contiguous row groups", model.moe_layers,
