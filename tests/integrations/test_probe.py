@@ -79,9 +79,13 @@ def test_routers_are_read_from_the_code_whatever_the_fields_are_called(cards):
 
 def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards):
     v4 = rows(cards["deepseek_v4"])
-    for cls in ("DeepseekV4MLP", "DeepseekV4Experts"):  # clamped SwiGLU, measured on inputs that reach the clamp
-        assert v4[cls]["status"] == "differs" and "clamped SwiGLU" in v4[cls]["differs"]
-        assert v4[cls]["error"]["output"] > 1e-2
+    # clamped SwiGLU, measured on inputs that reach the clamp: swiglu's clamped variant computes the MLP's; the
+    # grouped GEMM computes the experts' unclamped
+    mlp = v4["DeepseekV4MLP"]
+    assert mlp["status"] == "covered" and mlp["params"]["limit"] == {"value": 10.0,
+                                                                     "source": "module DeepseekV4MLP.limit"}
+    assert v4["DeepseekV4Experts"]["status"] == "differs" and "clamped SwiGLU" in v4["DeepseekV4Experts"]["differs"]
+    assert v4["DeepseekV4Experts"]["error"]["output"] > 1e-2
     assert v4["DeepseekV4TopKRouter"]["status"] == "differs" and "sqrtsoftplus" in v4["DeepseekV4TopKRouter"]["differs"]
     assert v4["DeepseekV4HashRouter"]["status"] == v4["DeepseekV4HyperConnection"]["status"] == "no spec"
     assert "hyper_connection" in cards["deepseek_v4"]["blocks"] and "hash_router" in cards["deepseek_v4"]["blocks"]
@@ -92,6 +96,17 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
     assert attention["status"] == "covered" and attention["blocks"] == ["attention"]
     assert attention["params"]["sinks"]["value"] == "per head" and attention["params"]["window"]["value"] > 0
     assert "differs" in cards["gpt_oss"]["blocks"]["moe_grouped_gemm"]  # not claimed as plain SwiGLU experts
+
+
+def test_a_swiglu_limit_is_claimed_where_the_module_clamps_and_only_there(cards):
+    """HY-V4's config sets swiglu_limit (its experts clamp) but its MLP does not clamp: the probe keeps the unclamped
+    variant and the card's swiglu has no limit; DeepSeek-V4's MLP clamps at its own limit, and the card says so."""
+    hy, v4 = rows(cards["hy_v4"])["HYV4MLP"], rows(cards["deepseek_v4"])["DeepseekV4MLP"]
+    assert hy["status"] == "covered" and hy["params"]["limit"] == {"value": None, "source": "probe: no clamp"}
+    assert all("limit" not in shape for shape in cards["hy_v4"]["blocks"]["swiglu"]["shapes"])
+    assert v4["params"]["limit"]["value"] == 10.0
+    assert all(shape["limit"] == 10 for shape in cards["deepseek_v4"]["blocks"]["swiglu"]["shapes"])
+    assert "clamped at 10.0" in cards["deepseek_v4"]["blocks"]["swiglu"]["role"]
 
 
 def test_a_hybrid_family_never_seen_is_covered_by_the_generic_kinds(cards):

@@ -257,7 +257,7 @@ def test_inkling2_swaps_the_residual_mixes_router_and_situ_experts_and_leaves_it
     assert "sigmoid scores" in outcome(apply_workbench_kernels(other))["Inkling2TopKRouter"]
 
 
-def test_glm5_next_swaps_its_kda_layers_and_bounded_gate_and_leaves_the_clamped_swiglu_alone(promoted):
+def test_glm5_next_swaps_its_kda_layers_bounded_gate_and_clamped_mlps_and_leaves_the_clamped_experts_alone(promoted):
     """GLM-5-Next's class (vision-language; its text model patched, its vision tower not reported)."""
     from transformers.models.glm5_next import modeling_glm5_next as glm
 
@@ -275,7 +275,7 @@ def test_glm5_next_swaps_its_kda_layers_and_bounded_gate_and_leaves_the_clamped_
     assert found["Glm5NextTextForgetGate"] == ("kda_gate",) and found["Glm5NextTextRMSNorm"] == ("rmsnorm",)
     assert found["Glm5NextTextTopkRouter"] == ("moe_router",)
     assert found["Glm5NextTextRMSNormGated"] == ("rmsnorm_gated",)  # Kimi Linear's output norm: sigmoid gate
-    assert "unclamped" in found["Glm5NextTextMLP"] and "unclamped" in found["Glm5NextTextExperts"]
+    assert found["Glm5NextTextMLP"] == ("swiglu",) and "unclamped" in found["Glm5NextTextExperts"]
     assert "k-pools" in found["Glm5NextTextAttention"] and "no block" in found["Glm5NextTextHyperConnection"]
     assert not any(row.path.startswith("model.visual") for row in report.rows)
     assert glm5_next.MODEL_CLASS == type(model).__name__

@@ -13,6 +13,8 @@ the Triton interpreter, which must be selected before triton is first imported, 
     heads    softmax attention at the head sizes the families use (64, 80, 96, 128, 192, 256): forward and every
              gradient against the float64 reference
     steep    kda at Qwen3-Next's decay rates: the decay-rate gradient against the float64 reference
+    clamped  GLM-5-Next's MLP with its swiglu_limit as patched (swiglu's clamped variant) against the shipped module,
+             on inputs where the clamp acts: output and input gradient, and the share of values past the limit
 """
 
 from __future__ import annotations
@@ -375,9 +377,36 @@ def check_steep() -> dict:
     return {"rates": rates.tolist(), "error": float(error.max())}
 
 
+def check_clamped() -> dict:
+    """Glm5NextTextMLP (hidden 32, intermediate 48, swiglu_limit 10), shipped and with the family's patch, on x
+    ~ N(0, 400) so that about a quarter of the gate and up values lie past the limit: relative output and gradient
+    errors, and that share."""
+    from types import SimpleNamespace
+
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    from workbench.integrations.families._common import clamped_mlp_forward
+
+    torch.manual_seed(4)
+    mlp = glm.Glm5NextTextMLP(SimpleNamespace(hidden_size=32, intermediate_size=48, hidden_act="silu",
+                                              swiglu_limit=10.0))
+    x = 20 * torch.randn(2, 8, 32)
+    past = float((mlp.gate_proj(x) > 10).float().mean() + (mlp.up_proj(x).abs() > 10).float().mean()) / 2
+
+    def run(forward):
+        xg = x.clone().requires_grad_()
+        y = forward(mlp, xg)
+        y.backward(torch.ones_like(y))
+        return y.detach(), xg.grad
+
+    (y0, g0), (y1, g1) = run(type(mlp).forward), run(clamped_mlp_forward)
+    return {"past": past, "output": float((y1 - y0).abs().max() / y0.abs().max()),
+            "grad": float((g1 - g0).abs().max() / g0.abs().max())}
+
+
 CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
           "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place,
-          "heads": check_heads, "steep": check_steep}
+          "heads": check_heads, "steep": check_steep, "clamped": check_clamped}
 
 
 if __name__ == "__main__":

@@ -141,3 +141,12 @@ def test_kdas_decay_rate_gradient_is_accurate_at_qwen3_nexts_steep_decays():
     found = run_child("steep")
     assert max(found["rates"]) > 15 and min(found["rates"]) < 1  # steep heads and a mild one
     assert found["error"] < 1e-4
+
+
+def test_glm5_nexts_clamped_mlp_patched_computes_the_shipped_module_where_the_clamp_acts():
+    """swiglu's clamped variant in GLM-5-Next's MLP (the family's patch) against the shipped forward, on inputs where
+    a quarter of the gate and up values lie past swiglu_limit: float32 rounding, not the 0.2 the unclamped form is off
+    (tests/integrations/test_references.py)."""
+    found = run_child("clamped")
+    assert found["past"] > 0.2
+    assert found["output"] < 1e-5 and found["grad"] < 1e-5

@@ -12,7 +12,7 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
     kind                module                                   blocks
     rmsnorm             x / rms(x) * w (or 1 + w, or no weight)  rmsnorm
     rmsnorm_gated       rmsnorm(x) * w * act(gate)               rmsnorm_gated
-    gated_mlp           down(act(gate(x)) * up(x))               swiglu
+    gated_mlp           down(act(gate(x)) * up(x)), clamped or not swiglu
     router              top-k routing: (logits, weights, ids)    moe_router
     experts             transformers' experts interface          moe_permute, moe_grouped_gemm, moe_combine
     kda_gate            KDA's forget gate (A_log, dt_bias)       kda_gate
@@ -169,26 +169,27 @@ def _gated_rmsnorm_variants(module: nn.Module, config: Any) -> list[Variant]:
 
 # --- MLPs, routers, experts --------------------------------------------------------------------------------------
 
-CLAMPS = ("swiglu_limit", "limit", "swiglu_alpha", "alpha")
-"""Attributes and config fields of SwiGLU variants the catalog's swiglu does not compute (GPT-OSS's clamped alpha
-SwiGLU, DeepSeek-V4's and HY-V4's clamped SwiGLU)."""
-
-
-def _clamps(module: nn.Module, config: Any) -> str:
-    """The SwiGLU clamps and alpha a module or its config sets, as one phrase ("" when none)."""
-    found = []
-    for name in CLAMPS:
-        value, source = _attr(module, name)
-        if value is None and name.startswith("swiglu"):
-            value, source = _config(config, name)
+def _clamps(module: nn.Module, config: Any) -> dict[str, tuple[Any, str]]:
+    """{"limit" / "alpha": (value, source)} of the SwiGLU clamp (DeepSeek-V4's, HY-V4's, GLM-5-Next's swiglu_limit)
+    and GPT-OSS's alpha a module (``swiglu_<key>`` or ``<key>``) or its config (``swiglu_<key>``) sets."""
+    found = {}
+    for key in ("limit", "alpha"):  # the module's own attribute (what its forward reads) before the config's field
+        value, source = _attr(module, f"swiglu_{key}", key)
+        if value is None:
+            value, source = _config(config, f"swiglu_{key}")
         if isinstance(value, int | float) and not isinstance(value, bool) and value:
-            found.append(f"{name} {value} ({source})")
-    return ", ".join(found)
+            found[key] = (value, source)
+    return found
+
+
+def _phrase(clamps: dict[str, tuple[Any, str]]) -> str:
+    return ", ".join(f"{key} {value} ({source})" for key, (value, source) in clamps.items())
 
 
 def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """down_proj(silu(gate_proj(x)) * up_proj(x)) with the activation as workbench::swiglu."""
-    return _common.gated_mlp_forward(self, x)
+    """down_proj(silu(min(gate_proj(x), L)) * clamp(up_proj(x), -L, L)) with the activation as workbench::swiglu
+    (L: the variant's limit; None: no clamp)."""
+    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), self.workbench_variant["limit"]["value"]))
 
 
 def _is_gated_mlp(module: nn.Module) -> bool:
@@ -197,13 +198,21 @@ def _is_gated_mlp(module: nn.Module) -> bool:
 
 
 def _mlp_variants(module: nn.Module, config: Any) -> list[Variant]:
+    """silu(gate) * up with its inputs clamped where the module or its config sets a limit (swiglu's limit), then
+    unclamped (HY-V4's config sets swiglu_limit for its experts, its MLP does not clamp): the probe keeps the one
+    that reproduces the module. An alpha (GPT-OSS's form, whose up + 1 a gate_proj/up_proj module may or may not
+    add) is named, not claimed."""
     act = activation_name(module.act_fn)
     clamps = _clamps(module, config)
     differs = "; ".join(filter(None, [
         f"activation {act or type(module.act_fn).__name__}: swiglu computes silu(a) * b" if act != "silu" else "",
-        f"clamped SwiGLU ({clamps}): swiglu computes silu(a) * b unclamped" if clamps else ""]))
-    return [Variant("silu(gate) * up", mlp_forward,
-                    {"activation": param(act, f"module {type(module).__name__}.act_fn")}, differs)]
+        f"alpha SwiGLU ({_phrase(clamps)}): swiglu's alpha form is not read from a gate_proj/up_proj MLP"
+        if "alpha" in clamps else ""]))
+    activation = param(act, f"module {type(module).__name__}.act_fn")
+    limits = ([(float(clamps["limit"][0]), clamps["limit"][1])] if "limit" in clamps else []) + \
+        [(None, "probe: no clamp" if "limit" in clamps else "no clamp set")]
+    return [Variant("silu(gate) * up" + (f" clamped at {limit}" if limit else ""), mlp_forward,
+                    {"activation": activation, "limit": param(limit, source)}, differs) for limit, source in limits]
 
 
 def router_forward(self: nn.Module, hidden_states: torch.Tensor, *args) -> tuple:
@@ -309,7 +318,7 @@ def _experts_variants(module: nn.Module, config: Any) -> list[Variant]:
     act = activation_name(getattr(module, "act_fn", None)) if hasattr(module, "act_fn") else None
     act = act or getattr(config, "hidden_act", None)
     layout = _common.experts_supported(module, act or "unknown")
-    clamps = _clamps(module, config)
+    clamps = _phrase(_clamps(module, config))
     missing = [n for n in ("intermediate_dim", "num_experts") if not hasattr(module, n)]
     differs = "; ".join(filter(None, [
         layout, f"clamped SwiGLU ({clamps}): moe_grouped_gemm computes silu(a) * b unclamped" if clamps else "",

@@ -126,13 +126,70 @@ def rmsnorm_gated() -> list[Comparison]:
     return rows
 
 
-def swiglu() -> Comparison:
-    from transformers.activations import ACT2FN
+def swiglu() -> list[Comparison]:
+    """Plain SwiGLU against Kimi Linear's MLP activation; the clamped variant against GLM-5-Next's MLP (its own
+    forward, the projections set to pass a and b through) and DeepSeek-V4's experts' gate; the clamped alpha variant
+    against GPT-OSS's experts' gate (gate and up interleaved) and MiniMax-M3's (halves). The limits and alphas are
+    the config classes' defaults, the inputs wide enough (N(0, 36)) that the limits act (7 cuts about one up value in
+    4, 10 one in 10): held to the unclamped and the silu forms, the same modules are far off."""
+    from types import SimpleNamespace
 
+    from transformers.activations import ACT2FN
+    from transformers.models.deepseek_v4 import configuration_deepseek_v4, modeling_deepseek_v4
+    from transformers.models.glm5_next import configuration_glm5_next, modeling_glm5_next
+    from transformers.models.gpt_oss import configuration_gpt_oss, modeling_gpt_oss
+    from transformers.models.minimax_m3_vl import configuration_minimax_m3_vl, modeling_minimax_m3_vl
+
+    ref = get_block("swiglu").reference
     g = torch.Generator().manual_seed(1)
-    a, b = _leaf(6, 20, g=g, scale=3.0), _leaf(6, 20, g=g)
-    return _compare("swiglu", "KimiLinearMLP: act_fn(gate) * up (silu)", lambda: get_block("swiglu").reference(a, b),
-                    lambda: ACT2FN["silu"](a) * b, [a, b])
+    n = 20
+    a, b = _leaf(6, n, g=g, scale=3.0), _leaf(6, n, g=g)
+    rows = [_compare("swiglu", "KimiLinearMLP: act_fn(gate) * up (silu)", lambda: ref(a, b),
+                     lambda: ACT2FN["silu"](a) * b, [a, b])]
+    wa, wb = _leaf(6, n, g=g, scale=6.0), _leaf(6, n, g=g, scale=6.0)
+
+    def halves():  # gate and up concatenated, as the fused projections give them
+        return torch.cat([wa, wb], -1)
+
+    def interleaved():  # gate and up interleaved, GPT-OSS's layout
+        return torch.stack([wa, wb], -1).flatten(-2)
+
+    glm = configuration_glm5_next.Glm5NextTextConfig()
+    mlp = modeling_glm5_next.Glm5NextTextMLP(SimpleNamespace(hidden_size=2 * n, intermediate_size=n, hidden_act="silu",
+                                                             swiglu_limit=glm.swiglu_limit)).to(F64)
+    eye, zero = torch.eye(n, dtype=F64), torch.zeros(n, n, dtype=F64)
+    mlp.gate_proj.weight.data, mlp.up_proj.weight.data = torch.cat([eye, zero], 1), torch.cat([zero, eye], 1)
+    mlp.down_proj.weight.data = torch.cat([eye, zero], 0)  # y in the first n outputs
+    rows.append(_compare("swiglu", f"Glm5NextTextMLP: clamped, swiglu_limit {glm.swiglu_limit}",
+                         lambda: ref(wa, wb, glm.swiglu_limit),
+                         lambda: mlp(halves())[..., :n], [wa, wb]))
+
+    def one_expert(cls, config):  # the experts module of one 1 x 1 expert, for its _apply_gate
+        return cls(SimpleNamespace(num_local_experts=1, hidden_size=1, intermediate_size=1, moe_intermediate_size=1,
+                                   hidden_act="silu", swiglu_limit=config.swiglu_limit,
+                                   swiglu_alpha=getattr(config, "swiglu_alpha", None)))
+
+    v4 = configuration_deepseek_v4.DeepseekV4Config()
+    v4_experts = one_expert(modeling_deepseek_v4.DeepseekV4Experts, v4)
+    rows.append(_compare("swiglu", f"DeepseekV4Experts._apply_gate: clamped, swiglu_limit {v4.swiglu_limit}",
+                         lambda: ref(wa, wb, v4.swiglu_limit), lambda: v4_experts._apply_gate(halves()), [wa, wb]))
+    oss = configuration_gpt_oss.GptOssConfig()
+    oss_experts = one_expert(modeling_gpt_oss.GptOssExperts, oss)
+    rows.append(_compare("swiglu", f"GptOssExperts._apply_gate: alpha {oss.swiglu_alpha}, up + 1, swiglu_limit "
+                         f"{oss.swiglu_limit}, interleaved",
+                         lambda: ref(wa, wb, oss.swiglu_limit, oss.swiglu_alpha, 1.0),
+                         lambda: oss_experts._apply_gate(interleaved()), [wa, wb]))
+    m3 = configuration_minimax_m3_vl.MiniMaxM3VLTextConfig()
+    m3_experts = one_expert(modeling_minimax_m3_vl.MiniMaxM3VLExperts, m3)
+    rows.append(_compare("swiglu", f"MiniMaxM3VLExperts._apply_gate: alpha {m3.swiglu_alpha}, up + 1, swiglu_limit "
+                         f"{m3.swiglu_limit}", lambda: ref(wa, wb, m3.swiglu_limit, m3.swiglu_alpha, 1.0),
+                         lambda: m3_experts._apply_gate(halves()), [wa, wb]))
+    rows.append(_compare("swiglu", "Glm5NextTextMLP held to plain SwiGLU", lambda: ref(wa, wb),
+                         lambda: mlp(halves())[..., :n], [wa, wb], same=False, note="unclamped: another variant"))
+    rows.append(_compare("swiglu", "GptOssExperts._apply_gate held to the clamped variant without alpha",
+                         lambda: ref(wa, wb, oss.swiglu_limit), lambda: oss_experts._apply_gate(interleaved()),
+                         [wa, wb], same=False, note="the alpha form (alpha 1.702, up + 1) is another variant"))
+    return rows
 
 
 def kda_short_conv() -> Comparison:

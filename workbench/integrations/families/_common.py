@@ -60,6 +60,12 @@ def gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
+def clamped_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """down_proj(silu(min(gate_proj(x), L)) * clamp(up_proj(x), -L, L)) with L = self.swiglu_limit, as
+    workbench::swiglu's clamped variant (GLM-5-Next's MLPs and shared experts)."""
+    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), float(self.swiglu_limit)))
+
+
 def sigmoid_router_forward(self: nn.Module, hidden_states: torch.Tensor):
     """A sigmoid top-k router with a selection bias, group-limited where n_group > 1 (DeepSeek-V3's recipe, Kimi) as
     workbench::moe_router: returns (router_logits, top_k_weights [N, k] float32, top_k_index [N, k]). The logits are

@@ -9,9 +9,9 @@ sigmoid MoE with a shared expert, SwiGLU with clamped inputs, RMSNorm.
     Glm5NextTextLinearAttention       kda_short_conv, kda (Kimi Linear's KDA layer: the same forward); its decode
                                       steps by kda_short_conv_decode and kda_decode where both are promoted
     Glm5NextTextForgetGate            kda_gate, bounded form lower_bound * sigmoid(exp(A_log) * (f + dt_bias))
-    Glm5NextTextMLP, Glm5NextTextExperts
-                                      left alone: silu(min(a, L)) * clamp(b, -L, L) with L = swiglu_limit (swiglu
-                                      and moe_grouped_gemm compute SwiGLU unclamped)
+    Glm5NextTextMLP                   swiglu, clamped: silu(min(a, L)) * clamp(b, -L, L) with L = swiglu_limit
+                                      (projections in torch; also the shared experts)
+    Glm5NextTextExperts               left alone: the same clamped SwiGLU (moe_grouped_gemm computes it unclamped)
     Glm5NextTextAttention             left alone: its indexer scores k-pools of index_kpool keys (dsa_indexer scores
                                       every key)
     Glm5NextTextRMSNormGated          rmsnorm_gated, sigmoid gate (Kimi Linear's output norm: plain weight, float32
@@ -26,6 +26,7 @@ from transformers.models.glm5_next import modeling_glm5_next as shipped
 from workbench.integrations.families import kimi_linear
 from workbench.integrations.families._common import (
     SharedModules,
+    clamped_mlp_forward,
     finish_shared,
     forget_gate_forward,
     patch_gated_rmsnorm,
@@ -62,9 +63,12 @@ def apply(patcher: Patcher) -> None:
             continue  # the vision tower: no block computes its modules
         if patch_shared(patcher, path, module, SHARED):
             continue
-        if isinstance(module, (shipped.Glm5NextTextMLP, shipped.Glm5NextTextExperts)):
+        if isinstance(module, shipped.Glm5NextTextMLP):
+            if patcher.wants(path, module, "swiglu"):
+                patcher.set_forward(path, module, clamped_mlp_forward, "swiglu")
+        elif isinstance(module, shipped.Glm5NextTextExperts):
             report.leave(path, module, f"SwiGLU with clamped inputs silu(min(a, {limit})) * clamp(b, -{limit}, "
-                                       f"{limit}) (swiglu_limit): swiglu and moe_grouped_gemm compute it unclamped")
+                                       f"{limit}) (swiglu_limit): moe_grouped_gemm computes it unclamped")
         elif isinstance(module, shipped.Glm5NextTextLinearAttention):
             patch_kda_layer(patcher, path, module)
         elif isinstance(module, shipped.Glm5NextTextForgetGate):
