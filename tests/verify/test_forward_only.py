@@ -18,7 +18,8 @@ def inference_swiglu(tmp_path):
     """swiglu flat with its run wrapped in no_grad: right outputs, no autograd graph."""
     template = load_template("swiglu", "flat")
     source = template.render(next(template.points())) + (
-        "\n\n_training_run = run\n\n\ndef run(a, b):\n    with torch.no_grad():\n        return _training_run(a, b)\n")
+        "\n\n_training_run = run\n\n\ndef run(a, b, limit=None, alpha=1.0, up_offset=0.0):\n    with torch.no_grad():\n"
+        "        return _training_run(a, b, limit, alpha, up_offset)\n")
     path = tmp_path / "swiglu_inference.py"
     path.write_text(source)
     return path

@@ -215,9 +215,9 @@ def global_eps_swiglu(tmp_path) -> Path:
     GPU compilers refuse it ("Cannot access global variable")."""
     template = load_template("swiglu", "flat")
     source = template.render(next(template.points()))
-    anchor = "    tl.store(Y + offs, (a * s * b).to(Y.dtype.element_ty), mask=mask)\n"
+    anchor = "    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)\n"
     assert source.count(anchor) == 1
-    source = source.replace(anchor, anchor.replace("(a * s * b)", "(a * s * b * ONE)"))
+    source = source.replace(anchor, anchor.replace("y.to(", "(y * ONE).to("))
     source = source.replace("import triton.language as tl\n", "import triton.language as tl\n\nONE = 1.0\n", 1)
     path = tmp_path / "swiglu_global.py"
     path.write_text(source)
