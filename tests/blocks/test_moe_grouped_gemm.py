@@ -17,9 +17,10 @@ SPEC = get_block("moe_grouped_gemm")
 ALL_SHAPES = SPEC.shapes["smoke"] + SPEC.shapes["edge"]
 
 
-def dense_formulation(x, offsets, w1, w3, w2, activation, beta, linear_beta):
+def dense_formulation(x, offsets, w1, w3, w2, activation, beta, linear_beta, limit=None, alpha=1.0, up_offset=0.0):
     """Every row gathers its own expert's weights (group found by searchsorted), all in float64, one einsum per
-    projection, the activation written out; rows past offsets[E] are masked to zero."""
+    projection, the activation written out (SwiGLU's clamp, alpha and up offset as GPT-OSS's _apply_gate writes
+    them); rows past offsets[E] are masked to zero."""
     x, w1, w3, w2 = x.double(), w1.double(), w3.double(), w2.double()
     rows = torch.arange(x.shape[0])
     group = torch.searchsorted(offsets[1:], rows, right=True)
@@ -28,7 +29,9 @@ def dense_formulation(x, offsets, w1, w3, w2, activation, beta, linear_beta):
     a = torch.einsum("md,mfd->mf", x, w1[g])
     b = torch.einsum("md,mfd->mf", x, w3[g])
     if activation == "swiglu":
-        h = a * torch.sigmoid(a) * b
+        if limit is not None:
+            a, b = a.clamp(max=limit), b.clamp(min=-limit, max=limit)
+        h = a * torch.sigmoid(alpha * a) * (b + up_offset)
     else:
         h = beta * torch.tanh(a / beta) * torch.sigmoid(a) * linear_beta * torch.tanh(b / linear_beta)
     y = torch.einsum("mf,mdf->md", h, w2[g])
@@ -119,9 +122,26 @@ def test_make_inputs_hot_expert_takes_every_row():
 
 
 def test_hidden_shapes_respect_constraints():
+    clamped = 0
     for seed in range(30):
         for shape in hidden_shapes(random.Random(seed)):
-            assert set(shape) == set(ALL_SHAPES[0]) and 1 <= shape["k"] <= shape["E"] <= 8
+            assert set(ALL_SHAPES[0]) <= set(shape) <= {*ALL_SHAPES[0], "limit", "alpha_milli"}
+            assert 1 <= shape["k"] <= shape["E"] <= 8 and (shape["act"] == 0 or "limit" not in shape)
+            clamped += "limit" in shape
+    assert clamped > 10
+
+
+def test_the_suites_clamp_and_the_clamp_acts():
+    """A clamped shape in the smoke suite and the alpha form in the edge suite; their gates and ups reach past the
+    limit (the gradient is 0 there), and SiTU takes no SwiGLU variant."""
+    clamped = [s for s in ALL_SHAPES if s.get("limit")]
+    assert any(s in SPEC.shapes["smoke"] for s in clamped) and any(s.get("alpha_milli") for s in clamped)
+    inputs = make_inputs(SPEC.shapes["smoke"][2], torch.float64, seed=0)
+    x, w1 = inputs["x"][: int(inputs["offsets"][-1])], inputs["w1"]
+    a = torch.einsum("md,efd->emf", x, w1)
+    assert inputs["limit"] == 3.0 and float((a > 3).double().mean()) > 0.1
+    with pytest.raises(ValueError, match="SwiGLU's variants"):
+        reference(**{**inputs, "activation": "situ"})
 
 
 # --- ports on the interpreter ----------------------------------------------------------------------------------

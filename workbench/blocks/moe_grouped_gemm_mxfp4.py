@@ -17,8 +17,8 @@ dequantizing to its dot's operand dtype.
 
 Shapes: x [M, D] (M = N*k expert-major rows), offsets [E + 1] int64, w1 and w3 [E, F, D / 2] uint8 with w1_scale and
 w3_scale [E, F, D / 32] uint8, w2 [E, D, F / 2] uint8 with w2_scale [E, D, F / 32] uint8, D and F multiples of 32;
-activation, beta, linear_beta as moe_grouped_gemm's. Output y [M, D] in x.dtype. Forward only: the published weights
-are frozen (serving, and LoRA's base weights), and the gradient to x is not built yet.
+activation, beta, linear_beta, limit, alpha, up_offset as moe_grouped_gemm's. Output y [M, D] in x.dtype. Forward
+only: the published weights are frozen (serving, and LoRA's base weights), and the gradient to x is not built yet.
 Inputs (make_inputs): moe_grouped_gemm's draws, with its weights quantized by ``quantize`` (scales from 2^-5 to 2^1).
 """
 
@@ -86,10 +86,12 @@ def _quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference(x: torch.Tensor, offsets: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w3: torch.Tensor,
               w3_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, activation: str, beta: float,
-              linear_beta: float) -> torch.Tensor:
+              linear_beta: float, limit: float | None = None, alpha: float = 1.0,
+              up_offset: float = 0.0) -> torch.Tensor:
     ct = compute_dtype(x)
     return moe_grouped_gemm.reference(x, offsets, dequantize(w1, w1_scale, ct), dequantize(w3, w3_scale, ct),
-                                      dequantize(w2, w2_scale, ct), activation, beta, linear_beta)
+                                      dequantize(w2, w2_scale, ct), activation, beta, linear_beta, limit, alpha,
+                                      up_offset)
 
 
 def _packed(inputs: dict) -> dict:
@@ -97,7 +99,7 @@ def _packed(inputs: dict) -> dict:
     out = {"x": inputs["x"], "offsets": inputs["offsets"]}
     for name in ("w1", "w3", "w2"):
         out[name], out[f"{name}_scale"] = inputs[name]
-    return {**out, **{k: inputs[k] for k in ("activation", "beta", "linear_beta")}}
+    return {**out, **{k: inputs[k] for k in ("activation", "beta", "linear_beta", "limit", "alpha", "up_offset")}}
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
@@ -119,7 +121,8 @@ def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
     return _packed(inputs)
 
 
-def abstract_outputs(x, offsets, w1, w1_scale, w3, w3_scale, w2, w2_scale, activation, beta, linear_beta):
+def abstract_outputs(x, offsets, w1, w1_scale, w3, w3_scale, w2, w2_scale, activation, beta, linear_beta, limit=None,
+                     alpha=1.0, up_offset=0.0):
     """y [M, D] in x's dtype (the library op's fake implementation)."""
     return x.new_empty(x.shape[0], w2.shape[1])
 
