@@ -211,14 +211,15 @@ def _probe(view) -> ProbeResult | str | None:
 def measured_fields(rows: list[Row]) -> dict[str, tuple]:
     """The config fields the probe measured, as (value, "probe: ...") for the blocks' rules: a covered router's
     score function, renormalization, route scale and groups, whatever the config calls them; a covered gated MLP's
-    SwiGLU limit (None where it does not clamp, whatever the config's swiglu_limit says: HY-V4's is its experts')."""
+    SwiGLU limit as ``mlp_swiglu_limit`` (None where it does not clamp, whatever the config's swiglu_limit says:
+    HY-V4's is its experts')."""
     out: dict[str, tuple] = {}
     for row in rows:
         if row.kind not in ("router", "gated_mlp") or row.status != COVERED:
             continue
         source = f"probe: {row.cls} reproduced as {row.variant} (error {max(row.error.values()):.1e})"
         value = {name: info["value"] for name, info in row.params.items()}
-        fields = (("swiglu_limit", "limit"),) if row.kind == "gated_mlp" else (
+        fields = (("mlp_swiglu_limit", "limit"),) if row.kind == "gated_mlp" else (
             ("scoring_func", "score"), ("norm_topk_prob", "renormalize"), ("moe_renormalize", "renormalize"),
             ("routed_scaling_factor", "scale"), ("n_group", "groups"), ("num_expert_group", "groups"),
             ("topk_group", "kept_groups"))

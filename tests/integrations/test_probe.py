@@ -79,13 +79,11 @@ def test_routers_are_read_from_the_code_whatever_the_fields_are_called(cards):
 
 def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards):
     v4 = rows(cards["deepseek_v4"])
-    # clamped SwiGLU, measured on inputs that reach the clamp: swiglu's clamped variant computes the MLP's; the
-    # grouped GEMM computes the experts' unclamped
-    mlp = v4["DeepseekV4MLP"]
-    assert mlp["status"] == "covered" and mlp["params"]["limit"] == {"value": 10.0,
-                                                                     "source": "module DeepseekV4MLP.limit"}
-    assert v4["DeepseekV4Experts"]["status"] == "differs" and "clamped SwiGLU" in v4["DeepseekV4Experts"]["differs"]
-    assert v4["DeepseekV4Experts"]["error"]["output"] > 1e-2
+    # clamped SwiGLU, measured on inputs that reach the clamp: swiglu's and moe_grouped_gemm's clamped variant
+    for cls in ("DeepseekV4MLP", "DeepseekV4Experts"):
+        assert v4[cls]["status"] == "covered" and v4[cls]["params"]["limit"] == {"value": 10.0,
+                                                                                 "source": f"module {cls}.limit"}
+        assert max(v4[cls]["error"].values()) < 1e-10
     assert v4["DeepseekV4TopKRouter"]["status"] == "differs" and "sqrtsoftplus" in v4["DeepseekV4TopKRouter"]["differs"]
     assert v4["DeepseekV4HashRouter"]["status"] == v4["DeepseekV4HyperConnection"]["status"] == "no spec"
     assert "hyper_connection" in cards["deepseek_v4"]["blocks"] and "hash_router" in cards["deepseek_v4"]["blocks"]
@@ -99,9 +97,12 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
 
 
 def test_a_swiglu_limit_is_claimed_where_the_module_clamps_and_only_there(cards):
-    """HY-V4's config sets swiglu_limit (its experts clamp) but its MLP does not clamp: the probe keeps the unclamped
-    variant and the card's swiglu has no limit; DeepSeek-V4's MLP clamps at its own limit, and the card says so."""
+    """HY-V4's config sets swiglu_limit: its experts clamp, its MLP does not; the probe keeps the clamped variant for
+    the one and the unclamped for the other, and the card's grouped GEMM has the limit and its swiglu none;
+    DeepSeek-V4's MLP clamps at its own limit, and the card says so."""
     hy, v4 = rows(cards["hy_v4"])["HYV4MLP"], rows(cards["deepseek_v4"])["DeepseekV4MLP"]
+    assert rows(cards["hy_v4"])["HYV4Experts"]["params"]["limit"]["value"] == 10.0  # its experts do clamp
+    assert all(shape["limit"] == 10 for shape in cards["hy_v4"]["blocks"]["moe_grouped_gemm"]["shapes"])
     assert hy["status"] == "covered" and hy["params"]["limit"] == {"value": None, "source": "probe: no clamp"}
     assert all("limit" not in shape for shape in cards["hy_v4"]["blocks"]["swiglu"]["shapes"])
     assert v4["params"]["limit"]["value"] == 10.0

@@ -257,7 +257,7 @@ def test_inkling2_swaps_the_residual_mixes_router_and_situ_experts_and_leaves_it
     assert "sigmoid scores" in outcome(apply_workbench_kernels(other))["Inkling2TopKRouter"]
 
 
-def test_glm5_next_swaps_its_kda_layers_bounded_gate_and_clamped_mlps_and_leaves_the_clamped_experts_alone(promoted):
+def test_glm5_next_swaps_its_kda_layers_bounded_gate_and_clamped_mlps_and_experts(promoted):
     """GLM-5-Next's class (vision-language; its text model patched, its vision tower not reported)."""
     from transformers.models.glm5_next import modeling_glm5_next as glm
 
@@ -275,11 +275,14 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_and_clamped_mlps_and_leaves
     assert found["Glm5NextTextForgetGate"] == ("kda_gate",) and found["Glm5NextTextRMSNorm"] == ("rmsnorm",)
     assert found["Glm5NextTextTopkRouter"] == ("moe_router",)
     assert found["Glm5NextTextRMSNormGated"] == ("rmsnorm_gated",)  # Kimi Linear's output norm: sigmoid gate
-    assert found["Glm5NextTextMLP"] == ("swiglu",) and "unclamped" in found["Glm5NextTextExperts"]
+    assert found["Glm5NextTextMLP"] == ("swiglu",)
+    assert found["Glm5NextTextExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert "k-pools" in found["Glm5NextTextAttention"] and "no block" in found["Glm5NextTextHyperConnection"]
     assert not any(row.path.startswith("model.visual") for row in report.rows)
     assert glm5_next.MODEL_CLASS == type(model).__name__
-    assert model.config._experts_implementation != "workbench"  # the shipped experts keep their clamp
+    assert model.config._experts_implementation == "workbench"
+    experts = next(m for m in model.modules() if isinstance(m, glm.Glm5NextTextExperts))
+    assert experts.workbench_activation == ("swiglu", 4.0, 25.0, config.get_text_config().swiglu_limit)
 
 
 def test_a_multimodal_source_gives_its_text_model_where_that_is_registered(tmp_path):

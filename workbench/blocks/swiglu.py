@@ -85,7 +85,7 @@ def onboard(model: ModelConfig) -> list[Found]:
     """The shared experts' and the dense layers' activation when hidden_act is silu (or swish), with the config's
     swiglu_limit and swiglu_alpha (the alpha form, up + 1) as the shapes' ``limit`` and ``alpha_milli``; a limit that
     is no whole number, or an alpha finer than a thousandth, is marked ``differs`` (the shapes cannot hold it)."""
-    limit, limit_field = model.field("swiglu_limit")
+    limit, limit_field = model.field("mlp_swiglu_limit", "swiglu_limit")  # the probe's, where it ran an MLP
     alpha, alpha_field = model.field("swiglu_alpha")
     dims, what, differs = {}, "", []
     if limit is not None:

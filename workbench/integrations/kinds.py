@@ -305,8 +305,10 @@ def _router_variants(module: nn.Module, config: Any) -> list[Variant]:
 
 def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor) -> torch.Tensor:
-    """transformers' experts module through moe_permute, moe_grouped_gemm (SwiGLU) and moe_combine."""
-    return _common.experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    """transformers' experts module through moe_permute, moe_grouped_gemm (SwiGLU, its inputs clamped at the
+    variant's limit; None: unclamped) and moe_combine."""
+    return _common.grouped_experts(self, hidden_states, top_k_index, top_k_weights,
+                                   (*_common.SWIGLU, self.workbench_variant["limit"]["value"]))
 
 
 def _is_experts(module: nn.Module) -> bool:
@@ -315,16 +317,22 @@ def _is_experts(module: nn.Module) -> bool:
 
 
 def _experts_variants(module: nn.Module, config: Any) -> list[Variant]:
+    """SwiGLU experts, clamped at the module's or config's limit where one is set, then unclamped (the probe keeps
+    the one that reproduces the module); an alpha (GPT-OSS's form) is named, not claimed."""
     act = activation_name(getattr(module, "act_fn", None)) if hasattr(module, "act_fn") else None
     act = act or getattr(config, "hidden_act", None)
     layout = _common.experts_supported(module, act or "unknown")
-    clamps = _phrase(_clamps(module, config))
+    clamps = _clamps(module, config)
     missing = [n for n in ("intermediate_dim", "num_experts") if not hasattr(module, n)]
     differs = "; ".join(filter(None, [
-        layout, f"clamped SwiGLU ({clamps}): moe_grouped_gemm computes silu(a) * b unclamped" if clamps else "",
+        layout, f"alpha SwiGLU ({_phrase(clamps)}): the experts' alpha form is not read from the module"
+        if "alpha" in clamps else "",
         f"no {', '.join(missing)}: the adapter cannot map its weights" if missing else ""]))
-    return [Variant("SwiGLU experts", experts_forward, {"activation": param(act, "module act_fn / config "
-                                                                                  "hidden_act")}, differs)]
+    activation = param(act, "module act_fn / config hidden_act")
+    limits = ([(float(clamps["limit"][0]), clamps["limit"][1])] if "limit" in clamps else []) + \
+        [(None, "probe: no clamp" if "limit" in clamps else "no clamp set")]
+    return [Variant("SwiGLU experts" + (f" clamped at {limit}" if limit else ""), experts_forward,
+                    {"activation": activation, "limit": param(limit, source)}, differs) for limit, source in limits]
 
 
 # --- linear attention --------------------------------------------------------------------------------------------

@@ -541,18 +541,25 @@ def situ() -> Comparison:
 
 
 def moe_experts() -> list[Comparison]:
-    """The three MoE blocks against the eager experts: Kimi Linear's (SwiGLU) and Inkling2's (SiTU, its caps)."""
+    """The three MoE blocks against the eager experts: Kimi Linear's (SwiGLU), Inkling2's (SiTU, its caps) and
+    GLM-5-Next's (SwiGLU clamped at swiglu_limit 10, which the gates' scale reaches: about 5% of a and 10% of b lie
+    past it); GLM-5-Next's also held to the unclamped form, which it is not."""
+    from transformers.models.glm5_next import modeling_glm5_next as glm
     from transformers.models.inkling2 import modeling_inkling2 as ink
     from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
     from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearExperts
 
     rows = []
+    glm_experts = glm.Glm5NextTextExperts(glm.Glm5NextTextConfig(hidden_size=16, moe_intermediate_size=12,
+                                                                 n_routed_experts=6, swiglu_limit=10.0))
     for name, experts, activation in (
             ("KimiLinearExperts (eager)", KimiLinearExperts(KimiLinearConfig(
                 hidden_size=16, moe_intermediate_size=12, num_local_experts=6)), ("swiglu", 4.0, 25.0)),
             ("Inkling2Experts (eager, softcapped SwiGLU 3 / 20)", ink.Inkling2Experts(ink.Inkling2TextConfig(
                 hidden_size=16, moe_intermediate_size=12, n_routed_experts=6, mlp_gate_softcap=3.0,
-                mlp_up_softcap=20.0)), ("situ", 3.0, 20.0))):
+                mlp_up_softcap=20.0)), ("situ", 3.0, 20.0)),
+            ("Glm5NextTextExperts (eager, SwiGLU clamped at 10)", glm_experts, ("swiglu", 4.0, 25.0, 10.0)),
+            ("Glm5NextTextExperts held to unclamped SwiGLU", glm_experts, ("swiglu", 4.0, 25.0))):
         g = torch.Generator().manual_seed(9)
         experts = experts.to(F64)
         experts.gate_up_proj.data = torch.randn(6, 24, 16, generator=g, dtype=F64) * 1.5  # gates past the cap
@@ -569,7 +576,8 @@ def moe_experts() -> list[Comparison]:
 
         rows.append(_compare("moe_permute + moe_grouped_gemm + moe_combine", name, ours,
                              lambda experts=experts, x=x, ids=ids, weights=weights: experts(x, ids, weights),
-                             [x, weights, experts.gate_up_proj, experts.down_proj]))
+                             [x, weights, experts.gate_up_proj, experts.down_proj], same="held to" not in name,
+                             note="unclamped: another variant" if "held to" in name else ""))
     return rows
 
 

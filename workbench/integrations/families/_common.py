@@ -104,12 +104,18 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     top_k_weights [N, k] -> [N, D], through workbench::moe_permute, moe_grouped_gemm over the concatenated
     gate_up_proj [E, 2F, D] (gate first) and down_proj [E, D, F] and moe_combine. The activation is SwiGLU, or what
     the family set as the module's ``workbench_activation`` (("situ", beta, linear_beta): Inkling2's softcapped
-    SwiGLU)."""
+    SwiGLU; ("swiglu", beta, linear_beta, limit): GLM-5-Next's clamped SwiGLU, swiglu_limit)."""
+    return grouped_experts(self, hidden_states, top_k_index, top_k_weights, getattr(self, "workbench_activation",
+                                                                                      SWIGLU))
+
+
+def grouped_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor, activation: tuple) -> torch.Tensor:
+    """experts_forward with ``activation``: moe_grouped_gemm's (activation, beta, linear_beta[, limit])."""
     f = self.intermediate_dim
-    activation, beta, linear_beta = getattr(self, "workbench_activation", SWIGLU)
     x_perm, _, row_of_slot, _, offsets = ops.moe_permute(hidden_states, top_k_index, self.num_experts)
     y = ops.moe_grouped_gemm(x_perm, offsets, self.gate_up_proj[:, :f], self.gate_up_proj[:, f:], self.down_proj,
-                         activation, beta, linear_beta)
+                         *activation)
     return ops.moe_combine(y, top_k_weights.float(), row_of_slot)
 
 

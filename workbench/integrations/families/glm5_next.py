@@ -11,7 +11,8 @@ sigmoid MoE with a shared expert, SwiGLU with clamped inputs, RMSNorm.
     Glm5NextTextForgetGate            kda_gate, bounded form lower_bound * sigmoid(exp(A_log) * (f + dt_bias))
     Glm5NextTextMLP                   swiglu, clamped: silu(min(a, L)) * clamp(b, -L, L) with L = swiglu_limit
                                       (projections in torch; also the shared experts)
-    Glm5NextTextExperts               left alone: the same clamped SwiGLU (moe_grouped_gemm computes it unclamped)
+    Glm5NextTextExperts               moe_permute, moe_grouped_gemm with the same clamped SwiGLU, moe_combine (the
+                                      experts implementation)
     Glm5NextTextAttention             left alone: its indexer scores k-pools of index_kpool keys (dsa_indexer scores
                                       every key)
     Glm5NextTextRMSNormGated          rmsnorm_gated, sigmoid gate (Kimi Linear's output norm: plain weight, float32
@@ -25,6 +26,8 @@ from transformers.models.glm5_next import modeling_glm5_next as shipped
 
 from workbench.integrations.families import kimi_linear
 from workbench.integrations.families._common import (
+    EXPERT_BLOCKS,
+    SWIGLU,
     SharedModules,
     clamped_mlp_forward,
     finish_shared,
@@ -57,7 +60,6 @@ LEFT_ALONE = {
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every GLM-5-Next text module they compute; report each module."""
     report = patcher.report
-    limit = patcher.model.config.get_text_config().swiglu_limit
     for path, module in patcher.model.named_modules():
         if path == "model.visual" or path.startswith("model.visual."):
             continue  # the vision tower: no block computes its modules
@@ -67,8 +69,9 @@ def apply(patcher: Patcher) -> None:
             if patcher.wants(path, module, "swiglu"):
                 patcher.set_forward(path, module, clamped_mlp_forward, "swiglu")
         elif isinstance(module, shipped.Glm5NextTextExperts):
-            report.leave(path, module, f"SwiGLU with clamped inputs silu(min(a, {limit})) * clamp(b, -{limit}, "
-                                       f"{limit}) (swiglu_limit): moe_grouped_gemm computes it unclamped")
+            if patcher.wants(path, module, *EXPERT_BLOCKS):
+                module.workbench_activation = (*SWIGLU, float(module.swiglu_limit))
+                report.replace(path, module, *EXPERT_BLOCKS)
         elif isinstance(module, shipped.Glm5NextTextLinearAttention):
             patch_kda_layer(patcher, path, module)
         elif isinstance(module, shipped.Glm5NextTextForgetGate):
