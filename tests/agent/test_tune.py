@@ -343,6 +343,28 @@ def test_a_point_the_spills_shrank_grows_back_while_spill_free_and_faster(tmp_pa
     assert not any("budget" in reason for reason in outcome.stopped.values())
 
 
+def test_a_size_the_time_does_not_see_grows_back_to_the_passing_points_on_a_tie(tmp_path, monkeypatch):
+    """dsa_sparse_attention's reversed walk: the bold steps shrink the rows a program takes along with the tile
+    that spilled; the rows change no modelled time, so they go back to the passing point's (the template's choice,
+    and the interpreter's fastest to verify), while the tile stays where it is spill-free."""
+    monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
+    rows_and_keys = template(tmp_path, "  num_stages: {choices: [null, 1]}", params="  BK: {choices: [128, 64, 32]}\n"
+                             "  BM: {choices: [16, 4, 1]}\n  num_warps: {choices: [4]}")
+
+    def probe(params, table, targets):  # NVIDIA spills past 32 keys a step, more with more rows; rows cost no time
+        spill = 4 * params["BM"] if params["BK"] > 32 else 0
+        return {t: Figure(ok=True, spilled_bytes=spill if t.startswith("sm_") else 0, time_ms=1000 / params["BK"])
+                for t in targets}
+
+    outcome = Tuner(rows_and_keys, {"BK": 128, "BM": 16, "num_warps": 4}, launch_table(rows_and_keys), TARGETS, probe,
+                    budget=8).run()
+    assert outcome.params == {"BK": 32, "BM": 16, "num_warps": 4} and outcome.spill_free_on() == TARGETS
+    ties = [t for t in outcome.trials if "as fast, nearer the passing point" in t.why]
+    assert [t.params["BM"] for t in ties if t.target == "sm_80"] == [4, 16] and all(t.moved for t in ties)
+    # the faster growth of the keys spills and is not taken
+    assert not any(t.moved for t in outcome.trials if t.params["BK"] == 64 and "growing it back" in t.why)
+
+
 def test_a_faster_point_that_spills_grows_back_where_its_launch_settings_relieve_it(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(tmp_path))
     two_tiles = template(tmp_path, "  num_warps: {choices: [4, 8, 2]}", params="  BD: {choices: [128, 64, 32]}\n"

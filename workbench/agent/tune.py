@@ -22,17 +22,18 @@ than TIE) becomes the best; one that ties is a plateau: the next step the same w
 other neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a
 tie that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is
 a local optimum), when it spills and STALL settings in a row relieved nothing, or when a budget ends (probes and
-seconds: SPILL_BUDGET times the port's while a target spills; else the port's probes counted past those that
-relieved spills, and its seconds), and says which. Spills come first: once every spilling target has stopped, the
-spill-free targets' speed search waits for the point search, and goes on at the point it ends at. When a required
-target spills at every launch setting tried, the template's neighbouring points are probed: first every size one
-step smaller at once (the bold step), then the points where no size grows before those where one does, the fewest
-parameters changed, the fewest steps; a dtype (the operands' arithmetic) moves alone, at the sizes as they are. A
-point nearer spill-free (fewer targets that do not compile, then fewer bytes spilled over all targets) becomes the
-search's point (its numerics are verified before anything is promoted): its launch settings are searched again,
-then its own neighbouring points, until every target is spill-free or a budget ends. A point the spills shrank then
-grows back, one size one step up at a time, where it stays spill-free everywhere and is modelled faster (its time
-over the best's, averaged over the targets).
+seconds: SPILL_BUDGET times the port's while a target spills or a shrunk point grows back; else the port's probes
+counted past those, and its seconds), and says which. Spills come first: once every spilling target has stopped, the
+spill-free targets' speed search waits for the point search and the growth back, and goes on at the point they end
+at. When a required target spills at every launch setting tried, the template's neighbouring points are probed:
+first every size one step smaller at once (the bold step), then the points where no size grows before those where
+one does, the fewest parameters changed, the fewest steps; a dtype (the operands' arithmetic) moves alone, at the
+sizes as they are. A point nearer spill-free (fewer targets that do not compile, then fewer bytes spilled over all
+targets) becomes the search's point (its numerics are verified before anything is promoted): its launch settings are
+searched again, then its own neighbouring points, until every target is spill-free or a budget ends. A point the
+spills shrank then grows back, one size one step up at a time, where it stays spill-free everywhere and is modelled
+faster (its time over the best's, averaged over the targets) or as fast (within TIE: a size the spills alone moved,
+which the time does not see, goes back toward the passing point's, the template's own choice).
 """
 
 from __future__ import annotations
@@ -249,15 +250,29 @@ def spills_less(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
     return broken < was_broken or (broken == was_broken and spilled < was_spilled * (1 - TIE))
 
 
-def faster(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = False) -> bool:
-    """Whether ``figures`` (every target's, at a point) is spill-free everywhere (with ``spills``: compiles
-    everywhere) and modelled faster than ``than``: its time over the other's, averaged over the targets, below
-    1 - TIE."""
+def time_ratio(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = False) -> float | None:
+    """``figures``' time (every target's, at a point) over ``than``'s, averaged over the targets (a measured time
+    counted at its slow end against the other's fast end); None unless it is spill-free everywhere (with ``spills``:
+    compiles everywhere) and timed."""
     if not all(f.ok and (spills or not f.spilled_bytes) and f.time_ms for f in figures.values()):
-        return False
+        return None
     ratios = [(f.time_ms + f.spread_ms) / (than[t].time_ms - than[t].spread_ms) for t, f in figures.items()
               if than[t].time_ms and than[t].time_ms > than[t].spread_ms]
-    return bool(ratios) and sum(ratios) / len(ratios) < 1 - TIE
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def faster(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = False) -> bool:
+    """Whether ``figures`` is spill-free everywhere (with ``spills``: compiles everywhere) and modelled faster than
+    ``than``: its time_ratio below 1 - TIE."""
+    ratio = time_ratio(figures, than, spills)
+    return ratio is not None and ratio < 1 - TIE
+
+
+def as_fast(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
+    """Whether ``figures`` is spill-free everywhere and no slower than ``than`` (its time_ratio within TIE of 1 or
+    below): a tie."""
+    ratio = time_ratio(figures, than)
+    return ratio is not None and ratio <= 1 + TIE
 
 
 class Tuner:
@@ -277,7 +292,7 @@ class Tuner:
         self.on_trial = on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
         self.probes = 0
-        self.relief = 0  # probes spent while a target spilled (the spill's, not the speed's budget)
+        self.relief = 0  # probes spent relieving spills and growing back what they shrank (not the speed's budget)
         self._bases: dict[str, dict[str, Settings]] = {}
         self._tried: dict[tuple[str, str], list[Settings]] = {}  # (point, target): the settings probed there
         self._points = list(template.points())  # every valid point, enumerated once
@@ -320,15 +335,17 @@ class Tuner:
             self._bases[key] = {t: base_settings(per_target, t, list(self.template.launch)) for t in self.targets}
         return self._bases[key]
 
-    def _descend(self, params: dict, best: dict[str, tuple[Settings, Figure]], base: dict[str, Settings]
-                 ) -> dict[str, str]:
+    def _descend(self, params: dict, best: dict[str, tuple[Settings, Figure]], base: dict[str, Settings],
+                 speed: bool = True) -> dict[str, str]:
         """Each target's descent from ``best`` (updated in place); why each stopped. A neighbour no better and no
         worse (within TIE) is a plateau: the next step the same way is tried too (a register cap that starts to
         pay two steps down, say), and the search moves there when it is nearer the template's own settings
         (``base``: what a bold step changed for nothing is taken back). Spills first: a spilling target stops
         after STALL settings in a row that relieve nothing, and once every spilling target has stopped the descent
         returns, the spill-free targets' not stopped (their speed search goes on after the point search, at the
-        point it ends at: what they tried at a point is remembered)."""
+        point it ends at: what they tried at a point is remembered). Without ``speed`` (a point the point search
+        moved to) it returns as soon as no target spills: the growth back toward the passing point comes before any
+        speed search."""
         def changes(target: str, settings: Settings) -> int:
             return sum(settings[k] != base[target][k] for k in settings)
 
@@ -342,6 +359,8 @@ class Tuner:
         across: dict[str, list[tuple[Settings, str, str, int]]] = {t: [] for t in best}
         stopped: dict[str, str] = {}
         while True:
+            if not speed and not any(f.spills for _, f in best.values()):
+                return stopped
             moves = {}
             for target, (settings, _) in best.items():
                 if target in stopped:
@@ -513,32 +532,38 @@ class Tuner:
             if moved:  # the search goes on from there: its launch settings, then its neighbouring points
                 params, best = self._shrink(point, moved_best, tried_points)
                 base = self._base(params)
-                stopped = self._descend(params, best, base) if self.template.launch else stopped
+                stopped = self._descend(params, best, base, speed=False) if self.template.launch else stopped
         for target, (_, figure) in best.items():
             if figure.spills:
                 stopped[target] = f"{stopped.get(target, '')}; still {figure.text()}".strip("; ") + \
                     (f" ({ended})" if ended else "")
-        # a point the spills shrank grows back, one size one step, while it stays spill-free and gets faster
+        # a point the spills shrank grows back, one size one step, while it stays spill-free and gets faster (or ties)
         while params != self.params and not ended and not any(f.spills for _, f in best.values()):
             move = next(self._growth(params, tried_points), None)
-            if move is None or self._spent(False):
+            if move is None or self._spent(True):
                 break
             point, changes = move
             tried_points.add(format_point(point))
             table = {t: s for t, (s, _) in best.items()}
-            figures = self._probe(point, table, self.targets)
+            figures = self._probe(point, table, self.targets, spilling=True)  # the spill's budget: undoing its shrink
             was = {t: f for t, (_, f) in best.items()}
             moved, promising = faster(figures, was), faster(figures, was, spills=True)
+            tie = not moved and as_fast(figures, was)  # a size the time does not see: back to the passing point's
             for target in self.targets:
-                self._trial(target, point, table[target], figures[target], moved,
+                self._trial(target, point, table[target], figures[target], moved or tie,
                             f"the spills shrank the point; growing it back: {changes}: {figures[target].text()}"
                             + (", spill-free and faster: the point moves" if moved else
+                               ", spill-free and as fast, nearer the passing point: the point moves" if tie else
                                ", faster but spilling: its launch settings are searched" if promising else ""))
             grown = {t: (table[t], figures[t]) for t in self.targets}
             if moved or promising:  # a faster point that spills may be relieved by its own launch settings
-                reasons = self._descend(point, grown, self._base(point)) if self.template.launch else stopped
+                reasons = self._descend(point, grown, self._base(point), speed=False) if self.template.launch else \
+                    stopped
                 moved = faster({t: f for t, (_, f) in grown.items()}, was)
-            if moved:
+            if tie:  # spill-free everywhere: its speed search is the one at the end
+                params, base, best = point, self._base(point), grown
+                stopped = {} if self.template.launch else stopped
+            elif moved:
                 params, base, best, stopped = point, self._base(point), grown, reasons
         # the speed search of the spill-free targets the spills deferred, at the point the search ended at
         if pending := {t: best[t] for t in self.targets if t not in stopped}:
