@@ -156,10 +156,9 @@ def onboard(model: ModelConfig) -> list[Found]:
                                f"experts use {act} ({act_field})"
     limit, limit_field = model.field("swiglu_limit")
     alpha, alpha_field = model.field("swiglu_alpha")
-    variant = {**({"limit": round(limit)} if limit else {}), **({"alpha_milli": round(alpha * 1000)} if alpha else {})}
-    if variant and activation == "swiglu" and (variant.get("limit") != limit or
-                                               variant.get("alpha_milli", 0) != (alpha or 0) * 1000):
-        differs = f"swiglu_limit {limit}, swiglu_alpha {alpha}: the card holds whole limits and thousandths only"
+    variant, unheld = swiglu.card_dims(limit, limit_field, alpha, alpha_field)
+    if unheld and activation == "swiglu":
+        differs = unheld
     shape = {"k": model.active, "D": model.expert_width or model.hidden, "F": model.expert_ffn, "E": model.experts,
              "hot": 0, "drop": 0, "act": ACTIVATIONS.index(activation) if known else 0,
              **(variant if activation == "swiglu" else {})}

@@ -87,18 +87,29 @@ def onboard(model: ModelConfig) -> list[Found]:
     is no whole number, or an alpha finer than a thousandth, is marked ``differs`` (the shapes cannot hold it)."""
     limit, limit_field = model.field("mlp_swiglu_limit", "swiglu_limit")  # the probe's, where it ran an MLP
     alpha, alpha_field = model.field("swiglu_alpha")
-    dims, what, differs = {}, "", []
+    dims, differs = card_dims(limit, limit_field, alpha, alpha_field)
+    what = (f" clamped at {limit}" if limit is not None else "") + \
+        (f", alpha {alpha} and up + 1" if alpha is not None else "")
+    found = gated_activation_found(model, "swiglu", "gated {act} activation" + what + " of the {where}",
+                                   tuple(f for f in (limit_field, alpha_field) if f))
+    return [replace(f, shapes=[{**shape, **dims} for shape in f.shapes], differs=differs) for f in found]
+
+
+def card_dims(limit: float | None, limit_field: str | None, alpha: float | None, alpha_field: str | None
+              ) -> tuple[dict, str]:
+    """A config's swiglu_limit and swiglu_alpha as the shape dims ``limit`` and ``alpha_milli`` (``variant``'s
+    inverse), and what the dims cannot hold ("" when nothing: a limit that is no positive whole number, an alpha
+    finer than a thousandth)."""
+    dims, differs = {}, []
     if limit is not None:
-        dims["limit"], what = round(limit), f" clamped at {limit}"
+        dims["limit"] = round(limit)
         if dims["limit"] != limit or limit <= 0:
             differs.append(f"swiglu_limit {limit} ({limit_field}): the card holds positive whole limits only")
     if alpha is not None:
-        dims["alpha_milli"], what = round(alpha * 1000), f"{what}, alpha {alpha} and up + 1"
+        dims["alpha_milli"] = round(alpha * 1000)
         if dims["alpha_milli"] != alpha * 1000 or alpha <= 0:
             differs.append(f"swiglu_alpha {alpha} ({alpha_field}): the card holds positive thousandths only")
-    found = gated_activation_found(model, "swiglu", "gated {act} activation" + what + " of the {where}",
-                                   tuple(f for f in (limit_field, alpha_field) if f))
-    return [replace(f, shapes=[{**shape, **dims} for shape in f.shapes], differs="; ".join(differs)) for f in found]
+    return dims, "; ".join(differs)
 
 
 SPEC = BlockSpec(

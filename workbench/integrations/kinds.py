@@ -182,6 +182,13 @@ def _clamps(module: nn.Module, config: Any) -> dict[str, tuple[Any, str]]:
     return found
 
 
+def _limit_choices(clamps: dict[str, tuple[Any, str]]) -> list[tuple[float | None, str]]:
+    """The limits a SwiGLU module's variants try, with their sources: the one it or its config sets (if any), then
+    none (the probe keeps the one that reproduces the module)."""
+    found = [(float(clamps["limit"][0]), clamps["limit"][1])] if "limit" in clamps else []
+    return [*found, (None, "probe: no clamp" if found else "no clamp set")]
+
+
 def _phrase(clamps: dict[str, tuple[Any, str]]) -> str:
     return ", ".join(f"{key} {value} ({source})" for key, (value, source) in clamps.items())
 
@@ -209,8 +216,7 @@ def _mlp_variants(module: nn.Module, config: Any) -> list[Variant]:
         f"alpha SwiGLU ({_phrase(clamps)}): swiglu's alpha form is not read from a gate_proj/up_proj MLP"
         if "alpha" in clamps else ""]))
     activation = param(act, f"module {type(module).__name__}.act_fn")
-    limits = ([(float(clamps["limit"][0]), clamps["limit"][1])] if "limit" in clamps else []) + \
-        [(None, "probe: no clamp" if "limit" in clamps else "no clamp set")]
+    limits = _limit_choices(clamps)
     return [Variant("silu(gate) * up" + (f" clamped at {limit}" if limit else ""), mlp_forward,
                     {"activation": activation, "limit": param(limit, source)}, differs) for limit, source in limits]
 
@@ -329,8 +335,7 @@ def _experts_variants(module: nn.Module, config: Any) -> list[Variant]:
         if "alpha" in clamps else "",
         f"no {', '.join(missing)}: the adapter cannot map its weights" if missing else ""]))
     activation = param(act, "module act_fn / config hidden_act")
-    limits = ([(float(clamps["limit"][0]), clamps["limit"][1])] if "limit" in clamps else []) + \
-        [(None, "probe: no clamp" if "limit" in clamps else "no clamp set")]
+    limits = _limit_choices(clamps)
     return [Variant("SwiGLU experts" + (f" clamped at {limit}" if limit else ""), experts_forward,
                     {"activation": activation, "limit": param(limit, source)}, differs) for limit, source in limits]
 
