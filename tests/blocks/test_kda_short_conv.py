@@ -1,7 +1,8 @@
 """kda_short_conv: the reference against causal_conv1d's own formulation (a grouped conv1d padded by W - 1 and cut
-to T, the reference of Tri Dao's causal-conv1d that fla's ShortConvolution matches), causality, hand cases, float64
-gradients against the closed forms of the block's docstring, the input factory and suites, the templates; both
-templates verified through the sandbox on the Triton interpreter, and one port through the agent."""
+to T, the reference of Tri Dao's causal-conv1d that fla's ShortConvolution matches; the residual variants are held
+to Inkling2's and Inkling's modules in workbench.integrations.references), causality, hand cases, float64 gradients against the closed forms
+of the block's docstring, the input factory and suites, the templates; both templates verified through the sandbox on
+the Triton interpreter, and one port through the agent."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import get_block
+from workbench.blocks.kda_short_conv import INKLING2, variant
 
 SPEC = get_block("kda_short_conv")
 ref = SPEC.reference
@@ -27,7 +29,9 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
                                    {"B": 3, "T": 7, "D": 6, "W": 2}])
 def test_reference_equals_causal_conv1d(shape):
     inputs = SPEC.make_inputs(shape, torch.float64, 0)
-    torch.testing.assert_close(ref(**inputs), causal_conv1d_ref(**inputs), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ref(**inputs), causal_conv1d_ref(inputs["x"], inputs["weight"]), rtol=1e-12,
+                               atol=1e-12)
+    assert (inputs["silu"], inputs["residual_scale"]) == (True, None)  # KDA's form where a shape names no variant
 
 
 def test_a_token_never_sees_a_later_one():
@@ -43,6 +47,7 @@ def test_hand_case():
     weight = torch.tensor([[0.5, -1.0, 2.0]], dtype=torch.float64)  # taps for t-2, t-1, t
     pre = torch.tensor([2.0 * 1, -1.0 * 1 + 2.0 * 2, 0.5 * 1 - 1.0 * 2 + 2.0 * 3], dtype=torch.float64)
     torch.testing.assert_close(ref(x, weight).flatten(), F.silu(pre))
+    torch.testing.assert_close(ref(x, weight, False, 0.5).flatten(), (pre + x.flatten()) * 0.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -50,23 +55,25 @@ def test_low_precision_returns_input_dtype(dtype):
     inputs = SPEC.make_inputs({"B": 2, "T": 10, "D": 33, "W": 4}, dtype, 2)
     y = ref(**inputs)
     assert y.dtype == dtype
-    truth = causal_conv1d_ref(inputs["x"].double(), inputs["weight"].double())
+    truth = causal_conv1d_ref(inputs["x"].double(), inputs["weight"].double())  # KDA's form
     assert (y.double() - truth).abs().max() <= 2 ** -7 * truth.abs().max()  # one rounding of the result
 
 
-def test_gradients_equal_the_closed_forms():
+@pytest.mark.parametrize("silu, residual_scale", [(True, None), (False, 5 ** -0.5), (True, 0.75), (False, None)])
+def test_gradients_equal_the_closed_forms(silu, residual_scale):
     inputs = SPEC.make_inputs({"B": 2, "T": 6, "D": 3, "W": 4}, torch.float64, 3)
     x, weight = inputs["x"].requires_grad_(), inputs["weight"].requires_grad_()
-    assert torch.autograd.gradcheck(ref, (x, weight))
+    assert torch.autograd.gradcheck(lambda x, weight: ref(x, weight, silu, residual_scale), (x, weight))
     dy = torch.randn(2, 6, 3, dtype=torch.float64)
-    dx, dweight = torch.autograd.grad(ref(x, weight), (x, weight), dy)
-    w = weight.shape[1]
+    dx, dweight = torch.autograd.grad(ref(x, weight, silu, residual_scale), (x, weight), dy)
+    w, r = weight.shape[1], 1.0 if residual_scale is None else residual_scale
     padded = F.pad(x.detach(), (0, 0, w - 1, 0))
     pre = sum(weight.detach()[:, i] * padded[:, i:i + 6] for i in range(w))
     s = torch.sigmoid(pre)
-    dpre = dy * s * (1 + pre * (1 - s))
+    dpre = r * dy * (s * (1 + pre * (1 - s)) if silu else 1)
     later = F.pad(dpre, (0, 0, 0, w - 1))  # dpre = 0 past T
-    torch.testing.assert_close(dx, sum(weight.detach()[:, i] * later[:, w - 1 - i:w - 1 - i + 6] for i in range(w)))
+    through_taps = sum(weight.detach()[:, i] * later[:, w - 1 - i:w - 1 - i + 6] for i in range(w))
+    torch.testing.assert_close(dx, through_taps + (r * dy if residual_scale is not None else 0))
     expected_dw = torch.stack([(dpre * padded[:, i:i + 6]).sum((0, 1)) for i in range(w)], dim=1)
     torch.testing.assert_close(dweight, expected_dw)
 
@@ -79,6 +86,11 @@ def test_make_inputs_and_suites():
     assert torch.equal(inputs["x"], again["x"]) and torch.equal(inputs["weight"], again["weight"])
     edge = SPEC.shapes["edge"]
     assert any(s["T"] < s["W"] for s in edge) and any(s["D"] == 1 for s in edge) and {s["W"] for s in edge} >= {2, 3, 4}
+    forms = {(v["silu"], v["residual_scale"] is None) for v in map(variant, SPEC.shapes["smoke"] + edge)}
+    assert forms == {(True, True), (False, False), (True, False)}  # KDA's, Inkling's and Inkling2's, SiLU + residual
+    assert variant({"W": 4, **INKLING2}) == {"silu": False, "residual_scale": 5 ** -0.5}
+    with pytest.raises(ValueError, match="residual 3 is none of"):
+        variant({"W": 4, "residual": 3})
 
 
 def test_templates_render_each_choice_to_a_candidate():

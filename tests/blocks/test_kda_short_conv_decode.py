@@ -1,5 +1,6 @@
 """kda_short_conv_decode: the serving update held to kda_short_conv (a sequence decoded token by token from an empty
-state equals the prefill's convolution, and the state ends as its last inputs) and to transformers' own
+state equals the prefill's convolution, in KDA's form and the residual variants, and the state ends as its last
+inputs) and to transformers' own
 causal_conv1d_update of Kimi Linear (its W-long state layout), the slots of other requests untouched, the input factory
 and suites, the templates; both templates verified through the sandbox on the Triton interpreter, and one port through
 the agent."""
@@ -11,6 +12,7 @@ import torch
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import get_block
+from workbench.blocks.kda_short_conv import INKLING2
 
 SPEC = get_block("kda_short_conv_decode")
 CONV = get_block("kda_short_conv")
@@ -19,14 +21,16 @@ CONV = get_block("kda_short_conv")
 @pytest.mark.parametrize("shape", [{"B": 1, "T": 9, "D": 5, "W": 4}, {"B": 1, "T": 2, "D": 3, "W": 4},
                                    {"B": 1, "T": 7, "D": 6, "W": 2}])
 @pytest.mark.parametrize("length", ["W - 1", "W + 2"])
-def test_a_sequence_decoded_token_by_token_equals_its_prefill(shape, length):
-    inputs = CONV.make_inputs(shape, torch.float64, shape["T"])
+@pytest.mark.parametrize("form", [{}, INKLING2, {"residual": 1}])
+def test_a_sequence_decoded_token_by_token_equals_its_prefill(shape, length, form):
+    inputs = CONV.make_inputs({**shape, **form}, torch.float64, shape["T"])
     w = shape["W"]
     state_len = w - 1 if length == "W - 1" else w + 2
     cache = torch.zeros(3, shape["D"], state_len, dtype=torch.float64)  # an empty state: zeros before t = 0
     outputs = []
     for t in range(shape["T"]):
-        y, cache = SPEC.reference(inputs["x"][:, t], inputs["weight"], cache, torch.tensor([1]))
+        y, cache = SPEC.reference(inputs["x"][:, t], inputs["weight"], cache, torch.tensor([1]), inputs["silu"],
+                                  inputs["residual_scale"])
         outputs.append(y)
     torch.testing.assert_close(torch.stack(outputs, dim=1), CONV.reference(**inputs), rtol=1e-12, atol=1e-12)
     last = torch.cat([torch.zeros(shape["D"], state_len, dtype=torch.float64), inputs["x"][0].T], dim=1)

@@ -235,7 +235,8 @@ def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_atte
     assert kept["model.layers.1.self_attn"].blocks == ("dsa_sparse_attention",)
 
 
-def test_inkling2_swaps_the_residual_mixes_router_and_situ_experts_and_leaves_its_attention_alone(promoted):
+def test_inkling2_swaps_the_residual_mixes_router_situ_experts_and_convolutions_and_leaves_its_attention_alone(
+        promoted):
     from transformers.models.inkling2 import modeling_inkling2 as ink
 
     from workbench.integrations.families import inkling2
@@ -252,7 +253,10 @@ def test_inkling2_swaps_the_residual_mixes_router_and_situ_experts_and_leaves_it
     assert model.model.layers[0].mlp.experts.workbench_activation == ("situ", 3.0, 25.0)  # the config's soft caps
     for attention in ("Inkling2SlidingAttention", "Inkling2FullAttention"):  # another variant than the block's
         assert "per-token sinks" in found[attention] and "relative-position logits" in found[attention]
-    assert "silu(conv(x))" in found["Inkling2ShortConvolution"]
+    # the residual short convolutions (after each sublayer; the sliding layer's keys and values) as kda_short_conv's
+    # residual variant, decode steps by its serving form; the full layer's dynamic taps are no block's
+    assert found["Inkling2ShortConvolution"] == ("kda_short_conv", "kda_short_conv_decode")
+    assert "per-token taps" in found["Inkling2DynamicShortConvolution"]
     other = ink.Inkling2ForCausalLM(ink.Inkling2TextConfig(**{**fields, "scoring_func": "tanh"}))
     assert "sigmoid scores" in outcome(apply_workbench_kernels(other))["Inkling2TopKRouter"]
 

@@ -4,11 +4,13 @@ calls; transformers' Kimi Linear runs the same update on its own cache):
 
     state = conv_cache[slots[n]]                                  [D, L]: the last L inputs, oldest first
     pre[d] = sum_{i < W - 1} weight[d, i] * state[d, L - (W - 1) + i] + weight[d, W - 1] * x[n, d]
-    y[n] = silu(pre)
+    y[n] = silu(pre)                                              (pre without SiLU)
+    y[n] = (y[n] + x[n]) * residual_scale                         (a residual short convolution)
     conv_cache[slots[n]] = [state[:, 1:], x[n]]                    shifted by one token, in place
 
-kda_short_conv's output for the newest token of a sequence whose earlier tokens are in the state. Math in float32
-(float64 for float64 inputs), y in x.dtype.
+kda_short_conv's output, in its variant (``silu``, ``residual_scale``: Inkling2's (conv(x) + x) / sqrt(W + 1) too),
+for the newest token of a sequence whose earlier tokens are in the state. Math in float32 (float64 for float64
+inputs), y in x.dtype. Shape dims ``linear`` and ``residual`` as kda_short_conv's.
 
 Layout: conv_cache [SLOTS, D, L], channel-major with time last, as causal-conv1d's conv_state: any L >= W - 1 (vLLM
 keeps W - 1, transformers' Kimi Linear keeps W); the convolution reads the last W - 1 columns and the whole state
@@ -23,16 +25,16 @@ from __future__ import annotations
 import random
 
 import torch
-import torch.nn.functional as F
 
 from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, I64, BlockSpec, Shape, Work
+from workbench.blocks.kda_short_conv import INKLING2, finish, variant
 from workbench.blocks.kda_short_conv import onboard as prefill_onboard
 from workbench.numerics import compute_dtype
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(x: torch.Tensor, weight: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor,
+              silu: bool = True, residual_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The convolution's newest output per sequence from the states in ``slots``. Returns (y [N, D] in x.dtype, an
     updated copy of conv_cache); the input cache is left alone."""
     ct, w = compute_dtype(x), weight.shape[1]
@@ -40,12 +42,12 @@ def reference(x: torch.Tensor, weight: torch.Tensor, conv_cache: torch.Tensor, s
     pre = (window[:, :, -w:] * weight.to(ct)).sum(-1)
     cache = conv_cache.clone()
     cache[slots] = window[:, :, 1:].to(cache.dtype)
-    return F.silu(pre).to(x.dtype), cache
+    return finish(pre, x, silu, residual_scale), cache
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """x [N, D] ~ N(0, 1); weight [D, W] as kda_short_conv draws it (every 7th channel 4x stronger); every slot's L
-    past inputs ~ N(0, 1); slots a random choice of N distinct slots of SLOTS."""
+    past inputs ~ N(0, 1); slots a random choice of N distinct slots of SLOTS; the variant's arguments."""
     g = torch.Generator().manual_seed(seed)
     n, slots, d, w, length = (shape[k] for k in ("N", "SLOTS", "D", "W", "L"))
     if n > slots or length < w - 1:
@@ -56,29 +58,34 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     cache = torch.randn(slots, d, length, generator=g)
     chosen = torch.randperm(slots, generator=g)[:n]
     return {"x": x.to(device, dtype), "weight": weight.to(device, dtype), "conv_cache": cache.to(device, dtype),
-            "slots": chosen.to(device)}
+            "slots": chosen.to(device), **variant(shape)}
 
 
 SHAPES = {
-    "smoke": [{"N": 2, "SLOTS": 4, "D": 32, "W": 4, "L": 3}, {"N": 4, "SLOTS": 6, "D": 64, "W": 4, "L": 4}],
-    # one sequence; one channel; odd channels in a larger cache; a two-tap kernel with a longer state
+    "smoke": [{"N": 2, "SLOTS": 4, "D": 32, "W": 4, "L": 3}, {"N": 4, "SLOTS": 6, "D": 64, "W": 4, "L": 4},
+              {"N": 3, "SLOTS": 3, "D": 48, "W": 4, "L": 4, **INKLING2}],
+    # one sequence; one channel; odd channels in a larger cache; a two-tap kernel with a longer state; the residual
+    # variants (Inkling's unscaled one, SiLU with a residual)
     "edge": [
         {"N": 1, "SLOTS": 1, "D": 8, "W": 4, "L": 3},
         {"N": 3, "SLOTS": 5, "D": 1, "W": 4, "L": 4},
         {"N": 5, "SLOTS": 9, "D": 123, "W": 4, "L": 3},
         {"N": 2, "SLOTS": 2, "D": 40, "W": 2, "L": 5},
+        {"N": 2, "SLOTS": 3, "D": 19, "W": 3, "L": 2, "linear": 1, "residual": 1},
+        {"N": 1, "SLOTS": 2, "D": 70, "W": 4, "L": 3, "residual": 2},
     ],
 }
 
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
     """Two shapes drawn at verification time: batches up to 9 in caches up to twice as large, 1-200 channels, the
-    state W - 1 or W long."""
+    state W - 1 or W long; KDA's form, then a variant drawn from the six."""
     shapes = []
     for _ in range(2):
         n = rng.randint(1, 9)
         shapes.append({"N": n, "SLOTS": rng.randint(n, 2 * n), "D": rng.randint(1, 200), "W": 4,
                        "L": rng.choice([3, 4])})
+    shapes[1].update(linear=rng.randint(0, 1), residual=rng.randint(0, 2))
     return shapes
 
 
@@ -103,8 +110,8 @@ def onboard(model: ModelConfig) -> list[Found]:
 SPEC = BlockSpec(
     name="kda_short_conv_decode",
     family="linear_attention",
-    summary="KDA's short convolution for serving: one token per sequence, the conv-state cache shifted in place by "
-            "slot",
+    summary="KDA's short convolution (and its residual variants) for serving: one token per sequence, the conv-state "
+            "cache shifted in place by slot",
     reference=reference,
     make_inputs=make_inputs,
     grad_inputs=(),

@@ -17,6 +17,8 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
     experts             transformers' experts interface          moe_permute, moe_grouped_gemm, moe_combine
     kda_gate            KDA's forget gate (A_log, dt_bias)       kda_gate
     kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda
+    short_conv          a causal depthwise conv1d, SiLU or none, kda_short_conv
+                        with or without a scaled residual
     mla                 MLA attention (DeepSeek's layout)        mla
     attention           softmax attention (the attention registry) attention
 """
@@ -388,6 +390,47 @@ def _kda_layer_variants(module: nn.Module, config: Any) -> list[Variant]:
                                               f"module {type(module).__name__}.activation")}, why)]
 
 
+SHORT_CONV_FORMS = (("silu", None), ("none", None), ("none", "1 / sqrt(W + 1)"), ("none", "1"), ("silu", "1"),
+                    ("silu", "1 / sqrt(W + 1)"))
+"""kda_short_conv's forms a short convolution module may compute, (activation, residual scale): KDA's and fla's
+silu(conv(x)), a plain conv(x), Inkling2's (conv(x) + x) / sqrt(W + 1), Inkling's conv(x) + x, and SiLU with either
+residual."""
+
+
+def short_conv_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """A causal depthwise short convolution over [B, T, D] (its conv1d's taps) as workbench::kda_short_conv with the
+    variant's activation and residual scale. A call given anything but x (a cache, a padding mask) runs the shipped
+    forward."""
+    if args or any(value is not None for value in kwargs.values()):
+        return self.original_forward(hidden_states, *args, **kwargs)
+    variant = self.workbench_variant
+    residual = variant["residual"]["value"]
+    scale = None if residual == "none" else (self.conv1d.kernel_size[0] + 1) ** -0.5 if "sqrt" in residual else 1.0
+    return ops.kda_short_conv(hidden_states, self.conv1d.weight.squeeze(1), variant["activation"]["value"] == "silu",
+                              scale)
+
+
+def _is_short_conv(module: nn.Module) -> bool:
+    """A module that is its depthwise, bias-free, causally padded conv1d and nothing else (Inkling's, Inkling2's
+    residual short convolutions; a KDA or Mamba layer holds projections beside its conv1d)."""
+    conv = getattr(module, "conv1d", None)
+    return isinstance(conv, nn.Conv1d) and conv.bias is None and conv.groups == conv.in_channels == conv.out_channels \
+        and conv.padding == (conv.kernel_size[0] - 1,) and [n for n, _ in module.named_children()] == ["conv1d"] \
+        and not _own(module)
+
+
+def _short_conv_variants(module: nn.Module, config: Any) -> list[Variant]:
+    act, act_source = _attr(module, "activation")
+    name = type(module).__name__
+    forms = [(a, r) for a, r in SHORT_CONV_FORMS if act is None or a == ("silu" if act in ("silu", "swish") else act)]
+    differs = "" if forms else f"activation '{act}': kda_short_conv applies SiLU or nothing"
+    return [Variant(f"{a} activation, residual {r or 'none'}", short_conv_forward,
+                    {"activation": param(a, act_source or "probe: the activation that reproduces the module"),
+                     "residual": param(r or "none", "probe: the residual that reproduces the module"),
+                     "width": param(module.conv1d.kernel_size[0], f"module {name}.conv1d.kernel_size")}, differs)
+            for a, r in forms or SHORT_CONV_FORMS[:1]]
+
+
 # --- MLA ---------------------------------------------------------------------------------------------------------
 
 
@@ -486,6 +529,7 @@ KINDS: tuple[Kind, ...] = (
          _forget_gate_variants),
     Kind("kda_layer", "KDA linear attention (projections, l2norm and beta in torch)", ("kda_short_conv", "kda"),
          _is_kda_layer, _kda_layer_variants),
+    Kind("short_conv", "short convolution", ("kda_short_conv",), _is_short_conv, _short_conv_variants),
     Kind("mla", "MLA attention (projections and rotary embedding in torch)", ("mla",), _is_mla, _mla_variants),
     Kind("attention", "softmax attention (projections, q/k norms, rotary embedding and gates in torch)",
          ("attention",), _is_attention, _attention_variants),

@@ -192,15 +192,35 @@ def swiglu() -> list[Comparison]:
     return rows
 
 
-def kda_short_conv() -> Comparison:
+def kda_short_conv() -> list[Comparison]:
+    """KDA's silu(conv(x)) against Kimi Linear's causal_conv1d_fn; the residual variants against Inkling2's
+    ((conv(x) + x) / sqrt(W + 1)) and Inkling's (conv(x) + x) ShortConvolution modules, and Inkling2's held to KDA's
+    form."""
+    import importlib
+
     from transformers.models.kimi_linear import modeling_kimi_linear as kl
 
+    ref = get_block("kda_short_conv").reference
     g = torch.Generator().manual_seed(2)
     x, w = _leaf(2, 9, 12, g=g), _leaf(12, 4, g=g, scale=0.5)
     conv = kl.causal_conv1d_fn.__wrapped__  # the torch path (fla's and causal-conv1d's need a GPU driver)
-    return _compare("kda_short_conv", "causal_conv1d_fn (KimiLinearDeltaAttention, silu)",
-                    lambda: get_block("kda_short_conv").reference(x, w),
-                    lambda: conv(x.transpose(1, 2), w, None, "silu").transpose(1, 2), [x, w])
+    rows = [_compare("kda_short_conv", "causal_conv1d_fn (KimiLinearDeltaAttention, silu)", lambda: ref(x, w),
+                     lambda: conv(x.transpose(1, 2), w, None, "silu").transpose(1, 2), [x, w])]
+    modules = {}
+    for family, scale in (("inkling2", 5 ** -0.5), ("inkling", 1.0)):
+        shipped = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        module = getattr(shipped, f"{family.capitalize()}ShortConvolution")(12, 4, layer_idx=0, conv_idx=0).to(F64)
+        module.conv1d.weight.data = torch.randn(12, 1, 4, generator=g, dtype=F64) / 2
+        modules[family] = module
+        label = f"{family.capitalize()}ShortConvolution (conv(x) + x){' / sqrt(W + 1)' if scale != 1 else ''}"
+        rows.append(_compare("kda_short_conv", label + ", no activation",
+                             lambda module=module, scale=scale: ref(x, module.conv1d.weight.squeeze(1), False, scale),
+                             lambda module=module: module(x), [x, module.conv1d.weight]))
+    inkling2 = modules["inkling2"]
+    rows.append(_compare("kda_short_conv", "Inkling2ShortConvolution held to KDA's silu(conv(x))",
+                         lambda: ref(x, inkling2.conv1d.weight.squeeze(1)), lambda: inkling2(x),
+                         [x, inkling2.conv1d.weight], same=False, note="Inkling2's residual form is another variant"))
+    return rows
 
 
 def _kda_inputs(seed: int):

@@ -13,8 +13,11 @@ each sublayer, RMSNorm.
     Inkling2SlidingAttention,           left alone: per-token sinks (sink_proj) and relative-position logits (a dense
     Inkling2FullAttention               bias per query and key) are another variant than the attention block's
                                         (learnt per-head sinks, no bias); the sliding window, GQA and scale match
-    Inkling2ShortConvolution            left alone: (conv(x) + x) / sqrt(W + 1), no activation (kda_short_conv
-                                        computes silu(conv(x)))
+    Inkling2ShortConvolution            kda_short_conv's residual variant, (conv(x) + x) / sqrt(W + 1) without
+                                        activation (after each sublayer, and on the sliding layers' keys and
+                                        values); its decode steps by kda_short_conv_decode's where promoted
+    Inkling2DynamicShortConvolution     left alone: per-token taps projected from the input (the full layers' keys
+                                        and values) are no block's
 """
 
 from __future__ import annotations
@@ -65,12 +68,56 @@ def attention_residual_forward(self: nn.Module, block_states: torch.Tensor,
                  for query in self.query.view(-1, d))
 
 
+def short_convolution_forward(self: nn.Module, hidden_states: torch.Tensor, past_key_values=None,
+                              conv_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """Inkling2ShortConvolution.forward as workbench::kda_short_conv's residual variant: (conv(x) + x) / sqrt(W + 1),
+    no activation, [B, T, D] in x's dtype (float32 math, as the module's). Into a cache holding nothing of this
+    convolution it writes the float32 inputs' tail as the shipped forward does. A padded batch (the conv input is
+    masked, the residual is not), packed sequences (seq_idx), an adapted conv1d, a recording cache or one that holds
+    this convolution's past run the shipped forward."""
+    if runs_shipped(self, past_key_values, conv_mask, kwargs) or past_key_values is not None \
+            and past_key_values.get_conv_state(self.layer_idx, state_idx=self.conv_idx) is not None:
+        return self.original_forward(hidden_states, past_key_values=past_key_values, conv_mask=conv_mask, **kwargs)
+    if past_key_values is not None:
+        past_key_values.update_conv_state(hidden_states.float().transpose(1, 2), self.layer_idx,
+                                          state_idx=self.conv_idx, conv_kernel_size=self.conv_kernel_size)
+    return ops.kda_short_conv(hidden_states, self.conv1d.weight.squeeze(1), False, residual_scale(self))
+
+
+def short_convolution_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, past_key_values=None,
+                                          conv_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """short_convolution_forward, and a decode step (one token of each sequence over a cache that holds this
+    convolution's past) through workbench::kda_short_conv_decode: the cache's float32 conv state [B, D, W] is the
+    op's cache, sequence b in slot b, shifted in place as the shipped causal_conv1d_update shifts it."""
+    state = None if past_key_values is None else past_key_values.get_conv_state(self.layer_idx,
+                                                                                state_idx=self.conv_idx)
+    if state is None or hidden_states.shape[1] != 1 or runs_shipped(self, past_key_values, conv_mask, kwargs):
+        return short_convolution_forward(self, hidden_states, past_key_values, conv_mask, **kwargs)
+    slots = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+    y, _ = ops.kda_short_conv_decode(hidden_states[:, 0].float(), self.conv1d.weight.squeeze(1), state, slots, False,
+                                     residual_scale(self))
+    return y[:, None].to(hidden_states.dtype)
+
+
+def residual_scale(self: nn.Module) -> float:
+    """Inkling2's output scale of the residual short convolution: 1 / sqrt(W + 1)."""
+    return (self.conv_kernel_size + 1) ** -0.5
+
+
+def runs_shipped(self: nn.Module, past_key_values, conv_mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Whether a short convolution call has no form in the ops: a padded batch, packed sequences, an adapted conv1d
+    or a cache recording its past."""
+    return (conv_mask is not None and not bool(conv_mask.all())) or kwargs.get("seq_idx") is not None \
+        or type(self.conv1d) is not nn.Conv1d \
+        or (past_key_values is not None and past_key_values.is_recording_past(self.layer_idx))
+
+
 SHARED = SharedModules(rmsnorm=shipped.Inkling2RMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=None,
                        router=shipped.Inkling2TopKRouter, router_forward=router_forward, experts=None)
 
 LEFT_ALONE = {
-    shipped.Inkling2ShortConvolution: "residual short convolution (conv(x) + x) / sqrt(W + 1) without activation: "
-                                      "kda_short_conv computes silu(conv(x))",
+    shipped.Inkling2DynamicShortConvolution: "short convolution with per-token taps projected from the input: no "
+                                             "block computes dynamic taps",
 }
 
 
@@ -91,6 +138,13 @@ def apply(patcher: Patcher) -> None:
         elif isinstance(module, shipped.Inkling2BlockAttentionResidual):
             if patcher.wants(path, module, "attnres"):
                 patcher.set_forward(path, module, attention_residual_forward, "attnres")
+        elif isinstance(module, shipped.Inkling2ShortConvolution):
+            if patcher.wants(path, module, "kda_short_conv"):
+                if patcher.may("kda_short_conv_decode"):
+                    patcher.set_forward(path, module, short_convolution_forward_with_decode, "kda_short_conv",
+                                        "kda_short_conv_decode")
+                else:
+                    patcher.set_forward(path, module, short_convolution_forward, "kda_short_conv")
         elif type(module) in LEFT_ALONE:
             report.leave(path, module, LEFT_ALONE[type(module)])
     finish_shared(patcher)

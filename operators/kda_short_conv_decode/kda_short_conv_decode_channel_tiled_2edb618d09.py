@@ -42,8 +42,9 @@ LAUNCH_SETTINGS = {"default": {"num_warps": 4}}
 
 
 @triton.jit
-def kda_short_conv_decode_step_kernel(X, WT, CACHE, SLOTS, Y, N, D, L, W: tl.constexpr, BD: tl.constexpr,
-                                      BW: tl.constexpr, BL: tl.constexpr, CT: tl.constexpr):
+def kda_short_conv_decode_step_kernel(X, WT, CACHE, SLOTS, Y, N, D, L, residual_scale, W: tl.constexpr,
+                                      BD: tl.constexpr, BW: tl.constexpr, BL: tl.constexpr, CT: tl.constexpr,
+                                      SILU: tl.constexpr, RESIDUAL: tl.constexpr):
     """Program (sequence n, channel tile): y for BD channels from the sequence's state in slot SLOTS[n] and its new
     input, the state shifted in place. X, Y [N, D]; WT [D, W]; CACHE [SLOTS, D, L]; all contiguous."""
     n = tl.program_id(0).to(tl.int64)
@@ -58,16 +59,23 @@ def kda_short_conv_decode_step_kernel(X, WT, CACHE, SLOTS, Y, N, D, L, W: tl.con
                    other=0.0)
     window = tl.where((wc == W - 1)[None, :], x[:, None], past).to(CT)  # the last W - 1 inputs, then x
     pre = tl.sum(window * taps, axis=1)
-    tl.store(Y + n * D + ds, (pre / (1.0 + tl.exp(-pre))).to(Y.dtype.element_ty), mask=dmask)
+    if SILU:
+        y = pre / (1.0 + tl.exp(-pre))
+    else:
+        y = pre
+    if RESIDUAL:
+        y = (y + x.to(CT)) * residual_scale
+    tl.store(Y + n * D + ds, y.to(Y.dtype.element_ty), mask=dmask)
     cols = tl.arange(0, BL)
     shifted = tl.load(row[:, None] + 1 + cols[None, :], mask=dmask[:, None] & (cols < L - 1)[None, :], other=0.0)
     tl.store(row[:, None] + cols[None, :], tl.where((cols == L - 1)[None, :], x[:, None], shifted),
              mask=dmask[:, None] & (cols < L)[None, :])
 
 
-def run(x, weight, conv_cache, slots):
+def run(x, weight, conv_cache, slots, silu=True, residual_scale=None):
     """x [N, D], weight [D, W] (float32/float16/bfloat16); conv_cache [SLOTS, D, L] in x's dtype, L >= W - 1,
-    contiguous, updated in place; slots [N] int -> (y [N, D] in x.dtype, conv_cache)."""
+    contiguous, updated in place; slots [N] int -> (y [N, D] in x.dtype, conv_cache). silu False: no activation;
+    residual_scale: y = (y + x) * residual_scale."""
     if not conv_cache.is_contiguous():
         raise ValueError("kda_short_conv_decode: the conv cache is updated in place and must be contiguous")
     n, d = x.shape
@@ -78,7 +86,8 @@ def run(x, weight, conv_cache, slots):
     if n and d:
         warps = target_settings(x.device)["num_warps"]
         kda_short_conv_decode_step_kernel[(n, triton.cdiv(d, BD))](
-            x.contiguous(), weight.contiguous(), conv_cache, slots.contiguous(), y, n, d, length, W=w, BD=BD,
-            BW=triton.next_power_of_2(w), BL=triton.next_power_of_2(max(length, 1)),
-            CT=tl.float64 if x.dtype == torch.float64 else tl.float32, num_warps=warps)
+            x.contiguous(), weight.contiguous(), conv_cache, slots.contiguous(), y, n, d, length,
+            1.0 if residual_scale is None else float(residual_scale), W=w, BD=BD, BW=triton.next_power_of_2(w),
+            BL=triton.next_power_of_2(max(length, 1)), CT=tl.float64 if x.dtype == torch.float64 else tl.float32,
+            SILU=bool(silu), RESIDUAL=residual_scale is not None, num_warps=warps)
     return y, conv_cache

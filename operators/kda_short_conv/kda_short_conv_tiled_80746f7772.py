@@ -49,9 +49,10 @@ LAUNCH_SETTINGS = {"default": {"num_warps": 4, "bwd_maxnreg": None}}
 
 
 @triton.jit
-def kda_short_conv_fwd_kernel(X, WT, Y, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def kda_short_conv_fwd_kernel(X, WT, Y, T, D, residual_scale, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                              SILU: tl.constexpr, RESIDUAL: tl.constexpr):
     """X, Y contiguous [B, T, D], WT [D, W]; program (b * cdiv(T, BT) + time tile, channel tile) writes BT x BD
-    outputs y = silu(pre); math in float32, stored in Y's dtype."""
+    outputs y (the variant's: silu(pre), then (. + x) * residual_scale); math in float32, stored in Y's dtype."""
     tiles = tl.cdiv(T, BT)
     b = (tl.program_id(0) // tiles).to(tl.int64)
     ts = (tl.program_id(0) % tiles).to(tl.int64) * BT + tl.arange(0, BT)
@@ -66,14 +67,24 @@ def kda_short_conv_fwd_kernel(X, WT, Y, T, D, W: tl.constexpr, BT: tl.constexpr,
                       mask=((pre_src >= 0) & (pre_src < T))[:, None] & dmask[None, :], other=0.0)
         pre_w = tl.load(WT + ds * W + i, mask=dmask, other=0.0)
         pre += pre_w.to(tl.float32)[None, :] * pre_x.to(tl.float32)
-    y = pre / (1.0 + tl.exp(-pre))
+    # y [BT, BD] = the variant's output at time rows ts: silu(pre) (or pre), then (. + x) * scale
+    if SILU:
+        y = pre / (1.0 + tl.exp(-pre))
+    else:
+        y = pre
+    if RESIDUAL:
+        y_x = tl.load(xbase + ts[:, None] * D + ds[None, :],
+                      mask=(ts < T)[:, None] & dmask[None, :], other=0.0)
+        y = (y + y_x.to(tl.float32)) * residual_scale
     tl.store(Y + b * T * D + ts[:, None] * D + ds[None, :], y.to(Y.dtype.element_ty),
              mask=(ts < T)[:, None] & dmask[None, :])
 
 
 @triton.jit
-def kda_short_conv_dpre_kernel(X, WT, DY, DPRE, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """DPRE [B, T, D] float32 = dy * silu'(pre), pre recomputed from X; tiles as the forward's."""
+def kda_short_conv_dpre_kernel(X, WT, DY, DPRE, T, D, residual_scale, W: tl.constexpr, BT: tl.constexpr,
+                               BD: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr):
+    """DPRE [B, T, D] float32 = dy' * silu'(pre) (dy' = dy * residual_scale with a residual; no silu' without SiLU),
+    pre recomputed from X; tiles as the forward's."""
     tiles = tl.cdiv(T, BT)
     b = (tl.program_id(0) // tiles).to(tl.int64)
     ts = (tl.program_id(0) % tiles).to(tl.int64) * BT + tl.arange(0, BT)
@@ -90,16 +101,25 @@ def kda_short_conv_dpre_kernel(X, WT, DY, DPRE, T, D, W: tl.constexpr, BT: tl.co
         pre_w = tl.load(WT + ds * W + i, mask=dmask, other=0.0)
         pre += pre_w.to(tl.float32)[None, :] * pre_x.to(tl.float32)
     dy = tl.load(DY + b * T * D + ts[:, None] * D + ds[None, :], mask=mask, other=0.0).to(tl.float32)
-    # dpre = dy * silu'(pre), silu'(p) = s (1 + p (1 - s)), s = sigmoid(p)
-    dpre_s = 1.0 / (1.0 + tl.exp(-pre))
-    dpre = dy * dpre_s * (1.0 + pre * (1.0 - dpre_s))
+    # dpre = dy' * silu'(pre), silu'(p) = s (1 + p (1 - s)), s = sigmoid(p), dy' = dy * residual_scale with a
+    # residual; dy' without SiLU
+    if RESIDUAL:
+        dpre_dy = dy * residual_scale
+    else:
+        dpre_dy = dy
+    if SILU:
+        dpre_s = 1.0 / (1.0 + tl.exp(-pre))
+        dpre = dpre_dy * dpre_s * (1.0 + pre * (1.0 - dpre_s))
+    else:
+        dpre = dpre_dy
     tl.store(DPRE + b * T * D + ts[:, None] * D + ds[None, :], dpre, mask=mask)
 
 
 @triton.jit
-def kda_short_conv_bwd_kernel(X, WT, DPRE, DX, DWP, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """From DPRE: dx for the tile (stored in DX's dtype) and the tile's partial weight gradient, DWP[program 0 index]
-    [D, W] float32 (summed over the tile's rows)."""
+def kda_short_conv_bwd_kernel(X, WT, DY, DPRE, DX, DWP, T, D, residual_scale, W: tl.constexpr, BT: tl.constexpr,
+                              BD: tl.constexpr, RESIDUAL: tl.constexpr):
+    """From DPRE: dx for the tile (stored in DX's dtype; dy * residual_scale added with a residual) and the tile's
+    partial weight gradient, DWP[program 0 index] [D, W] float32 (summed over the tile's rows)."""
     tiles = tl.cdiv(T, BT)
     b = (tl.program_id(0) // tiles).to(tl.int64)
     ts = (tl.program_id(0) % tiles).to(tl.int64) * BT + tl.arange(0, BT)
@@ -119,6 +139,9 @@ def kda_short_conv_bwd_kernel(X, WT, DPRE, DX, DWP, T, D, W: tl.constexpr, BT: t
         xs = tl.load(xbase + src[:, None] * D + ds[None, :], mask=((src >= 0) & (src < T))[:, None] & dmask[None, :],
                      other=0.0).to(tl.float32)
         tl.store(DWP + tl.program_id(0).to(tl.int64) * D * W + ds * W + i, tl.sum(dpre * xs, axis=0), mask=dmask)
+    if RESIDUAL:
+        dx += residual_scale * tl.load(DY + b * T * D + ts[:, None] * D + ds[None, :], mask=rows, other=0.0).to(
+            tl.float32)
     tl.store(DX + b * T * D + ts[:, None] * D + ds[None, :], dx.to(DX.dtype.element_ty), mask=rows)
 
 
@@ -136,14 +159,15 @@ def kda_short_conv_dw_reduce_kernel(DWP, DW, P, N, BLOCK: tl.constexpr):
 
 class ShortConvFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight):
+    def forward(ctx, x, weight, silu, residual_scale):
         x_c, w_c = x.contiguous(), weight.contiguous()
         b, t, d = x_c.shape
         warps = target_settings(x_c.device)["num_warps"]
+        ctx.variant = _variant(silu, residual_scale)
         y = torch.empty_like(x_c)
         if y.numel() > 0:
             kda_short_conv_fwd_kernel[(b * triton.cdiv(t, BT), triton.cdiv(d, BD))](
-                x_c, w_c, y, t, d, W=w_c.shape[1], BT=BT, BD=BD, num_warps=warps)
+                x_c, w_c, y, t, d, W=w_c.shape[1], BT=BT, BD=BD, num_warps=warps, **ctx.variant)
         ctx.save_for_backward(x_c, w_c)
         return y
 
@@ -160,11 +184,12 @@ class ShortConvFunction(torch.autograd.Function):
         if dx.numel() > 0:
             dpre = torch.empty(b, t, d, dtype=torch.float32, device=x_c.device)
             kda_short_conv_dpre_kernel[grid](x_c, w_c, dy_c, dpre, t, d, W=w_c.shape[1], BT=BT, BD=BD,
-                                             num_warps=warps)
-            kda_short_conv_bwd_kernel[grid](x_c, w_c, dpre, dx, dwp, t, d, W=w_c.shape[1], BT=BT, BD=BD,
+                                             num_warps=warps, **ctx.variant)
+            kda_short_conv_bwd_kernel[grid](x_c, w_c, dy_c, dpre, dx, dwp, t, d, ctx.variant["residual_scale"],
+                                            W=w_c.shape[1], BT=BT, BD=BD, RESIDUAL=ctx.variant["RESIDUAL"],
                                             num_warps=warps, **({"maxnreg": settings["bwd_maxnreg"]}
                                                                 if settings["bwd_maxnreg"] else {}))
-        return dx, _reduce_weight_grads(dwp, w_c)
+        return dx, _reduce_weight_grads(dwp, w_c), None, None
 
 
 REDUCE_BLOCK = 1024
@@ -180,6 +205,13 @@ def _reduce_weight_grads(dwp, weight):
     return dw
 
 
-def run(x, weight):
-    """x [B, T, D] float32/float16/bfloat16, weight [D, W] -> silu(causal depthwise conv1d(x)) [B, T, D] in x.dtype."""
-    return ShortConvFunction.apply(x, weight)
+def _variant(silu, residual_scale):
+    """The kernels' variant arguments: SILU, RESIDUAL (constexprs) and residual_scale (1.0 where none)."""
+    return {"SILU": bool(silu), "RESIDUAL": residual_scale is not None,
+            "residual_scale": 1.0 if residual_scale is None else float(residual_scale)}
+
+
+def run(x, weight, silu=True, residual_scale=None):
+    """x [B, T, D] float32/float16/bfloat16, weight [D, W] -> silu(causal depthwise conv1d(x)) [B, T, D] in x.dtype
+    (no SiLU where silu is False; then (. + x) * residual_scale where one is given)."""
+    return ShortConvFunction.apply(x, weight, silu, residual_scale)
