@@ -1,8 +1,8 @@
 """kda_short_conv: the reference against causal_conv1d's own formulation (a grouped conv1d padded by W - 1 and cut
 to T, the reference of Tri Dao's causal-conv1d that fla's ShortConvolution matches; the residual variants are held
-to Inkling2's and Inkling's modules in workbench.integrations.references), causality, hand cases, float64 gradients against the closed forms
-of the block's docstring, the input factory and suites, the templates; both templates verified through the sandbox on
-the Triton interpreter, and one port through the agent."""
+to Inkling2's and Inkling's modules in workbench.integrations.references), causality, hand cases, float64
+gradients against the closed forms of the block's docstring (every variant), the input factory and suites, the
+templates; both templates verified through the sandbox on the Triton interpreter, and one port through the agent."""
 
 from __future__ import annotations
 

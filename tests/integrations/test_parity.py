@@ -68,7 +68,8 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
 
 def test_deepseek_v3_with_group_limited_routing_and_rotary_mla_computes_the_shipped_model(settings):
     """The class's default config (the published DeepSeek-V3: 8 routing groups, 4 kept, route scale 2.5, yarn rope
-    on interleaved pairs), shrunk: 3 dense layers and an MoE one, 16 experts in 8 groups of 2."""
+    on interleaved pairs, as rotary's interleaved form), shrunk: 3 dense layers and an MoE one, 16 experts in 8 groups
+    of 2."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "deepseek_v3", "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -79,7 +80,8 @@ def test_deepseek_v3_with_group_limited_routing_and_rotary_mla_computes_the_ship
     assert m["kl"] < 1e-8 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3
     assert 0 < m["logits_rel"] < 1e-5 and m["first_divergence"] is None
     assert report["patch"]["blocks"] == ["mla", "mla_decode", "moe_combine", "moe_grouped_gemm", "moe_permute",
-                                         "moe_router", "rmsnorm", "swiglu"]
+                                         "moe_router", "rmsnorm", "rotary", "swiglu"]
+    assert m["op_runs"]["rotary"] == 4 * 2  # each MLA layer's q and k rope parts
     assert m["decode_op_runs"]["mla_decode"] == 4 * 4 and m["decode_kl"] < 1e-8  # 4 MLA layers x 4 rotary steps
 
 
@@ -171,6 +173,7 @@ def test_glm_moe_dsa_sparse_attention_with_shared_selections_computes_the_shippe
     assert 0 < m["logits_rel"] < 1e-5 and m["grad_rel_worst"] < 1e-3 and m["first_divergence"] is None
     assert {"dsa_indexer", "dsa_sparse_attention", "moe_router"} <= set(report["patch"]["blocks"])
     assert m["op_runs"]["dsa_indexer"] == 2 and m["op_runs"]["dsa_sparse_attention"] == 4  # 2 full, 2 shared
+    assert m["op_runs"]["rotary"] == 2 * 4 + 2 * 2  # every layer's q and k rope parts, the full layers' indexers
     assert m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0  # the latents and index keys cached as shipped
     # each decode step: the full layers' indexers as dsa_indexer_decode over paged index keys, every layer's
     # attention as dsa_decode (the shared ones over the selection handed down, in cache positions)

@@ -189,10 +189,15 @@ def test_deepseek_v3_swaps_mla_with_its_rotary_embedding_and_group_limited_route
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**fields))
     report = apply_workbench_kernels(model)
     found = outcome(report)
-    assert found["DeepseekV3Attention"] == ("mla", "mla_decode") and found["DeepseekV3TopkRouter"] == ("moe_router",)
+    assert found["DeepseekV3Attention"] == ("mla", "mla_decode", "rotary")
+    assert found["DeepseekV3TopkRouter"] == ("moe_router",)
     assert found["DeepseekV3Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert found["DeepseekV3MLP"] == ("swiglu",) and found["DeepseekV3RMSNorm"] == ("rmsnorm",)
-    assert any("apply_rotary_pos_emb_interleave" in note for note in report.notes)  # rope_interleave: True
+    assert model.model.layers[0].self_attn.workbench_rotary and not any("rotary" in n for n in report.notes)
+    # without rotary the rope parts go through transformers' function (rope_interleave: True), and the note says so
+    kept = apply_workbench_kernels(DeepseekV3ForCausalLM(DeepseekV3Config(**fields)), blocks=["mla"])
+    assert outcome(kept)["DeepseekV3Attention"] == ("mla",)
+    assert any("apply_rotary_pos_emb_interleave" in note for note in kept.notes)
 
 
 def test_qwen3_next_swaps_the_gated_delta_net_and_its_softmax_attention(promoted):
@@ -224,12 +229,13 @@ def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_atte
     report = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)))
     rows = {r.path: r.blocks for r in report.rows if r.cls == "GlmMoeDsaAttention"}
     assert rows["model.layers.0.self_attn"] == ("dsa_indexer", "dsa_sparse_attention", "dsa_indexer_decode",
-                                                "dsa_decode")
+                                                "dsa_decode", "rotary")
     # a shared layer: the selection handed down, at a decode step too
-    assert rows["model.layers.1.self_attn"] == ("dsa_sparse_attention", "dsa_decode")
+    assert rows["model.layers.1.self_attn"] == ("dsa_sparse_attention", "dsa_decode", "rotary")
     assert outcome(report)["GlmMoeDsaTopkRouter"] == ("moe_router",)
-    assert any("apply_rotary_pos_emb_interleave for the indexer" in note for note in report.notes)
+    assert not any("apply_rotary_pos_emb_interleave" in note for note in report.notes)
     only = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)), blocks=["dsa_sparse_attention"])
+    assert any("apply_rotary_pos_emb_interleave for the indexer" in note for note in only.notes)
     kept = {r.path: r for r in only.rows if r.cls == "GlmMoeDsaAttention"}
     assert "dsa_indexer not in --blocks" in kept["model.layers.0.self_attn"].reason
     assert kept["model.layers.1.self_attn"].blocks == ("dsa_sparse_attention",)

@@ -15,6 +15,8 @@ the Triton interpreter, which must be selected before triton is first imported, 
     steep    kda at Qwen3-Next's decay rates: the decay-rate gradient against the float64 reference
     clamped  GLM-5-Next's MLP with its swiglu_limit as patched (swiglu's clamped variant) against the shipped module,
              on inputs where the clamp acts: output and input gradient, and the share of values past the limit
+    strided  rotary on q's rope part as the MLA forward hands it over (a [B, H, T, R] tensor seen as [B, T, H, R]):
+             forward and gradient against the float64 reference, interleaved and rotate-half
 """
 
 from __future__ import annotations
@@ -404,9 +406,31 @@ def check_clamped() -> dict:
             "grad": float((g1 - g0).abs().max() / g0.abs().max())}
 
 
+def check_strided() -> dict:
+    """The worst relative errors of rotary's op, forward and input gradient, on a non-contiguous view (heads before
+    tokens in memory), against the float64 reference, in both layouts."""
+    spec = get_block("rotary")
+    errors = {}
+    for interleaved in (False, True):
+        inputs = spec.make_inputs({"B": 2, "T": 5, "H": 3, "D": 24, "R": 16, "interleaved": int(interleaved)},
+                                  torch.float32, 6)
+        strided = inputs["x"].transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+        truth = inputs["x"].double().requires_grad_()
+        y = wk.rotary(strided, inputs["cos"], inputs["sin"], interleaved)
+        y_truth = spec.reference(truth, inputs["cos"].double(), inputs["sin"].double(), interleaved)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+        (dx,), (dx_truth,) = torch.autograd.grad(y, strided, dy), torch.autograd.grad(y_truth, truth, dy.double())
+        errors[f"interleaved={interleaved}"] = {
+            "contiguous": strided.is_contiguous(),
+            "output": float((y.double() - y_truth).abs().max() / y_truth.abs().max()),
+            "grad": float((dx.double() - dx_truth).abs().max() / dx_truth.abs().max())}
+    return errors
+
+
 CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
           "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place,
-          "heads": check_heads, "steep": check_steep, "clamped": check_clamped}
+          "heads": check_heads, "steep": check_steep, "clamped": check_clamped,
+          "strided": check_strided}
 
 
 if __name__ == "__main__":

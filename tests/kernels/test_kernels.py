@@ -150,3 +150,11 @@ def test_glm5_nexts_clamped_mlp_patched_computes_the_shipped_module_where_the_cl
     found = run_child("clamped")
     assert found["past"] > 0.2
     assert found["output"] < 1e-5 and found["grad"] < 1e-5
+
+
+def test_rotary_rotates_a_strided_view_of_the_rope_part():
+    """rotary as the MLA and DSA forwards call it: q's rope part is a [B, H, T, R] tensor seen as [B, T, H, R], read
+    through its strides; forward and input gradient within float32 rounding of float64, in both layouts."""
+    found = run_child("strided")
+    for layout in found.values():
+        assert not layout["contiguous"] and layout["output"] < 1e-6 and layout["grad"] < 1e-6

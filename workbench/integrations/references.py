@@ -223,6 +223,47 @@ def kda_short_conv() -> list[Comparison]:
     return rows
 
 
+def rotary() -> list[Comparison]:
+    """rotary against transformers' rotations on each family's own rotary embedding (cos, sin at positions 0 to
+    T - 1 with an offset): DeepSeek-V3's interleaved pairs (its yarn-scaled embedding), the DSA indexer's rotate-half
+    on [B, T, H, R] (DeepSeek-V3.2, unsqueeze_dim 2), Qwen3-Next's partial rotary (a quarter of the head); and
+    DeepSeek-V3's interleaved form held to rotate-half."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as ds32
+    from transformers.models.qwen3_next import modeling_qwen3_next as qn
+
+    ref = get_block("rotary").reference
+    g = torch.Generator().manual_seed(19)
+    positions = torch.arange(7)[None].expand(2, 7) + torch.tensor([[0], [300]])
+
+    def angles(module_class, config):
+        x = torch.zeros(1, dtype=F64)
+        with Float64Casts():
+            return module_class(config)(x, positions)
+
+    cos, sin = angles(ds.DeepseekV3RotaryEmbedding, ds.DeepseekV3Config(qk_rope_head_dim=16))
+    q = _leaf(2, 3, 7, 16, g=g)  # [B, H, T, R] as the MLA forward rotates it
+    rows = [_compare("rotary", "DeepSeek-V3 apply_rotary_pos_emb_interleave (MLA's rope part, yarn)",
+                     lambda: ref(q.transpose(1, 2), cos, sin, True).transpose(1, 2),
+                     lambda: ds.apply_rotary_pos_emb_interleave(q, q, cos, sin)[0], [q])]
+    cos32, sin32 = angles(ds32.DeepseekV32RotaryEmbedding, ds32.DeepseekV32Config(qk_rope_head_dim=16))
+    qi = _leaf(2, 7, 4, 16, g=g)  # [B, T, H, R] as the indexer rotates it
+    rows.append(_compare("rotary", "DeepSeek-V3.2 apply_rotary_pos_emb (the indexer's rotate-half, unsqueeze_dim 2)",
+                         lambda: ref(qi, cos32, sin32),
+                         lambda: ds32.apply_rotary_pos_emb(qi, qi, cos32, sin32, unsqueeze_dim=2)[0], [qi]))
+    config = qn.Qwen3NextConfig(head_dim=32, partial_rotary_factor=0.25)
+    cosq, sinq = angles(qn.Qwen3NextRotaryEmbedding, config)
+    qq = _leaf(2, 4, 7, 32, g=g)
+    rows.append(_compare("rotary", "Qwen3-Next apply_rotary_pos_emb (partial rotary: 8 of 32 channels)",
+                         lambda: ref(qq.transpose(1, 2), cosq, sinq).transpose(1, 2),
+                         lambda: qn.apply_rotary_pos_emb(qq, qq, cosq, sinq)[0], [qq]))
+    rows.append(_compare("rotary", "DeepSeek-V3 apply_rotary_pos_emb_interleave held to rotate-half",
+                         lambda: ref(q.transpose(1, 2), cos, sin).transpose(1, 2),
+                         lambda: ds.apply_rotary_pos_emb_interleave(q, q, cos, sin)[0], [q], same=False,
+                         note="interleaved pairs are another variant"))
+    return rows
+
+
 def _kda_inputs(seed: int):
     g = torch.Generator().manual_seed(seed)
     b, t, h, d = 2, 19, 2, 8
@@ -676,7 +717,7 @@ def attention() -> list[Comparison]:
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla,
-    mla_rope, attention, attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    mla_rope, rotary, attention, attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

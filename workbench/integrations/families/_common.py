@@ -374,8 +374,9 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
                     decode_blocks: Callable = lambda module: ("mla_decode",)) -> None:
     """The walk of an MLA family (DeepSeek's naming): the shared modules, then every ``attention`` module's forward
     replaced by ``forward`` with the blocks ``blocks(module)`` names (by ``decode_forward``, with the blocks
-    ``decode_blocks(module)`` names, where that is given and they are promoted and requested); with ``plain_kv_b`` a
-    module whose kv_b_proj is adapted is left alone (its weight alone is not what it computes)."""
+    ``decode_blocks(module)`` names, where that is given and they are promoted and requested), its rotary embeddings
+    by workbench::rotary where that is promoted and requested too (``workbench_rotary``: ``rotation``); with
+    ``plain_kv_b`` a module whose kv_b_proj is adapted is left alone (its weight alone is not what it computes)."""
     for path, module in patcher.model.named_modules():
         if patch_shared(patcher, path, module, shared) or not isinstance(module, attention):
             continue
@@ -383,12 +384,27 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
             patcher.report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla "
                                                "takes W_uk and W_uv as plain weights")
         elif patcher.wants(path, module, *blocks(module)):
+            module.workbench_rotary = patcher.may("rotary")
+            rotary = ("rotary",) if module.workbench_rotary else ()
             if decode_forward is not None and patcher.may(*decode_blocks(module)):
-                patcher.set_forward(path, module, decode_forward, *blocks(module), *decode_blocks(module))
+                patcher.set_forward(path, module, decode_forward, *blocks(module), *decode_blocks(module), *rotary)
             else:
-                patcher.set_forward(path, module, forward, *blocks(module))
+                patcher.set_forward(path, module, forward, *blocks(module), *rotary)
     finish_shared(patcher)
     patcher.report.notes.append("plain projections (nn.Linear) run in torch")
+
+
+def rotation(self: nn.Module, position_embeddings, shipped_apply: Callable, interleaved: bool, heads_dim: int = 1):
+    """The ``rotate(q, k)`` an MLA or DSA forward hands on: q and k [B, H, T, R] (``heads_dim`` 1: the attention's
+    rope parts) or [B, T, H, R] (2: the indexer's), rotated on the module's position embeddings (cos, sin
+    [B, T, R]) by workbench::rotary (``interleaved``: transformers' _interleave form) where the module takes it
+    (``workbench_rotary``), else by ``shipped_apply`` (the family's apply_rotary_pos_emb or its _interleave form)."""
+    cos, sin = position_embeddings
+    if not getattr(self, "workbench_rotary", False):
+        return lambda q, k: shipped_apply(q, k, cos, sin, unsqueeze_dim=heads_dim)
+    if heads_dim == 2:
+        return lambda q, k: (ops.rotary(q, cos, sin, interleaved), ops.rotary(k, cos, sin, interleaved))
+    return lambda q, k: tuple(ops.rotary(x.transpose(1, 2), cos, sin, interleaved).transpose(1, 2) for x in (q, k))
 
 
 def finish_shared(patcher) -> None:

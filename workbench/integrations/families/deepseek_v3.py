@@ -7,9 +7,10 @@
     DeepseekV3MLP (silu)              swiglu (projections in torch)
     DeepseekV3TopkRouter              moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     DeepseekV3Experts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
-    DeepseekV3Attention (MLA)         mla; the projections, the latents' RMSNorm (as rmsnorm) and the rotary embedding
-                                      of q's and k's rope parts (transformers' own functions) around it; its decode
-                                      steps by mla_decode (W_uk, W_uv in torch) where promoted
+    DeepseekV3Attention (MLA)         mla, and rotary on q's and k's rope parts (interleaved pairs where
+                                      rope_interleave; transformers' own functions where rotary is not promoted); the
+                                      projections and the latents' RMSNorm (as rmsnorm) around it; its decode steps by
+                                      mla_decode (W_uk, W_uv in torch) where promoted
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from workbench.integrations.families._common import (
     rmsnorm_forward,
     sigmoid_router_forward,
 )
+from workbench.integrations.families._common import rotation as rotary_rotation
 from workbench.integrations.transformers import Patcher
 
 MODEL_CLASS = "DeepseekV3ForCausalLM"
@@ -39,8 +41,8 @@ LORA_TARGETS = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "o_proj"
 def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
                       attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs):
     """DeepseekV3Attention.forward with the attention as workbench::mla, q's and k's rope parts rotated by
-    transformers' apply_rotary_pos_emb(_interleave) on the module's position embeddings (cos, sin). What
-    ``mla_runs_shipped`` names runs the shipped forward."""
+    workbench::rotary (or transformers' apply_rotary_pos_emb(_interleave)) on the module's position embeddings
+    (cos, sin). What ``mla_runs_shipped`` names runs the shipped forward."""
     if position_embeddings is None or mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
         return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                      attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
@@ -48,11 +50,11 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
 
 
 def rotation(self: nn.Module, position_embeddings):
-    """The module's rotary embedding of q's and k's rope parts on its position embeddings (cos, sin), as
-    transformers applies it (interleaved pairs where rope_interleave)."""
-    cos, sin = position_embeddings
-    apply = shipped.apply_rotary_pos_emb_interleave if self.config.rope_interleave else shipped.apply_rotary_pos_emb
-    return lambda q, k: apply(q, k, cos, sin)
+    """The module's rotary embedding of q's and k's rope parts on its position embeddings (cos, sin): interleaved
+    pairs where rope_interleave, as workbench::rotary or transformers' function (``_common.rotation``)."""
+    interleaved = self.config.rope_interleave
+    apply = shipped.apply_rotary_pos_emb_interleave if interleaved else shipped.apply_rotary_pos_emb
+    return rotary_rotation(self, position_embeddings, apply, interleaved)
 
 
 def attention_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
@@ -73,7 +75,7 @@ def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every DeepSeek-V3 module they compute; report each module."""
     patch_mla_model(patcher, SHARED, shipped.DeepseekV3Attention, attention_forward, lambda module: ("mla",),
                     decode_forward=attention_forward_with_decode)
-    if any(r.cls == "DeepseekV3Attention" and r.replaced for r in patcher.report.rows):
+    if any(r.cls == "DeepseekV3Attention" and r.replaced and "rotary" not in r.blocks for r in patcher.report.rows):
         patcher.report.notes.append("inside each MLA layer the rotary embedding of the rope parts stays in torch "
                                     "(transformers' apply_rotary_pos_emb"
                                     + ("_interleave" if patcher.model.config.rope_interleave else "") + ")")

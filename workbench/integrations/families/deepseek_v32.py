@@ -6,10 +6,11 @@ queries attend to the top-k keys of a lightning indexer), the same MoE, MLPs and
     DeepseekV32MLP (silu)             swiglu (projections in torch)
     DeepseekV32TopkRouter             moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     DeepseekV32Experts (silu)         moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
-    DeepseekV32Attention (DSA)        dsa_indexer (its projections, LayerNorm and half-split rotary embedding in
-                                      torch) and dsa_sparse_attention over the decompressed heads (the projections,
-                                      the latents' RMSNorm and the interleaved rotary embedding in torch); a decode
-                                      step as dsa_indexer_decode and dsa_decode over paged caches (_dsa)
+    DeepseekV32Attention (DSA)        dsa_indexer (its projections and LayerNorm in torch) and dsa_sparse_attention
+                                      over the decompressed heads (the projections and the latents' RMSNorm in
+                                      torch); the rotary embeddings (the indexer's rotate-half, the attention's
+                                      interleaved pairs) by rotary where promoted; a decode step as
+                                      dsa_indexer_decode and dsa_decode over paged caches (_dsa)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from workbench.integrations.families._common import (
     mla_runs_shipped,
     patch_mla_model,
     rmsnorm_forward,
+    rotation,
     sigmoid_router_forward,
 )
 from workbench.integrations.families._dsa import dsa_attention, dsa_decode_attention
@@ -35,17 +37,17 @@ ROUTER = shipped.DeepseekV32TopkRouter  # its output (router_logits, top_k_weigh
 LORA_TARGETS = deepseek_v3.LORA_TARGETS
 DSA_BLOCKS = ("dsa_indexer", "dsa_sparse_attention")
 DECODE_BLOCKS = ("dsa_indexer_decode", "dsa_decode")
-IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm, kv_b_proj's decompression, the rotary "
-            "embeddings (transformers' apply_rotary_pos_emb_interleave for the attention, apply_rotary_pos_emb for "
-            "the indexer) and the indexer's LayerNorm stay in torch")
+IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm, kv_b_proj's decompression and the "
+            "indexer's LayerNorm stay in torch")
+ROPE_IN_TORCH = ("inside each DSA layer the rotary embeddings stay in torch (transformers' "
+                 "apply_rotary_pos_emb_interleave for the attention, apply_rotary_pos_emb for the indexer)")
 
 
-def rotations(position_embeddings):
-    """The attention's rotary embedding (interleaved pairs) and the indexer's (half-split), as transformers applies
-    them on the module's position embeddings (cos, sin)."""
-    cos, sin = position_embeddings
-    return (lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin),
-            lambda q, k: shipped.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2))
+def rotations(self: nn.Module, position_embeddings):
+    """The attention's rotary embedding (interleaved pairs) and the indexer's (rotate-half) on the module's position
+    embeddings (cos, sin), as workbench::rotary or transformers' functions (``_common.rotation``)."""
+    return (rotation(self, position_embeddings, shipped.apply_rotary_pos_emb_interleave, True),
+            rotation(self, position_embeddings, shipped.apply_rotary_pos_emb, False, heads_dim=2))
 
 
 def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
@@ -56,7 +58,7 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
     if position_embeddings is None or mla_runs_shipped(self, hidden_states, attention_mask, past_key_values, False):
         return self.original_forward(hidden_states=hidden_states, position_embeddings=position_embeddings,
                                      attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
-    out, _ = dsa_attention(self, hidden_states, *rotations(position_embeddings), None, past_key_values)
+    out, _ = dsa_attention(self, hidden_states, *rotations(self, position_embeddings), None, past_key_values)
     return out, None
 
 
@@ -65,7 +67,7 @@ def attention_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, 
     """``attention_forward``, and its decode steps (``mla_decodes``) as ``dsa_decode_attention``."""
     if position_embeddings is not None and mla_decodes(self, hidden_states, attention_mask, past_key_values):
         return dsa_decode_attention(self, hidden_states, attention_mask, past_key_values,
-                                    *rotations(position_embeddings))[0], None
+                                    *rotations(self, position_embeddings))[0], None
     return attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
 
 
@@ -79,8 +81,11 @@ def apply(patcher: Patcher) -> None:
     patch_mla_model(patcher, SHARED, shipped.DeepseekV32Attention, attention_forward, lambda module: DSA_BLOCKS,
                     plain_kv_b=False, decode_forward=attention_forward_with_decode,
                     decode_blocks=lambda module: DECODE_BLOCKS)
-    if any(r.cls == "DeepseekV32Attention" and r.replaced for r in patcher.report.rows):
+    patched = [r for r in patcher.report.rows if r.cls == "DeepseekV32Attention" and r.replaced]
+    if patched:
         patcher.report.notes.append(IN_TORCH)
+    if any("rotary" not in r.blocks for r in patched):
+        patcher.report.notes.append(ROPE_IN_TORCH)
 
 
 def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:

@@ -7,8 +7,9 @@ attend over the previous full layer's selection.
     GlmMoeDsaMLP (silu)               swiglu (projections in torch)
     GlmMoeDsaTopkRouter               moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     GlmMoeDsaExperts (silu)           moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
-    GlmMoeDsaAttention, full          dsa_indexer and dsa_sparse_attention (as deepseek_v32's); a decode step
-                                      as dsa_indexer_decode and dsa_decode
+    GlmMoeDsaAttention, full          dsa_indexer and dsa_sparse_attention (as deepseek_v32's, rotary on
+                                      interleaved pairs in both where promoted); a decode step as
+                                      dsa_indexer_decode and dsa_decode
     GlmMoeDsaAttention, shared        dsa_sparse_attention over the selection handed down; a decode step as
                                       dsa_decode over it
 """
@@ -26,6 +27,7 @@ from workbench.integrations.families._common import (
     mla_runs_shipped,
     patch_mla_model,
     rmsnorm_forward,
+    rotation,
     sigmoid_router_forward,
 )
 from workbench.integrations.families._dsa import dsa_attention, dsa_decode_attention, from_shipped, to_shipped
@@ -47,7 +49,7 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_emb
                                      attention_mask=attention_mask, past_key_values=past_key_values,
                                      position_ids=position_ids, prev_topk_indices=prev_topk_indices, **kwargs)
     given = None if self.indexer is not None else from_shipped(handed_down(self, prev_topk_indices))
-    out, indices = dsa_attention(self, hidden_states, *rotations(position_embeddings), given, past_key_values)
+    out, indices = dsa_attention(self, hidden_states, *rotations(self, position_embeddings), given, past_key_values)
     return out, None, to_shipped(indices)
 
 
@@ -59,18 +61,17 @@ def attention_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, 
     if position_embeddings is not None and mla_decodes(self, hidden_states, attention_mask, past_key_values):
         given = None if self.indexer is not None else handed_down(self, prev_topk_indices)
         out, indices = dsa_decode_attention(self, hidden_states, attention_mask, past_key_values,
-                                            *rotations(position_embeddings), given)
+                                            *rotations(self, position_embeddings), given)
         return out, None, indices
     return attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, position_ids,
                              prev_topk_indices, **kwargs)
 
 
-def rotations(position_embeddings):
+def rotations(self: nn.Module, position_embeddings):
     """The attention's and the indexer's rotary embeddings, both on interleaved pairs, on the module's position
-    embeddings (cos, sin)."""
-    cos, sin = position_embeddings
-    return (lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin),
-            lambda q, k: shipped.apply_rotary_pos_emb_interleave(q, k, cos, sin, unsqueeze_dim=2))
+    embeddings (cos, sin), as workbench::rotary or transformers' function (``_common.rotation``)."""
+    apply = shipped.apply_rotary_pos_emb_interleave
+    return rotation(self, position_embeddings, apply, True), rotation(self, position_embeddings, apply, True, 2)
 
 
 def handed_down(self: nn.Module, prev_topk_indices: torch.Tensor | None) -> torch.Tensor | None:
@@ -93,9 +94,12 @@ def apply(patcher: Patcher) -> None:
                     lambda module: blocks if module.indexer is not None else blocks[1:], plain_kv_b=False,
                     decode_forward=attention_forward_with_decode,
                     decode_blocks=lambda module: decode if module.indexer is not None else decode[1:])
-    if any(r.cls == "GlmMoeDsaAttention" and r.replaced for r in patcher.report.rows):
-        patcher.report.notes.append(deepseek_v32.IN_TORCH.replace("apply_rotary_pos_emb for",
-                                                                  "apply_rotary_pos_emb_interleave for"))
+    patched = [r for r in patcher.report.rows if r.cls == "GlmMoeDsaAttention" and r.replaced]
+    if patched:
+        patcher.report.notes.append(deepseek_v32.IN_TORCH)
+    if any("rotary" not in r.blocks for r in patched):
+        patcher.report.notes.append(deepseek_v32.ROPE_IN_TORCH.replace("apply_rotary_pos_emb for",
+                                                                       "apply_rotary_pos_emb_interleave for"))
 
 
 def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
