@@ -27,6 +27,7 @@ import random
 
 import torch
 
+from workbench.blocks._config import Found, ModelConfig
 from workbench.blocks.base import BF16, BlockSpec, Shape, Work
 from workbench.numerics import compute_dtype
 
@@ -96,6 +97,24 @@ def work(s: Shape) -> tuple[Work, Work]:
     return Work(BF16 * 2 * e + angles, vector_flops=3 * rotated), Work(BF16 * 2 * e + angles, vector_flops=3 * rotated)
 
 
+def onboard(model: ModelConfig) -> list[Found]:
+    """The rope parts of the MLA layers' queries and shared key (qk_rope_head_dim wide) where the family's class
+    rotates them through this block (the class view: DeepSeek-V3's, DeepSeek-V3.2's and GLM-5's attention; never
+    Kimi's NoPE MLA), interleaved pairs where the class reads rope_interleave, else both layouts (DeepSeek-V3.2 rotates
+    its attention by pairs and its indexer by halves). Softmax-attention layers rotate in torch: no rule reads them."""
+    rope, rope_field = model.class_value("qk_rope_head_dim", "rotary")
+    if not model.full_layers or not rope:
+        return []
+    interleave, interleave_field = model.class_value("rope_interleave", "rotary")
+    layouts = [int(bool(interleave))] if interleave is not None else [1, 0]
+    query = {"B": 1, "T": model.tokens, "H": model.heads, "D": rope, "R": rope}
+    return [Found("the rotary embedding of the MLA layers' query rope parts and shared rope key ("
+                  + ("interleaved pairs" if layouts == [1] else "rotate-half" if layouts == [0] else "both layouts")
+                  + ")", model.full_layers,
+                  [{**query, "H": heads, "interleaved": layout} for layout in layouts for heads in (model.heads, 1)],
+                  [rope_field, interleave_field, model.heads_field])]
+
+
 SPEC = BlockSpec(
     name="rotary",
     family="attention",
@@ -108,4 +127,5 @@ SPEC = BlockSpec(
     shapes=SHAPES,
     hidden_shapes=hidden_shapes,
     work=work,
+    onboard=onboard,
 )
