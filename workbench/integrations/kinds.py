@@ -395,6 +395,8 @@ SHORT_CONV_FORMS = (("silu", None), ("none", None), ("none", "1 / sqrt(W + 1)"),
 """kda_short_conv's forms a short convolution module may compute, (activation, residual scale): KDA's and fla's
 silu(conv(x)), a plain conv(x), Inkling2's (conv(x) + x) / sqrt(W + 1), Inkling's conv(x) + x, and SiLU with either
 residual."""
+SHORT_CONV_RESIDUALS = {"none": 0, "1": 1, "1 / sqrt(W + 1)": 2}
+"""Each residual's kda_short_conv ``residual`` dim (``kda_short_conv.variant`` turns it into the scale)."""
 
 
 def short_conv_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -403,11 +405,11 @@ def short_conv_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kw
     forward."""
     if args or any(value is not None for value in kwargs.values()):
         return self.original_forward(hidden_states, *args, **kwargs)
-    variant = self.workbench_variant
-    residual = variant["residual"]["value"]
-    scale = None if residual == "none" else (self.conv1d.kernel_size[0] + 1) ** -0.5 if "sqrt" in residual else 1.0
-    return ops.kda_short_conv(hidden_states, self.conv1d.weight.squeeze(1), variant["activation"]["value"] == "silu",
-                              scale)
+    from workbench.blocks.kda_short_conv import variant
+
+    form = variant({"W": self.conv1d.kernel_size[0], "linear": self.workbench_variant["activation"]["value"] != "silu",
+                    "residual": SHORT_CONV_RESIDUALS[self.workbench_variant["residual"]["value"]]})
+    return ops.kda_short_conv(hidden_states, self.conv1d.weight.squeeze(1), **form)
 
 
 def _is_short_conv(module: nn.Module) -> bool:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from transformers.models.inkling2 import modeling_inkling2 as shipped
 
+from workbench.blocks.kda_short_conv import INKLING2, variant
 from workbench.integrations.families._common import (
     EXPERT_BLOCKS,
     SharedModules,
@@ -100,8 +101,9 @@ def short_convolution_forward_with_decode(self: nn.Module, hidden_states: torch.
 
 
 def residual_scale(self: nn.Module) -> float:
-    """Inkling2's output scale of the residual short convolution: 1 / sqrt(W + 1)."""
-    return (self.conv_kernel_size + 1) ** -0.5
+    """Inkling2's output scale of the residual short convolution, 1 / sqrt(W + 1), as kda_short_conv's variant has
+    it."""
+    return variant({"W": self.conv_kernel_size, **INKLING2})["residual_scale"]
 
 
 def runs_shipped(self: nn.Module, past_key_values, conv_mask: torch.Tensor | None, kwargs: dict) -> bool:
