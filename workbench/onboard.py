@@ -265,7 +265,7 @@ def _evidence(card: _Card, result: ProbeResult) -> None:
             else:
                 info["differs"] = f"no module of {result.model_class} computes {base} (probe)" + \
                     (f"; the config's fields named it: {', '.join(info.get('fields', []))}" if info.get("fields")
-                     else "")
+                     else "") + (f"; {info['differs']}" if info.get("differs") else "")  # the rule's reading kept
     for row in rows:  # a block the code proves and no field rule found
         for block in row.blocks:
             if block not in card.blocks and row.status == COVERED:

@@ -85,8 +85,15 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
                                                                                  "source": f"module {cls}.limit"}
         assert max(v4[cls]["error"].values()) < 1e-10
     assert v4["DeepseekV4TopKRouter"]["status"] == "differs" and "sqrtsoftplus" in v4["DeepseekV4TopKRouter"]["differs"]
-    assert v4["DeepseekV4HashRouter"]["status"] == v4["DeepseekV4HyperConnection"]["status"] == "no spec"
-    assert "hyper_connection" in cards["deepseek_v4"]["blocks"] and "hash_router" in cards["deepseek_v4"]["blocks"]
+    assert v4["DeepseekV4HashRouter"]["status"] == "no spec" and "gap" in cards["deepseek_v4"]["blocks"]["hash_router"]
+    # mHC (Sinkhorn-normalised comb) through hyper_connection; HY-V4's pre/post-only form is another variant
+    hc = v4["DeepseekV4HyperConnection"]
+    assert hc["status"] == "covered" and hc["blocks"] == ["hyper_connection"] and max(hc["error"].values()) < 1e-10
+    assert hc["params"]["sinkhorn_iters"] == {"value": 20,
+                                              "source": "module DeepseekV4HyperConnection.hc_sinkhorn_iters"}
+    assert "evidence" in cards["deepseek_v4"]["blocks"]["hyper_connection"]
+    assert rows(cards["hy_v4"])["HYV4HyperConnection"]["status"] == "no spec"
+    assert "HY-V4" in cards["hy_v4"]["blocks"]["hyper_connection"]["differs"]
     oss = rows(cards["gpt_oss"])
     assert oss["GptOssTopKRouter"]["status"] == "differs" and "bias" in oss["GptOssTopKRouter"]["differs"]
     assert oss["GptOssExperts"]["status"] == "no spec" and "has_bias" in oss["GptOssExperts"]["differs"]

@@ -267,7 +267,7 @@ def test_inkling2_swaps_the_residual_mixes_router_situ_experts_and_convolutions_
     assert "sigmoid scores" in outcome(apply_workbench_kernels(other))["Inkling2TopKRouter"]
 
 
-def test_glm5_next_swaps_its_kda_layers_bounded_gate_and_clamped_mlps_and_experts(promoted):
+def test_glm5_next_swaps_its_kda_layers_bounded_gate_clamped_mlps_experts_and_hyper_connections(promoted):
     """GLM-5-Next's class (vision-language; its text model patched, its vision tower not reported)."""
     from transformers.models.glm5_next import modeling_glm5_next as glm
 
@@ -287,7 +287,9 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_and_clamped_mlps_and_expert
     assert found["Glm5NextTextRMSNormGated"] == ("rmsnorm_gated",)  # Kimi Linear's output norm: sigmoid gate
     assert found["Glm5NextTextMLP"] == ("swiglu",)
     assert found["Glm5NextTextExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
-    assert "k-pools" in found["Glm5NextTextAttention"] and "no block" in found["Glm5NextTextHyperConnection"]
+    assert "k-pools" in found["Glm5NextTextAttention"]
+    assert found["Glm5NextTextHyperConnection"] == ("hyper_connection",)
+    assert found["Glm5NextTextDecoderLayer"] == ("hyper_connection_mix",)  # the expand and mix after each sub-layer
     assert not any(row.path.startswith("model.visual") for row in report.rows)
     assert glm5_next.MODEL_CLASS == type(model).__name__
     assert model.config._experts_implementation == "workbench"

@@ -19,6 +19,8 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
     kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda
     short_conv          a causal depthwise conv1d, SiLU or none, kda_short_conv
                         with or without a scaled residual
+    hyper_connection    mHC's weights and collapse (fn, base,     hyper_connection
+                        scale; Sinkhorn-normalised comb)
     mla                 MLA attention (DeepSeek's layout)        mla
     attention           softmax attention (the attention registry) attention
 """
@@ -433,6 +435,32 @@ def _short_conv_variants(module: nn.Module, config: Any) -> list[Variant]:
             for a, r in forms or SHORT_CONV_FORMS[:1]]
 
 
+# --- hyper-connections -------------------------------------------------------------------------------------------
+
+
+def _is_hyper_connection(module: nn.Module) -> bool:
+    """A module with mHC's projection of hc_mult streams to pre, post and comb logits (fn [(2 + N) N, N D], base
+    [(2 + N) N], scale [3]), Sinkhorn rounds and an unweighted input norm (GLM-5-Next's, DeepSeek-V4's; HY-V4's
+    pre/post-only form has 2 N logits and is not read)."""
+    own = _own(module)
+    fn, base, scale = own.get("fn"), own.get("base"), own.get("scale")
+    streams = getattr(module, "hc_mult", None)
+    norm = getattr(module, "input_norm", None)
+    return isinstance(streams, int) and fn is not None and base is not None and scale is not None \
+        and tuple(fn.shape[:1]) == tuple(base.shape) == ((2 + streams) * streams,) and tuple(scale.shape) == (3,) \
+        and isinstance(getattr(module, "hc_sinkhorn_iters", None), int) and norm is not None \
+        and isinstance(getattr(norm, "eps", None), float) and not _own(norm)
+
+
+def _hyper_connection_variants(module: nn.Module, config: Any) -> list[Variant]:
+    name = type(module).__name__
+    return [Variant("Sinkhorn-normalised mHC", _common.hyper_connection_forward,
+                    {"streams": param(module.hc_mult, f"module {name}.hc_mult"),
+                     "sinkhorn_iters": param(module.hc_sinkhorn_iters, f"module {name}.hc_sinkhorn_iters"),
+                     "hc_eps": param(module.hc_eps, f"module {name}.hc_eps"),
+                     "norm_eps": param(module.input_norm.eps, f"module {name}.input_norm.eps")})]
+
+
 # --- MLA ---------------------------------------------------------------------------------------------------------
 
 
@@ -532,6 +560,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("kda_layer", "KDA linear attention (projections, l2norm and beta in torch)", ("kda_short_conv", "kda"),
          _is_kda_layer, _kda_layer_variants),
     Kind("short_conv", "short convolution", ("kda_short_conv",), _is_short_conv, _short_conv_variants),
+    Kind("hyper_connection", "hyper-connections (the layer's expand and mix in torch)", ("hyper_connection",),
+         _is_hyper_connection, _hyper_connection_variants),
     Kind("mla", "MLA attention (projections and rotary embedding in torch)", ("mla",), _is_mla, _mla_variants),
     Kind("attention", "softmax attention (projections, q/k norms, rotary embedding and gates in torch)",
          ("attention",), _is_attention, _attention_variants),

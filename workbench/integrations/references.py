@@ -438,6 +438,41 @@ def attnres() -> Comparison:
                     lambda: mix(blocks, partial)[0], [blocks, partial, mix.query])
 
 
+def hyper_connection() -> list[Comparison]:
+    """GLM-5-Next's and DeepSeek-V4's mHC modules (the same forward: 4 streams, 20 Sinkhorn rounds) with trained-
+    looking parameters: fn ~ N(0, 4 / ND), base and scale off their zero and one init."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as ds4
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    ref = get_block("hyper_connection").reference
+    g = torch.Generator().manual_seed(23)
+    rows = []
+    for label, module_class, config in (
+            ("Glm5NextTextHyperConnection", glm.Glm5NextTextHyperConnection, glm.Glm5NextTextConfig(hidden_size=24)),
+            ("DeepseekV4HyperConnection", ds4.DeepseekV4HyperConnection, ds4.DeepseekV4Config(hidden_size=24))):
+        module = module_class(config).to(F64)
+        n = module.hc_mult
+        module.fn.data = torch.randn(module.fn.shape, generator=g, dtype=F64) * 2 / (n * 24) ** 0.5
+        module.base.data = torch.randn(module.base.shape, generator=g, dtype=F64) / 2
+        module.scale.data = 0.5 + torch.rand(3, generator=g, dtype=F64)
+        x = _leaf(2, 5, n, 24, g=g)
+
+        def ours(module=module, x=x, n=n):
+            post, comb, collapsed = ref(x.reshape(10, n, 24), module.fn, module.base, module.scale,
+                                        module.input_norm.eps, module.hc_eps, module.hc_sinkhorn_iters)
+            return post.view(2, 5, n), comb.view(2, 5, n, n), collapsed.view(2, 5, 24)
+
+        rows.append(_compare("hyper_connection", f"{label} ({n} streams, {module.hc_sinkhorn_iters} Sinkhorn "
+                                                 "rounds)", ours, lambda module=module, x=x: module(x),
+                             [x, module.fn, module.base, module.scale]))
+    rows.append(_compare("hyper_connection", f"{label} held to one Sinkhorn round",
+                         lambda: ref(x.reshape(10, n, 24), module.fn, module.base, module.scale,
+                                     module.input_norm.eps, module.hc_eps, 1)[1].view(2, 5, n, n),
+                         lambda: module(x)[1], [x, module.fn, module.base, module.scale], same=False,
+                         note="the rounds are part of the variant"))
+    return rows
+
+
 def _dsa_layer(seed: int):
     """A float64 DeepseekV32Attention (eager: the index mask folded into the attention mask) with random weights,
     its input [2, 12, 32] and its rotary embedding: 2 heads, the top 5 of 12 keys; 16 index heads, so that a score
@@ -717,7 +752,8 @@ def attention() -> list[Comparison]:
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla,
-    mla_rope, rotary, attention, attnres, dsa_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    mla_rope, rotary, attention, attnres, hyper_connection, dsa_indexer, dsa_sparse_attention, moe_router,
+    moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

@@ -444,6 +444,27 @@ KDA_LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and 
 KDA_DECODE_BLOCKS = ("kda_short_conv_decode", "kda_decode")
 
 
+def hyper_connection_forward(self: nn.Module, hidden_streams: torch.Tensor):
+    """transformers' mHC module (``Glm5NextTextHyperConnection``, ``DeepseekV4HyperConnection``: fn, base, scale,
+    hc_mult, hc_sinkhorn_iters, hc_eps, an unweighted input_norm) as workbench::hyper_connection: hidden_streams
+    [B, S, N, D] -> (post [B, S, N], comb [B, S, N, N], both float32, collapsed [B, S, D] in the streams' dtype)."""
+    b, s, n, d = hidden_streams.shape
+    post, comb, collapsed = ops.hyper_connection(hidden_streams.reshape(b * s, n, d), self.fn, self.base, self.scale,
+                                                 self.input_norm.eps, self.hc_eps, self.hc_sinkhorn_iters)
+    return post.view(b, s, n), comb.view(b, s, n, n), collapsed.view(b, s, d)
+
+
+def hyper_connection_mix(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
+                         comb: torch.Tensor) -> torch.Tensor:
+    """A hyper-connected sub-layer's end as workbench::hyper_connection_mix: its output y [B, S, D] expanded into
+    the streams by post [B, S, N] plus the residual streams [B, S, N, D] mixed by comb [B, S, N, N] ->
+    [B, S, N, D] in the residual's dtype (the layers' ``post * y + comb^T @ residual``)."""
+    b, s, n, d = residual.shape
+    out = ops.hyper_connection_mix(y.reshape(b * s, d), residual.reshape(b * s, n, d), post.reshape(b * s, n),
+                                   comb.reshape(b * s, n, n))
+    return out.view(b, s, n, d)
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum(x^2) + eps) over the last dim, in float32 (fla's l2norm, which the KDA layers apply to q and k;
     transformers' torch path computes the same)."""

@@ -17,7 +17,10 @@ sigmoid MoE with a shared expert, SwiGLU with clamped inputs, RMSNorm.
                                       every key)
     Glm5NextTextRMSNormGated          rmsnorm_gated, sigmoid gate (Kimi Linear's output norm: plain weight, float32
                                       math, one rounding)
-    Glm5NextTextHyperConnection       left alone: Sinkhorn-normalised stream mixing, no block
+    Glm5NextTextHyperConnection       hyper_connection (the weights: pre, post and the Sinkhorn-normalised comb;
+                                      the pre-weighted collapse)
+    Glm5NextTextDecoderLayer          hyper_connection_mix (each sub-layer's output expanded into the streams and
+                                      the streams mixed: the layer's forward, with that step swapped)
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from workbench.integrations.families._common import (
     clamped_mlp_forward,
     finish_shared,
     forget_gate_forward,
+    hyper_connection_forward,
+    hyper_connection_mix,
     patch_gated_rmsnorm,
     patch_kda_layer,
     patch_shared,
@@ -52,9 +57,33 @@ SHARED = SharedModules(rmsnorm=shipped.Glm5NextTextRMSNorm, rmsnorm_forward=rmsn
 LEFT_ALONE = {
     shipped.Glm5NextTextAttention: "DSA whose indexer scores k-pools of index_kpool keys and keeps the tail pool: "
                                    "dsa_indexer scores every key",
-    shipped.Glm5NextTextHyperConnection: "manifold-constrained hyper-connections (Sinkhorn-normalised stream "
-                                         "mixing): no block",
 }
+
+
+def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                          use_cache=False, position_embeddings=None, prev_topk_indices=None, **kwargs):
+    """``Glm5NextTextDecoderLayer.forward`` (transformers 5.23) with each sub-layer's expand and mix as
+    workbench::hyper_connection_mix: hidden_states [B, S, N, D] -> ([B, S, N, D], the DSA layer's top-k indices or
+    None). The rest is the shipped layer's, step for step: the hyper-connections, norms, attention and MLP modules
+    are called as they are (each patched where a block computes it)."""
+    residual = hidden_states
+    post, comb, hidden_states = self.attn_hc(hidden_states)
+    hidden_states = self.input_layernorm(hidden_states)
+    topk_indices = None
+    if self.block_type == "linear_attention":
+        hidden_states = self.self_attn(hidden_states=hidden_states, cache_params=past_key_values,
+                                       attention_mask=attention_mask, **kwargs)
+    else:
+        hidden_states, _, topk_indices = self.self_attn(
+            hidden_states=hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings,
+            prev_topk_indices=prev_topk_indices, **kwargs)
+    hidden_states = hyper_connection_mix(hidden_states, residual, post, comb)
+
+    residual = hidden_states
+    post, comb, hidden_states = self.ffn_hc(hidden_states)
+    hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+    return hyper_connection_mix(hidden_states, residual, post, comb), topk_indices
 
 
 def apply(patcher: Patcher) -> None:
@@ -79,6 +108,12 @@ def apply(patcher: Patcher) -> None:
                 patcher.set_forward(path, module, forget_gate_forward, "kda_gate")
         elif isinstance(module, shipped.Glm5NextTextRMSNormGated):
             patch_gated_rmsnorm(patcher, path, module)
+        elif isinstance(module, shipped.Glm5NextTextHyperConnection):
+            if patcher.wants(path, module, "hyper_connection"):
+                patcher.set_forward(path, module, hyper_connection_forward, "hyper_connection")
+        elif isinstance(module, shipped.Glm5NextTextDecoderLayer):
+            if patcher.wants(path, module, "hyper_connection_mix"):
+                patcher.set_forward(path, module, decoder_layer_forward, "hyper_connection_mix")
         elif type(module) in LEFT_ALONE:
             report.leave(path, module, LEFT_ALONE[type(module)])
     finish_shared(patcher)
