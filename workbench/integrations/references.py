@@ -473,6 +473,39 @@ def hyper_connection() -> list[Comparison]:
     return rows
 
 
+def hyper_connection_mix() -> Comparison:
+    """GLM-5-Next's decoder layer (a KDA layer and its MLP) as the family's patch computes it, every op through the
+    references (hyper_connection_mix after both sub-layers), against the shipped layer: the expand and mix are a
+    step of the layer's forward, not a module."""
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    from workbench.integrations.families import glm5_next
+    from workbench.integrations.ops import computing_with, references
+    from workbench.integrations.probe import torch_paths
+
+    g = torch.Generator().manual_seed(29)
+    config = glm.Glm5NextTextConfig(hidden_size=32, intermediate_size=48, layer_types=["linear_attention"],
+                                    mlp_layer_types=["dense"], num_hidden_layers=1, linear_num_heads=2,
+                                    linear_head_dim=16)
+    layer = glm.Glm5NextTextDecoderLayer(config, 0).to(F64)
+    for param in layer.parameters():
+        param.data = torch.randn(param.shape, generator=g, dtype=F64) * (0.5 if param.dim() < 2 else 0.1)
+    x = _leaf(2, 5, config.hc_mult, 32, g=g)
+
+    def ours():  # the shipped sub-layers (hyper-connections, KDA, MLP); the expand and mix through the reference
+        with computing_with(references()), Float64Casts():
+            return glm5_next.decoder_layer_forward(layer, x)[0]
+
+    rebound = torch_paths(glm)  # fla's kernels need a GPU driver: the KDA layer's torch path, as without fla
+    try:
+        return _compare("hyper_connection_mix", "Glm5NextTextDecoderLayer (a KDA layer and a dense MLP, each "
+                        "followed by post * y + comb^T @ residual)", ours, lambda: layer(x)[0],
+                        [x, *layer.parameters()])
+    finally:
+        for name, fn in rebound.items():
+            setattr(glm, name, fn)
+
+
 def _dsa_layer(seed: int):
     """A float64 DeepseekV32Attention (eager: the index mask folded into the attention mask) with random weights,
     its input [2, 12, 32] and its rotary embedding: 2 heads, the top 5 of 12 keys; 16 index heads, so that a score
@@ -752,8 +785,8 @@ def attention() -> list[Comparison]:
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla,
-    mla_rope, rotary, attention, attnres, hyper_connection, dsa_indexer, dsa_sparse_attention, moe_router,
-    moe_experts, lora_linear)
+    mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix, dsa_indexer, dsa_sparse_attention,
+    moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 
