@@ -297,6 +297,18 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_clamped_mlps_experts_and_hy
     assert experts.workbench_activation == ("swiglu", 4.0, 25.0, config.get_text_config().swiglu_limit)
 
 
+def test_glm5_next_text_model_loaded_alone_is_named_and_run_through_the_vision_language_class():
+    """``glm5_next_text`` is registered to GLM-5-Next's family (its patch: tests/kernels/test_kernels.py); a parity
+    of GLM-5-Next reads its text model, and runs it through the vision-language class (the text model has no LM
+    head of its own)."""
+    from workbench.integrations.families import glm5_next
+    from workbench.integrations.transformers import FAMILIES, family
+
+    assert family("glm5_next_text") is glm5_next and "glm5_next" in FAMILIES
+    assert config_fields("glm5_next")[0] == {"model_type": "glm5_next_text"}
+    assert glm5_next.MODEL_TYPE == "glm5_next" and glm5_next.MODEL_CLASS == "Glm5NextForConditionalGeneration"
+
+
 def test_a_multimodal_source_gives_its_text_model_where_that_is_registered(tmp_path):
     fields, _, notes = config_fields("inkling2")
     assert fields == {"model_type": "inkling2_text"} and "inkling2_text" in notes[0]

@@ -427,10 +427,45 @@ def check_strided() -> dict:
     return errors
 
 
+def check_glm5_text() -> dict:
+    """GLM-5-Next's text model loaded alone (``Glm5NextTextModel``, model_type glm5_next_text; a tiny instance of
+    two KDA layers, one DSA layer and the MoE, float32) shipped and with apply_workbench_kernels: the modules each
+    block replaced, the relative error of the last hidden states and of every parameter's gradient."""
+    import copy
+
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    from workbench.integrations.parity import load_config, tiny_config
+    from workbench.integrations.probe import torch_paths
+    from workbench.integrations.transformers import apply_workbench_kernels
+
+    torch_paths(glm)  # fla's kernels need a GPU driver: the shipped KDA layers' torch path
+    full, _ = load_config({"model_type": "glm5_next_text"})
+    fields, _ = tiny_config(full, 3)
+    torch.manual_seed(0)
+    shipped = glm.Glm5NextTextModel(glm.Glm5NextTextConfig(**{k: v for k, v in fields.items()
+                                                                if k != "vision_config"}))
+    patched = copy.deepcopy(shipped)
+    report = apply_workbench_kernels(patched)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    up = torch.randn(2, 12, fields["hidden_size"], generator=torch.Generator().manual_seed(2))
+    hidden = {}
+    for name, model in (("shipped", shipped), ("patched", patched)):
+        out = model(input_ids=ids).last_hidden_state
+        (out * up).sum().backward()
+        hidden[name] = out.detach()
+    grads = [float((p.grad - s.grad).abs().max() / s.grad.abs().max().clamp_min(1e-30))
+             for s, p in zip(shipped.parameters(), patched.parameters(), strict=True) if s.grad is not None]
+    return {"model_type": shipped.config.model_type,
+            "blocks": {row["class"]: row["blocks"] for row in report.as_dict()["modules"] if row["blocks"]},
+            "output": float((hidden["patched"] - hidden["shipped"]).abs().max() / hidden["shipped"].abs().max()),
+            "grad_worst": max(grads), "grads": len(grads)}
+
+
 CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
           "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place,
           "heads": check_heads, "steep": check_steep, "clamped": check_clamped,
-          "strided": check_strided}
+          "strided": check_strided, "glm5_text": check_glm5_text}
 
 
 if __name__ == "__main__":

@@ -152,6 +152,21 @@ def test_glm5_nexts_clamped_mlp_patched_computes_the_shipped_module_where_the_cl
     assert found["output"] < 1e-5 and found["grad"] < 1e-5
 
 
+def test_glm5_next_text_model_loaded_alone_gets_its_familys_kernels():
+    """``Glm5NextTextModel`` (model_type glm5_next_text: the text model without the vision tower or an LM head) is
+    patched by GLM-5-Next's family: the hyper-connections, their expand and mix, the KDA layers and the MoE through
+    the promoted operators; hidden states and every parameter's gradient within float32 rounding of the shipped
+    model."""
+    found = run_child("glm5_text")
+    assert found["model_type"] == "glm5_next_text"
+    blocks = found["blocks"]
+    assert blocks["Glm5NextTextHyperConnection"] == ["hyper_connection"]
+    assert blocks["Glm5NextTextDecoderLayer"] == ["hyper_connection_mix"]
+    assert blocks["Glm5NextTextLinearAttention"][:2] == ["kda_short_conv", "kda"]
+    assert blocks["Glm5NextTextExperts"] == ["moe_permute", "moe_grouped_gemm", "moe_combine"]
+    assert found["output"] < 1e-5 and found["grad_worst"] < 1e-3 and found["grads"] > 40
+
+
 def test_rotary_rotates_a_strided_view_of_the_rope_part():
     """rotary as the MLA and DSA forwards call it: q's rope part is a [B, H, T, R] tensor seen as [B, T, H, R], read
     through its strides; forward and input gradient within float32 rounding of float64, in both layouts."""

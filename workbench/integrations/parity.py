@@ -326,8 +326,9 @@ def run_parity(source: str, layers: int = 4, tokens: int = 32, blocks: list[str]
     full, more = load_config(fields)
     config, schedule = tiny_config(full, layers)
     fam = family(full.model_type)
-    job = ParityJob(model_type=full.model_type, model_class=fam.MODEL_CLASS, config=config, tokens=tokens,
-                    seed=seed, dtype=dtype, blocks=blocks, lora=lora, steps=steps, generate=generate,
+    job = ParityJob(model_type=getattr(fam, "MODEL_TYPE", full.model_type), model_class=fam.MODEL_CLASS,
+                    config=config, tokens=tokens, seed=seed, dtype=dtype, blocks=blocks, lora=lora, steps=steps,
+                    generate=generate,
                     operators_dir=str(Path(operators_dir or Settings.load().operators_dir).resolve()))
     result = ParityResult(source=label, model_type=full.model_type, model_class=fam.MODEL_CLASS, dtype=dtype,
                           backend=backend.name, layers=schedule, tokens=tokens, config=config,

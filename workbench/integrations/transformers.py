@@ -145,6 +145,7 @@ FAMILIES: dict[str, str] = {
     "deepseek_v3": "workbench.integrations.families.deepseek_v3",
     "deepseek_v32": "workbench.integrations.families.deepseek_v32",
     "glm5_next": "workbench.integrations.families.glm5_next",
+    "glm5_next_text": "workbench.integrations.families.glm5_next",
     "glm_moe_dsa": "workbench.integrations.families.glm_moe_dsa",
     "inkling2": "workbench.integrations.families.inkling2",
     "inkling2_text": "workbench.integrations.families.inkling2",
@@ -153,9 +154,11 @@ FAMILIES: dict[str, str] = {
     "qwen3_next": "workbench.integrations.families.qwen3_next",
 }
 """model_type -> the module of its family patch (a function ``apply(patcher)`` and the ``MODEL_CLASS`` name of its
-causal LM); a family is listed only where the catalog computes some of its modules. A family whose model is not a
-transformers class (kimi_k3) also names ``config_class`` (its config from the json's fields) and ``tiny_config``, and
-with ``WHOLE_CONFIG`` reads the whole published config rather than its text_config's model_type."""
+causal LM, with ``MODEL_TYPE`` the model_type of that class's config where it is another's: GLM-5-Next's text model
+has no causal LM of its own); a family is listed only where the catalog computes some of its modules. A family whose
+model is not a transformers class (kimi_k3) also names ``config_class`` (its config from the json's fields) and
+``tiny_config``, and with ``WHOLE_CONFIG`` reads the whole published config rather than its text_config's
+model_type."""
 
 
 def family_fields(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:

@@ -1,7 +1,8 @@
-"""GLM-5-Next (transformers ``glm5_next``, GLM-5.3-Flash; a vision-language class whose text model is built from
-the config's text fields): KDA layers with the bounded forget gate (Kimi K3's), DSA layers with a k-pool compressed
-indexer and no rotary embedding, manifold-constrained hyper-connections around every sublayer, a group-limited
-sigmoid MoE with a shared expert, SwiGLU with clamped inputs, RMSNorm.
+"""GLM-5-Next (transformers ``glm5_next``, GLM-5.3-Flash, a vision-language class whose text model is built from
+the config's text fields; and that text model loaded alone, ``glm5_next_text``): KDA layers with the bounded forget
+gate (Kimi K3's), DSA layers with a k-pool compressed indexer and no rotary embedding, manifold-constrained
+hyper-connections around every sublayer, a group-limited sigmoid MoE with a shared expert, SwiGLU with clamped
+inputs, RMSNorm.
 
     module                            computed by
     Glm5NextTextRMSNorm               rmsnorm
@@ -46,6 +47,9 @@ from workbench.integrations.families._common import (
 from workbench.integrations.transformers import Patcher
 
 MODEL_CLASS = "Glm5NextForConditionalGeneration"
+MODEL_TYPE = "glm5_next"
+"""The model_type of MODEL_CLASS's config: the text model (``glm5_next_text``, ``Glm5NextTextModel``) has no LM head
+of its own, so a parity of either runs the vision-language class on its text (its vision tower one tiny block)."""
 ROUTER = shipped.Glm5NextTextTopkRouter  # its output (router_logits, top_k_weights, top_k_index): the router choices
 HUB_BOUND = kimi_linear.HUB_BOUND
 LORA_TARGETS = kimi_linear.LORA_TARGETS
