@@ -20,8 +20,17 @@ from workbench.blocks import REGISTRY
 from workbench.errors import WorkbenchError
 from workbench.models import model_shapes
 from workbench.templating import load_template
-from workbench.verify.aot import compile_for_targets, compile_key, select_launches
+from workbench.verify.aot import (
+    SMOKE_PROBE,
+    KernelBuild,
+    TargetReport,
+    compile_for_targets,
+    compile_key,
+    select_launches,
+    spill_counted,
+)
 from workbench.verify.harness import target_report, verify_candidate
+from workbench.verify.worker import PROBE
 
 
 def test_default_targets_are_the_five_gpu_architectures():
@@ -115,6 +124,31 @@ def test_every_model_launch_is_compiled_and_kernels_the_model_suite_never_ran_on
     assert [(x["kernel"], x["suite"], x["constexprs"]["BLOCK_N"], x["signature"]["X"]) for x in chosen] == [
         ("k", "model", 8192, "*bf16"), ("k", "model", 128, "*bf16"), ("tail", "smoke", 64, "*fp32"),
         ("tail", "smoke", 64, "*fp16")]
+
+
+def test_a_kernel_the_model_suite_never_ran_is_compiled_at_the_targets_own_smoke_launch():
+    """A block no model card has (or a path only small sizes take): the first smoke shape's launch captured for the
+    target (its launch settings: 8 warps on sm_90a here) in place of the interpreter's; another target without its
+    own capture keeps the interpreter's."""
+    interpreter = _launch("k", "smoke", 64)
+    own = {**_launch("k", "probe:meta:T=8", 64), "target": "sm_90a", "options": {"num_warps": 8}}
+    elsewhere = {**_launch("k", "probe:meta:T=8", 64), "target": "gfx942", "options": {"num_warps": 2}}
+    assert SMOKE_PROBE == f"{PROBE}meta:"  # the probes' label (build_captures)
+    assert select_launches([interpreter, own, elsewhere], "sm_90a") == [own]
+    assert select_launches([interpreter, own], "sm_80") == [interpreter]
+
+
+def test_spills_count_at_the_model_suite_and_at_the_targets_own_smoke_launch_only():
+    def build(suite, spilled):
+        return KernelBuild(kernel="k", target="sm_90a", suite=suite, specialization={}, ok=True,
+                           spilled_bytes=spilled)
+
+    report = TargetReport(builds=[build("model", 0), build("probe:meta:T=8", 16)])
+    assert [b.suite for b in report.spills()] == ["probe:meta:T=8"] and report.spill_free_on() == []
+    interpreter_only = TargetReport(builds=[build("model", 0), build("smoke", 16)])
+    assert interpreter_only.spills() == [] and interpreter_only.spill_free_on() == ["sm_90a"]
+    assert spill_counted("model") and spill_counted("probe:meta:T=8")
+    assert not spill_counted("smoke") and not spill_counted("probe:real:T=8")
 
 
 KERNEL_FILE = '''

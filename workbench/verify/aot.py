@@ -35,6 +35,16 @@ REPORT_VERSION = 2  # in the cache key: what a cached build records changed (AMD
 ITEM_TIMEOUT_S = 600  # one launch x target; a compile past SLOW_COMPILE_S is a finding (a GPU's JIT pays it too)
 SLOW_COMPILE_S = 60
 PROBE_COMPILE_S = SLOW_COMPILE_S
+SMOKE_PROBE = "probe:meta:"
+"""The suite label of the first smoke shape's launches captured for each target with the target's own launch
+settings (workbench.verify.harness.build_captures): what a kernel the model suite does not launch is compiled at."""
+
+
+def spill_counted(suite: str) -> bool:
+    """Whether a build's spills count against its target: the model suite's, and, for a kernel the model suite
+    does not launch (a block no model card has, a path only small sizes take), the first smoke shape's at the
+    target's own launch settings."""
+    return suite == "model" or suite.startswith(SMOKE_PROBE)
 """A tuning probe's limit on one launch x target: a point whose compile runs past it is a finding (it does not
 compile in time), not minutes of ptxas the search waits for."""
 COMPILE_MEMORY_BYTES = 8 << 30
@@ -90,8 +100,9 @@ class TargetReport:
         return [b for b in self.builds if not b.ok]
 
     def spills(self) -> list[KernelBuild]:
-        """Builds of the model suite that spill (a named finding; the other suites' tiles are not the target's)."""
-        return [b for b in self.builds if b.suite == "model" and b.spills]
+        """Builds that spill where it counts (``spill_counted``: a named finding; the interpreter's launches of the
+        other shapes take the interpreter's settings, not the target's)."""
+        return [b for b in self.builds if spill_counted(b.suite) and b.spills]
 
     def slow(self) -> list[KernelBuild]:
         """Builds that took more than SLOW_COMPILE_S to compile (here; a GPU's JIT pays the same at first call)."""
@@ -103,14 +114,16 @@ class TargetReport:
 
     def spill_free_on(self) -> list[str]:
         return [t for t in self.compiled_on() if not any(b.spills for b in self.builds
-                                                         if b.target == t and b.suite == "model")]
+                                                         if b.target == t and spill_counted(b.suite))]
 
 
 def select_launches(launches: list[dict], target: str | None = None) -> list[dict]:
     """The launches to compile for ``target``: every distinct model-suite launch recorded for it (or for no target
-    in particular); for a kernel with none, the first launch per argument types x options."""
+    in particular); for a kernel with none, its first-smoke-shape launches captured for the target (its own launch
+    settings), else the first launch per argument types x options."""
     launches = [x for x in launches if x.get("target") in (None, target)]
     at_model = {x["kernel"] for x in launches if x["suite"] == "model"}
+    at_smoke = {x["kernel"] for x in launches if x["suite"].startswith(SMOKE_PROBE) and x.get("target") == target}
     chosen, seen = [], set()
     for launch in launches:
         types = json.dumps([launch["kernel"], launch["signature"], launch["options"], launch.get("autotune")],
@@ -119,6 +132,10 @@ def select_launches(launches: list[dict], target: str | None = None) -> list[dic
             key = json.dumps([types, launch["constexprs"]], sort_keys=True)
         elif launch["kernel"] in at_model:
             continue
+        elif launch["kernel"] in at_smoke:
+            if not launch["suite"].startswith(SMOKE_PROBE):
+                continue  # the interpreter's launch: the target's own one is there
+            key = json.dumps([types, launch["constexprs"]], sort_keys=True)
         else:
             key = types
         if key not in seen:

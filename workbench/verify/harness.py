@@ -25,7 +25,7 @@ from workbench.config import Settings
 from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
 from workbench.numerics import compare
-from workbench.verify.aot import compile_for_targets, compile_key
+from workbench.verify.aot import SMOKE_PROBE, compile_for_targets, compile_key
 from workbench.verify.contract import declared_block
 from workbench.verify.integrity import PRIORITY, evaluate, integrity_check
 from workbench.verify.result import Check, VerificationResult
@@ -355,13 +355,14 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
             result.findings.append(f"model suite launches incomplete: {capture['error']['message']}"[:300])
     settings = Settings.load()
     cache = cache or settings.compile_cache or settings.work_dir / "compile-cache"
-    launches = [launch for launch in results.get("launches", []) if not launch["suite"].startswith(PROBE)]
+    launches = [launch for launch in results.get("launches", [])  # a probe's real-tensor twin is the integrity's
+                if not launch["suite"].startswith(PROBE) or launch["suite"].startswith(SMOKE_PROBE)]
     limits = {"item_timeout_s": probe_limit_s, "first_failure_ends": True} if probe_limit_s else {}
     report = compile_for_targets(path, compile_key(path.read_text()), launches, required, cache_dir=cache, **limits)
     result.compile_seconds = time.monotonic() - started
     result.builds = [b.to_dict() for b in report.builds]
-    result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the model suite"
-                        for b in report.spills()]
+    result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the "
+                        f"{'model suite' if b.suite == 'model' else 'first smoke shape'}" for b in report.spills()]
     result.findings += [f"slow compile: {b.target} {b.kernel} {b.seconds:.0f} s ({b.suite} suite)"
                         for b in report.slow()]
     # compiles, but the target cannot hold one CTA of it (shared memory or registers past the SM's): a launch fails

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from workbench.verify.aot import spill_counted
 from workbench.vocabulary import Verdict
 
 
@@ -64,11 +65,12 @@ class VerificationResult:
 
     def target_report(self) -> dict:
         """Where this verification showed the candidate to work: the backend (its suites and dtypes are in the
-        checks), the targets each kernel compiled on and those without spills at the model suite, the static findings,
-        whether the backward was verified, the sandbox's isolation and how its job started."""
+        checks), the targets each kernel compiled on and those without spills where they count (``spill_counted``: the
+        model suite; a kernel it does not launch, at the first smoke shape with the target's settings), the static
+        findings, whether the backward was verified, the sandbox's isolation and how its job started."""
         report = {t: [b for b in self.builds if b["target"] == t] for t in self.targets}
         compiled = [t for t, bs in report.items() if bs and all(b["ok"] for b in bs)]
-        spill_free = [t for t in compiled if not any(b["suite"] == "model" and b["spilled_bytes"]
+        spill_free = [t for t in compiled if not any(spill_counted(b["suite"]) and b["spilled_bytes"]
                                                      for b in report[t])]
         return {"backend": self.backend, "targets": list(self.targets), "compiles_on": compiled,
                 "spill_free_on": spill_free, "findings": list(self.findings),
