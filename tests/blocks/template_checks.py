@@ -36,9 +36,11 @@ def assert_templates_render_each_choice(block: str) -> None:
             assert "{{" not in source and "{%" not in source
 
 
-def verify_first_point(tmp_path, block: str, template: str, base_seed: int, forward_only: bool = False):
+def verify_first_point(tmp_path, block: str, template: str, base_seed: int, forward_only: bool = False,
+                       suites: list[str] | None = None):
     """The template's first point rendered to tmp_path and fully verified through the sandbox on the Triton
-    interpreter (one seed; the outputs only when forward_only); the VerificationResult."""
+    interpreter (one seed; the outputs only when forward_only; ``suites``, else smoke and edge); the
+    VerificationResult."""
     from workbench.backends import get_backend
     from workbench.templating import load_template
     from workbench.verify.harness import verify_candidate
@@ -47,7 +49,7 @@ def verify_first_point(tmp_path, block: str, template: str, base_seed: int, forw
     path = tmp_path / f"{block}_{template}.py"
     path.write_text(t.render(next(t.points())))
     return verify_candidate(path, backend=get_backend("interpreter"), seeds=1, base_seed=base_seed,
-                            forward_only=forward_only)
+                            forward_only=forward_only, suites=suites)
 
 
 def numeric_directions(result) -> set[str]:

@@ -89,12 +89,12 @@ def test_the_rounds_make_comb_doubly_stochastic():
 
 def test_zero_parameters_give_half_pre_unit_post_and_uniform_comb():
     """fn = 0, base = 0: pre = sigmoid(0) + eps, post = 2 sigmoid(0) = 1, comb = the uniform 1 / N (up to eps)."""
-    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    x = torch.randn(2, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     post, comb, collapsed = ref(x, torch.zeros(24, 32, dtype=torch.float64), torch.zeros(24, dtype=torch.float64),
                                 torch.ones(3, dtype=torch.float64), 1e-6, 1e-6, 20)
     torch.testing.assert_close(post, torch.ones(2, 4, dtype=torch.float64), rtol=0, atol=0)
     torch.testing.assert_close(comb, torch.full((2, 4, 4), 0.25, dtype=torch.float64), rtol=0, atol=1e-5)
-    torch.testing.assert_close(collapsed, (0.5 + 1e-6) * x.sum(1), rtol=1e-15, atol=0)
+    torch.testing.assert_close(collapsed, (0.5 + 1e-6) * x.sum(1), rtol=1e-14, atol=1e-14)  # summation order
 
 
 def test_the_logits_see_the_normalised_streams():
@@ -204,7 +204,9 @@ def test_templates_render_each_choice_to_a_candidate():
 
 @pytest.mark.interpreter
 def test_fma_rows_verifies_forward_and_backward(tmp_path):
-    result = verify_first_point(tmp_path, "hyper_connection", "fma_rows", base_seed=2468)
+    """The smoke suite (GLM-5-Next's 4 streams and 20 rounds; the edge shapes are dot_tiled's in `workbench ci`,
+    through the same shared kernels: the interpreter takes over a minute for them here)."""
+    result = verify_first_point(tmp_path, "hyper_connection", "fma_rows", base_seed=2468, suites=["smoke"])
     assert result.passed, result.message
     assert {"forward:post", "forward:comb", "forward:collapsed", "grad:x", "grad:fn", "grad:base",
             "grad:scale"} <= numeric_directions(result)

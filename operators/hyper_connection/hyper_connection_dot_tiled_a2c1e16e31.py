@@ -1,7 +1,7 @@
 """hyper_connection candidate rendered from templates/hyper_connection/dot_tiled.py.j2.
 
 BLOCK_T tokens per program, the logits, fn's gradient and the streams' gradient as tensor-core dots over D tiles
-params: BLOCK_T=32, BLOCK_D=64, num_warps=4
+params: BLOCK_T=16, BLOCK_D=64, num_warps=8
 """
 import torch
 import triton
@@ -9,7 +9,7 @@ import triton.language as tl
 
 BLOCK = "hyper_connection"
 TEMPLATE = "dot_tiled"
-BLOCK_T = 32
+BLOCK_T = 16
 BLOCK_D = 64
 # Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
 # backend ("cuda", "hip"), else "default"; "interpreter" is Triton's CPU interpreter (float32 dots only).
@@ -42,7 +42,7 @@ def target_settings(device) -> dict:
 # Warps per target; the products take float32 operands (the module computes in float32): float32-accurate on the
 # tensor cores through split operands (3xTF32 on NVIDIA, 6xBF16 on AMD; the interpreter multiplies in float32).
 LAUNCH_SETTINGS = {
-    "default": {"num_warps": 4},
+    "default": {"num_warps": 8},
     "interpreter": {"DOT": "ieee"},
     "cuda": {"DOT": "tf32x3"},
     "hip": {"DOT": "bf16x6"},
@@ -182,13 +182,14 @@ def hyper_connection_fwd_kernel(X, FN, BASE, SCALE, POST, COMB, COLLAPSED, MIX, 
 
 @triton.jit
 def hyper_connection_bwd_kernel(X, FN, BASE, SCALE, MIX, RSTD, DPOST, DCOMB, DCOLLAPSED, DX, DMIX, PART_BASE,
-                                PART_SCALE, T, N, D, hc_eps, iters, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                                PART_SCALE, SCRATCH, T, N, D, hc_eps, iters, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                                 G: tl.constexpr, NP: tl.constexpr, DOT: tl.constexpr):
-    """BLOCK_T tokens per program: pre's gradient from the collapse, the logits' through the Sinkhorn rounds (each
-    round's input recomputed from the softmax: O(iters^2) steps on the [G, NP] tile, no scratch memory), the
-    softmax and the sigmoids; then dx through fn and the RMS norm, plus the collapse's pre_n * dcollapsed. Writes
-    DX, DMIX [T, G * NP] (the gradient of fn @ normalised streams, for fn's gradient) and the program's rows of
-    PART_BASE [programs, (2 + N) N] and PART_SCALE [programs, 3] (summed in a fixed order afterwards)."""
+    """BLOCK_T tokens per program: pre's gradient from the collapse, the logits' through the Sinkhorn rounds (the
+    rounds recomputed from the softmax once, each step's input kept in SCRATCH [T, 2 iters - 1, G * NP] float32,
+    then walked back), the softmax and the sigmoids; then dx through fn and the RMS norm, plus the collapse's
+    pre_n * dcollapsed. Writes DX, DMIX [T, G * NP] (the gradient of fn @ normalised streams, for fn's gradient)
+    and the program's rows of PART_BASE [programs, (2 + N) N] and PART_SCALE [programs, 3] (summed in a fixed order
+    afterwards)."""
     pid = tl.program_id(0)
     toks = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = toks < T
@@ -216,11 +217,15 @@ def hyper_connection_bwd_kernel(X, FN, BASE, SCALE, MIX, RSTD, DPOST, DCOMB, DCO
                    other=0.0).to(tl.float32)
     sig, c0 = _logits(mix, BASE, SCALE, N, hc_eps, G, NP)
     steps = 2 * iters - 1
+    rounds = SCRATCH + toks[:, None, None] * (steps * P) + (g * NP + i)[None, :, :]  # step 0's tile of each token
+    c = c0
+    for step in range(0, steps):  # each step's input kept in the token's own scratch rows
+        tl.store(rounds + step * P, c, mask=rows)
+        c, _ = _normalize(c, step, hc_eps)
+    tl.debug_barrier()
     for back in range(0, steps):
         step = steps - 1 - back
-        c = c0
-        for j in range(0, step):
-            c, _ = _normalize(c, j, hc_eps)
+        c = tl.load(rounds + step * P, mask=rows, other=0.0)
         grad = tl.where(is_comb, _normalize_back(grad, c, step, hc_eps), 0.0)
     p = tl.where(is_comb, c0 - hc_eps, 0.0)
     dsoftmax = p * (grad - tl.sum(grad * p, axis=2)[:, :, None])
@@ -319,9 +324,9 @@ class HyperConnectionFunction(torch.autograd.Function):
         rstd = torch.empty(t, dtype=torch.float32, device=x.device)
         settings = target_settings(x.device)
         if t > 0:
-            hyper_connection_fwd_kernel[(triton.cdiv(t, 32),)](
+            hyper_connection_fwd_kernel[(triton.cdiv(t, 16),)](
                 x, fn, base, scale, post, comb, collapsed, mix, rstd, t, n, d, norm_eps, hc_eps, sinkhorn_iters,
-                BLOCK_T=32, BLOCK_D=64, G=groups, NP=lanes, DOT=settings["DOT"],
+                BLOCK_T=16, BLOCK_D=64, G=groups, NP=lanes, DOT=settings["DOT"],
                 num_warps=settings["num_warps"])
         ctx.save_for_backward(x, fn, base, scale, mix, rstd)
         ctx.hc = (hc_eps, sinkhorn_iters, groups, lanes)
@@ -332,20 +337,21 @@ class HyperConnectionFunction(torch.autograd.Function):
         x, fn, base, scale, mix, rstd = ctx.saved_tensors
         hc_eps, sinkhorn_iters, groups, lanes = ctx.hc
         t, n, d = x.shape
-        programs = triton.cdiv(t, 32)
+        programs = triton.cdiv(t, 16)
         dx = torch.empty_like(x)
         dmix = torch.empty_like(mix)
         part_base = torch.empty(programs, base.numel(), dtype=torch.float32, device=x.device)
         part_scale = torch.empty(programs, 3, dtype=torch.float32, device=x.device)
+        scratch = torch.empty(t, 2 * sinkhorn_iters - 1, groups * lanes, dtype=torch.float32, device=x.device)
         settings = target_settings(x.device)
         if t > 0:
             hyper_connection_bwd_kernel[(programs,)](
                 x, fn, base, scale, mix, rstd, dpost.contiguous(), dcomb.contiguous(), dcollapsed.contiguous(), dx,
-                dmix, part_base, part_scale, t, n, d, hc_eps, sinkhorn_iters, BLOCK_T=32,
+                dmix, part_base, part_scale, scratch, t, n, d, hc_eps, sinkhorn_iters, BLOCK_T=16,
                 BLOCK_D=64, G=groups, NP=lanes, DOT=settings["DOT"], num_warps=settings["num_warps"])
         dfn = torch.empty_like(fn)
         hyper_connection_dfn_kernel[(n, triton.cdiv(d, 64))](
-            x, rstd, dmix, dfn, t, n, d, BLOCK_T=32, BLOCK_D=64, G=groups, NP=lanes, DOT=settings["DOT"],
+            x, rstd, dmix, dfn, t, n, d, BLOCK_T=16, BLOCK_D=64, G=groups, NP=lanes, DOT=settings["DOT"],
             num_warps=settings["num_warps"])
         dbase, dscale = torch.empty_like(base), torch.empty_like(scale)
         hyper_connection_sum_kernel[(triton.cdiv(base.numel(), 64),)](part_base, dbase, programs, base.numel(),
