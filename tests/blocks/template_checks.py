@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from workbench.blocks import get_block
 from workbench.templating import list_templates
@@ -54,3 +59,14 @@ def verify_first_point(tmp_path, block: str, template: str, base_seed: int, forw
 
 def numeric_directions(result) -> set[str]:
     return {c.direction for c in result.checks if c.suite != "integrity"}
+
+
+def run_first_point(tmp_path, block: str, template: str, shape: dict) -> dict:
+    """The template's first point run once on the Triton interpreter (a child process, first_point_child.py) at
+    ``shape`` in float32, forward and backward: {"outputs": {name: rel}, "grads": {name: rel}} against the float64
+    reference. A light check of a template the port does not promote, where a full verification takes a minute."""
+    child = Path(__file__).with_name("first_point_child.py")
+    done = subprocess.run([sys.executable, str(child), str(tmp_path), block, template, json.dumps(shape)],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
