@@ -428,9 +428,9 @@ def check_strided() -> dict:
 
 
 def check_glm5_text() -> dict:
-    """GLM-5-Next's text model loaded alone (``Glm5NextTextModel``, model_type glm5_next_text; a tiny instance of
-    two KDA layers, one DSA layer and the MoE, float32) shipped and with apply_workbench_kernels: the modules each
-    block replaced, the relative error of the last hidden states and of every parameter's gradient."""
+    """GLM-5-Next's text model loaded alone (``Glm5NextTextModel``, model_type glm5_next_text; a tiny instance of a
+    KDA layer and a DSA layer with the MoE, float32, 8 tokens) shipped and with apply_workbench_kernels: the modules
+    each block replaced, the relative error of the last hidden states and of every parameter's gradient."""
     import copy
 
     from transformers.models.glm5_next import modeling_glm5_next as glm
@@ -441,14 +441,14 @@ def check_glm5_text() -> dict:
 
     torch_paths(glm)  # fla's kernels need a GPU driver: the shipped KDA layers' torch path
     full, _ = load_config({"model_type": "glm5_next_text"})
-    fields, _ = tiny_config(full, 3)
+    fields, _ = tiny_config(full, 2)
     torch.manual_seed(0)
     shipped = glm.Glm5NextTextModel(glm.Glm5NextTextConfig(**{k: v for k, v in fields.items()
                                                                 if k != "vision_config"}))
     patched = copy.deepcopy(shipped)
     report = apply_workbench_kernels(patched)
-    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
-    up = torch.randn(2, 12, fields["hidden_size"], generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))
+    up = torch.randn(2, 8, fields["hidden_size"], generator=torch.Generator().manual_seed(2))
     hidden = {}
     for name, model in (("shipped", shipped), ("patched", patched)):
         out = model(input_ids=ids).last_hidden_state
