@@ -30,6 +30,8 @@ import functools
 import importlib
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -266,6 +268,18 @@ def torch_paths(modeling) -> dict[str, Any]:
     return rebound
 
 
+@contextmanager
+def torch_paths_restored(modeling) -> Iterator[list[str]]:
+    """``torch_paths`` of the modeling module within the block (the names rebound), its bound functions back
+    after."""
+    rebound = torch_paths(modeling)
+    try:
+        yield sorted(rebound)
+    finally:
+        for name, fn in rebound.items():
+            setattr(modeling, name, fn)
+
+
 def randomize(model: nn.Module, seed: int) -> None:
     """Draw what initialisation leaves constant, so that no variant hides behind it: 1-D parameters (norm weights,
     gates' biases) get noise of 0.1 around their value, selection-bias buffers noise of 0.1."""
@@ -301,15 +315,11 @@ def probe(config, seed: int = 0) -> ProbeResult:
     model = T.build(tiny, "cpu").double().eval()
     randomize(model, seed)
     modeling = importlib.import_module(type(model).__module__)
-    rebound = torch_paths(modeling)
-    try:
+    with torch_paths_restored(modeling) as rebound:
         calls = _record(model, tiny, seed)
         measured, proven, left = _patch_and_measure(model, tiny, fam, calls)
-    finally:
-        for name, fn in rebound.items():
-            setattr(modeling, name, fn)
     if rebound:
-        notes.append(f"no GPU driver: {', '.join(sorted(rebound))} ran their torch path in the shipped modules")
+        notes.append(f"no GPU driver: {', '.join(rebound)} ran their torch path in the shipped modules")
     rows = _rows(whole, model, config, measured, left)
     return ProbeResult(model_type=text.model_type, model_class=type(whole).__name__,
                        code=f"transformers {transformers.__version__}",

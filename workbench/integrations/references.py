@@ -481,7 +481,7 @@ def hyper_connection_mix() -> Comparison:
 
     from workbench.integrations.families import glm5_next
     from workbench.integrations.ops import computing_with, references
-    from workbench.integrations.probe import torch_paths
+    from workbench.integrations.probe import torch_paths_restored
 
     g = torch.Generator().manual_seed(29)
     config = glm.Glm5NextTextConfig(hidden_size=32, intermediate_size=48, layer_types=["linear_attention"],
@@ -496,14 +496,10 @@ def hyper_connection_mix() -> Comparison:
         with computing_with(references()), Float64Casts():
             return glm5_next.decoder_layer_forward(layer, x)[0]
 
-    rebound = torch_paths(glm)  # fla's kernels need a GPU driver: the KDA layer's torch path, as without fla
-    try:
+    with torch_paths_restored(glm):  # fla's kernels need a GPU driver: the KDA layer's torch path, as without fla
         return _compare("hyper_connection_mix", "Glm5NextTextDecoderLayer (a KDA layer and a dense MLP, each "
                         "followed by post * y + comb^T @ residual)", ours, lambda: layer(x)[0],
                         [x, *layer.parameters()])
-    finally:
-        for name, fn in rebound.items():
-            setattr(glm, name, fn)
 
 
 def _dsa_layer(seed: int):
