@@ -157,6 +157,9 @@ def onboard(path: str | Path, name: str | None = None) -> dict:
             if spec.family == family and spec.onboard is not None:
                 for entry in spec.onboard(model):
                     card.block(spec.name, entry)
+    for block in list(card.blocks):  # a variant's entries replace its base's (BlockSpec.supersedes)
+        for base in REGISTRY[block].supersedes if block in REGISTRY else ():
+            card.blocks.pop(base, None)
     if isinstance(found, ProbeResult):
         _evidence(card, found)
     covered = {REGISTRY[b].family for b in card.blocks if b in REGISTRY}

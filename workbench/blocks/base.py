@@ -109,6 +109,9 @@ class BlockSpec:
         ``run`` returns that very tensor, its contents after the call are compared like any output, and it is exempt
         from the input-mutation and aliasing checks (a copy returned instead is the verdict not_in_place); the
         reference returns an updated copy and leaves its input alone.
+    supersedes: blocks whose card entries this block's replace where both rules find the config's layers: a
+        variant whose config fields also satisfy its base's rule (dsa_kpool_indexer: a k-pool config has
+        dsa_indexer's fields too).
     replay: the part of the replay model (workbench.replay.arch) that calls the block: "layer" (every layer),
         "moe" (every MoE layer), "shared_expert" (the shared expert's activation: one of these), "loss" (the loss
         head: one of these), or the letter of the attention layers that call it ("K" linear, "D" gated DSA, "M"
@@ -135,6 +138,7 @@ class BlockSpec:
     not_compiled: str = ""
     onboard: Callable[[ModelConfig], list[Found]] | None = None
     updated_in_place: tuple[str, ...] = ()
+    supersedes: tuple[str, ...] = ()
     replay: str = ""
 
     def meta_inputs(self, shape: Shape, dtype: torch.dtype) -> dict[str, Any]:
