@@ -208,8 +208,9 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
     as kda_short_conv + kda with the bounded forget gate (lower bound -5, Kimi K3's form) as kda_gate and its
     sigmoid-gated output norm as rmsnorm_gated, the norms and the group-limited router, the MLPs' and the experts'
     clamped SwiGLU as swiglu's and moe_grouped_gemm's clamped variant, the hyper-connections' weights and collapse
-    as hyper_connection before both sub-layers and their expand and mix as hyper_connection_mix after; the k-pool
-    indexer's attention runs as shipped."""
+    as hyper_connection before both sub-layers and their expand and mix as hyper_connection_mix after; the DSA
+    layer's k-pool indexer as dsa_kpool_indexer and its attention as dsa_sparse_attention (its decode steps as
+    shipped)."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "glm5_next", "--layers", "2", "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -223,6 +224,7 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
     assert m["op_runs"]["rmsnorm_gated"] == 1 and m["op_runs"]["swiglu"] == 2  # the dense layer's, a shared expert's
     assert m["op_runs"]["moe_grouped_gemm"] == 1 and m["op_runs"]["hyper_connection"] == 2 * 2
     assert m["op_runs"]["hyper_connection_mix"] == 2 * 2
+    assert m["op_runs"]["dsa_kpool_indexer"] == 1 and m["op_runs"]["dsa_sparse_attention"] == 1
     assert m["decode_kl"] < 1e-8  # the KDA decode steps through kda_short_conv_decode and kda_decode
 
 

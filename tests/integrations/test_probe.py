@@ -107,6 +107,22 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
     assert "differs" in cards["gpt_oss"]["blocks"]["moe_grouped_gemm"]  # not claimed as plain SwiGLU experts
 
 
+@pytest.mark.parametrize("model_type, indexer, attention", [
+    ("deepseek_v32", "DeepseekV32Indexer", "DeepseekV32Attention"),
+    ("glm_moe_dsa", "GlmMoeDsaIndexer", "GlmMoeDsaAttention"),
+    ("glm5_next", "Glm5NextTextIndexer", "Glm5NextTextAttention")])
+def test_an_indexer_the_patched_attention_computes_takes_its_status(cards, model_type, indexer, attention):
+    """The DSA families' patches compute the indexer on its projections (dsa_indexer, dsa_kpool_indexer) without
+    calling its forward: its row is the attention's, not a gap; GLM-5-Next's k-pool card has no dsa_indexer."""
+    row = rows(cards[model_type])[indexer]
+    assert row["status"] == "covered" and row["within"] == [attention], row
+    assert f"computed by the patched {attention}" in row["role"]
+    assert not any("indexer" in b for b, info in cards[model_type]["blocks"].items() if "gap" in info)
+    if model_type == "glm5_next":
+        assert "dsa_kpool_indexer" in cards[model_type]["blocks"]
+        assert not {"dsa_indexer", "dsa_indexer_decode", "dsa_indexer_prefill"} & set(cards[model_type]["blocks"])
+
+
 def test_a_swiglu_limit_is_claimed_where_the_module_clamps_and_only_there(cards):
     """HY-V4's config sets swiglu_limit: its experts clamp, its MLP does not; the probe keeps the clamped variant for
     the one and the unclamped for the other, and the card's grouped GEMM has the limit and its swiglu none;

@@ -20,8 +20,8 @@ catalog's references, for any model_type the installed transformers knows, regis
    within PROBE_REL_MAX; none does: the nearest one and its error.
 4. Each class's row: covered (the blocks, the variant and its parameters with their sources, the error), differs
    (the nearest block and variant, what differs, the error), no spec (what it computes), or framework (embedding,
-   plain projections, containers, the rotary table); an activation or convolution its parent calls takes its
-   parent's status ("within").
+   plain projections, containers, the rotary table); an activation or convolution its parent calls, and a module a
+   family's patched parent computes without calling it, take the parent's status ("within").
 """
 
 from __future__ import annotations
@@ -409,9 +409,29 @@ def _measure_registered(model, module, call, blocks) -> dict[str, Any]:
     try:
         entry["error"] = measure(module, args, kwargs, original, patched, exact_ids="moe_router" in blocks,
                                  scaled=bool(set(SCALED) & set(blocks)))
+        entry["bypassed"] = bypassed(module, args, kwargs, original, patched)
     except Exception as exc:  # noqa: BLE001 - a family forward that fails on its module's inputs is a finding
         entry["failure"] = f"the patched forward raised {type(exc).__name__}: {one_line(exc)}"
     return entry
+
+
+def bypassed(module: nn.Module, args, kwargs, original, patched) -> list[str]:
+    """The classes of ``module``'s descendants whose forward its shipped forward calls and its patched one does not:
+    what the patch computes itself (GLM-5-Next's indexer inside its attention: the k-pool kernel on the indexer's
+    projections), so that their rows take the patched module's status."""
+    def called(forward) -> set[str]:
+        seen: set[str] = set()
+        hooks = [m.register_forward_pre_hook(lambda m, _: seen.add(type(m).__name__))
+                 for m in module.modules() if m is not module]
+        try:
+            with torch.no_grad():
+                forward(*args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+        return seen
+
+    return sorted(called(original) - called(patched))
 
 
 def _prove(module: nn.Module, kind: K.Kind, config, calls, instances: list[nn.Module]) -> dict[str, Any]:
@@ -472,6 +492,11 @@ def _rows(whole: nn.Module, tiny_model: nn.Module, config, measured, left) -> li
         module = found[0][1] if found else tiny_classes[cls]
         rows[cls] = _row(cls, module, [m for _, m in found], count, example or "(the tiny model)", config,
                          measured.get(cls), left.get(cls), cls in tiny_classes)
+    for cls, entry in measured.items():  # computed by a patched parent that no longer calls their forward
+        for part in entry.get("bypassed", ()):
+            if part in rows and rows[part].status == K.NO_SPEC:
+                rows[part].status = K.WITHIN
+                rows[part].role = f"{rows[part].role}: computed by the patched {cls} (which does not call it)"
     for row in rows.values():  # parts of their parents: the parents' worst status
         if row.status == K.WITHIN:
             row.within = sorted(parents.get(row.cls, set()))

@@ -582,6 +582,53 @@ def dsa_sparse_attention() -> Comparison:
                     [x, attn.kv_b_proj.weight, attn.q_b_proj.weight])
 
 
+def _glm5_next_dsa_layer(seed: int):
+    """A float64 Glm5NextTextAttention (eager) with random weights and its unpadded input [2, 19, 32]: 2 heads, no
+    rotary embedding, an indexer of 16 heads (exact zero ties rare: see _dsa_layer) over pools of 4 keys, the top 8
+    keys (two pools) and the tail."""
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = glm.Glm5NextTextConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=12,
+                                 kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=0, v_head_dim=6,
+                                 index_n_heads=16, index_head_dim=8, index_topk=8, index_kpool=4,
+                                 layer_types=["indexed_attention"], indexer_types=["full"], num_hidden_layers=1)
+    cfg._attn_implementation = "eager"
+    attn = glm.Glm5NextTextAttention(cfg, 0).to(F64)
+    for p in attn.parameters():
+        p.data = torch.randn(p.shape, generator=g, dtype=F64) * p.shape[-1] ** -0.5
+    return attn, _leaf(2, 19, 32, g=g), torch.ones(2, 19, dtype=torch.bool)
+
+
+def dsa_kpool_indexer() -> list[Comparison]:
+    """GLM-5-Next's k-pool indexer: the selection (key sets per query, the tail included; output_rel: the fraction of
+    rows that differ; no gradients, the shipped indexer runs under no_grad), and its DSA layer as the family's patch
+    computes it (dsa_kpool_indexer, then dsa_sparse_attention over the decompressed heads)."""
+    from workbench.integrations.families import glm5_next
+    from workbench.integrations.ops import computing_with, references
+
+    attn, x, mask = _glm5_next_dsa_layer(31)
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(x)).detach()
+    with computing_with(references()), Float64Casts():
+        ours = glm5_next.select_pools(attn.indexer, x.detach(), q_resid)
+    with torch.no_grad(), Float64Casts():
+        theirs = attn.indexer(x.detach(), q_resid, mask, None)
+    sets = [[sorted(row) for row in ix.reshape(-1, ix.shape[-1]).tolist()] for ix in (ours, theirs)]
+    differ = sum(a != b for a, b in zip(*sets, strict=True)) / len(sets[0])
+    attn.original_forward = attn.forward
+
+    def layer():
+        with computing_with(references()), Float64Casts():
+            return glm5_next.attention_forward(attn, x, mask)[0]
+
+    return [Comparison("dsa_kpool_indexer", "Glm5NextTextIndexer (pools of 4, top 8 keys and the tail; the "
+                                            "selection; no grad)", True, differ, 0.0,
+                       "selection sets compared; the shipped indexer has no backward"),
+            _compare("dsa_kpool_indexer", "Glm5NextTextAttention (eager, no rotary: dsa_kpool_indexer, then "
+                                          "dsa_sparse_attention)", layer, lambda: attn(x, mask)[0],
+                     [x, attn.kv_b_proj.weight, attn.q_b_proj.weight])]
+
+
 def _router(config_cls, router_cls, seed: int, **config):
     g = torch.Generator().manual_seed(seed)
     cfg = config_cls(hidden_size=16, num_local_experts=16, num_experts_per_tok=4, **config)
@@ -781,8 +828,8 @@ def attention() -> list[Comparison]:
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla,
-    mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix, dsa_indexer, dsa_sparse_attention,
-    moe_router, moe_experts, lora_linear)
+    mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix, dsa_indexer, dsa_kpool_indexer,
+    dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

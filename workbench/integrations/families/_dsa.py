@@ -70,11 +70,13 @@ def from_shipped(indices: torch.Tensor) -> torch.Tensor:
 
 
 def dsa_attention(self: nn.Module, hidden_states: torch.Tensor, rotate, rotate_index,
-                  indices: torch.Tensor | None = None, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  indices: torch.Tensor | None = None, cache=None, select_keys=None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The DSA layer's output [B,T,D] and its selection [B,T,k] (-1 padded): the indexer's (``rotate_index`` its
-    rotary embedding) or ``indices`` given (a shared layer's). ``rotate(q_rope [B,H,T,DR], k_rope [B,1,T,DR])`` is
-    the main attention's rotary embedding. ``cache`` (empty for this layer): the latents and the index keys written
-    to it, as the shipped forward does."""
+    rotary embedding; ``select_keys(q_resid)`` instead where the layer's indexer is not DeepSeek's: GLM-5-Next's
+    k-pools) or ``indices`` given (a shared layer's). ``rotate(q_rope [B,H,T,DR], k_rope [B,1,T,DR])`` is the main
+    attention's rotary embedding. ``cache`` (empty for this layer): the latents and the index keys written to it,
+    as the shipped forward does."""
     b, t = hidden_states.shape[:2]
     q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
     q = self.q_b_proj(q_resid).view(b, t, self.num_heads, self.qk_head_dim).transpose(1, 2)
@@ -89,7 +91,8 @@ def dsa_attention(self: nn.Module, hidden_states: torch.Tensor, rotate, rotate_i
     q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)  # [B, T, H, DN + DR]
     k = torch.cat([k_nope, k_rope.transpose(1, 2).expand(b, t, self.num_heads, self.qk_rope_head_dim)], dim=-1)
     if indices is None:
-        indices = select(self.indexer, hidden_states, q_resid, rotate_index, cache)
+        indices = select(self.indexer, hidden_states, q_resid, rotate_index, cache) if select_keys is None \
+            else select_keys(q_resid)
     out = ops.dsa_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), indices, None, self.scaling)
     return self.o_proj(out.reshape(b, t, -1)), indices
 

@@ -14,8 +14,10 @@ inputs, RMSNorm.
                                       (projections in torch; also the shared experts)
     Glm5NextTextExperts               moe_permute, moe_grouped_gemm with the same clamped SwiGLU, moe_combine (the
                                       experts implementation)
-    Glm5NextTextAttention             left alone: its indexer scores k-pools of index_kpool keys (dsa_indexer scores
-                                      every key)
+    Glm5NextTextAttention             dsa_kpool_indexer (full layers: the pools' keys, scores, top pools and tail;
+                                      its projections and LayerNorm in torch) and dsa_sparse_attention over the
+                                      decompressed heads (no rotary embedding; shared layers over the selection
+                                      handed down); decode steps, padded batches and continued prefills as shipped
     Glm5NextTextRMSNormGated          rmsnorm_gated, sigmoid gate (Kimi Linear's output norm: plain weight, float32
                                       math, one rounding)
     Glm5NextTextHyperConnection       hyper_connection (the weights: pre, post and the Sinkhorn-normalised comb;
@@ -26,6 +28,9 @@ inputs, RMSNorm.
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+from torch import nn
 from transformers.models.glm5_next import modeling_glm5_next as shipped
 
 from workbench.integrations.families import kimi_linear
@@ -34,6 +39,7 @@ from workbench.integrations.families._common import (
     SWIGLU,
     SharedModules,
     clamped_mlp_forward,
+    empty_cache,
     finish_shared,
     forget_gate_forward,
     hyper_connection_forward,
@@ -44,6 +50,8 @@ from workbench.integrations.families._common import (
     rmsnorm_forward,
     sigmoid_router_forward,
 )
+from workbench.integrations.families._dsa import dsa_attention
+from workbench.integrations.ops import ops
 from workbench.integrations.transformers import Patcher
 
 MODEL_CLASS = "Glm5NextForConditionalGeneration"
@@ -58,10 +66,50 @@ SHARED = SharedModules(rmsnorm=shipped.Glm5NextTextRMSNorm, rmsnorm_forward=rmsn
                        router=shipped.Glm5NextTextTopkRouter, router_forward=sigmoid_router_forward, experts=None)
 """The MLPs and experts are not shared: the class always clamps their SwiGLU's inputs (swiglu_limit, a float)."""
 
-LEFT_ALONE = {
-    shipped.Glm5NextTextAttention: "DSA whose indexer scores k-pools of index_kpool keys and keeps the tail pool: "
-                                   "dsa_indexer scores every key",
-}
+DSA_BLOCKS = ("dsa_kpool_indexer", "dsa_sparse_attention")
+IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm, kv_b_proj's decompression and the "
+            "indexer's LayerNorm stay in torch; decode steps, padded batches and continued prefills run the shipped "
+            "attention")
+
+
+def select_pools(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, cache=None) -> torch.Tensor:
+    """Glm5NextTextIndexer.forward on an unpadded batch from its first token as workbench::dsa_kpool_indexer: its
+    key indices [B, T, index_topk (+ index_kpool - 1 with the tail)] int64, -1 padded (no gradients, as shipped);
+    ``cache`` (empty for this layer): the packed index states written to it, as the shipped indexer does."""
+    b, t = hidden_states.shape[:2]
+    with torch.no_grad():
+        q = indexer.wq_b(q_resid).view(b, t, indexer.n_heads, indexer.head_dim)
+        k = indexer.k_norm(indexer.wk(hidden_states))
+        gate = F.linear(hidden_states, indexer.index_kpool_compress_gate)
+        if cache is not None:
+            cache.update_indexer(torch.cat([k, gate, k.new_ones(b, t, 1)], dim=-1), indexer.layer_idx)
+        w = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float()
+        w = w * (indexer.n_heads ** -0.5 * indexer.softmax_scale)
+        return ops.dsa_kpool_indexer(q.contiguous(), k.contiguous(), w, gate.contiguous(),
+                                     indexer.index_kpool_compress_ape, indexer.index_topk,
+                                     bool(indexer.index_kpool_always_select_tail))[2]
+
+
+def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                      past_key_values=None, prev_topk_indices: torch.Tensor | None = None, **kwargs):
+    """Glm5NextTextAttention.forward as workbench::dsa_kpool_indexer (full layers) + workbench::dsa_sparse_attention
+    over the decompressed heads, no rotary embedding; returns the selection as shipped (int32, -1 padded) where the
+    next layer shares it. A cache holding this layer's past (decode, a continued prefill), a padded batch (the
+    indexer pools from each row's first real token) or attention dropout run the shipped forward."""
+    if not empty_cache(past_key_values, self.layer_idx) or bool(self.training and self.attention_dropout) or \
+            (attention_mask is not None and not bool(attention_mask.all())):
+        return self.original_forward(hidden_states, attention_mask, past_key_values, prev_topk_indices, **kwargs)
+    if self.indexer is None and prev_topk_indices is None:
+        raise ValueError("Shared DSA layers require top-k indices from a previous full indexer layer.")
+    given = None if self.indexer is not None else prev_topk_indices.long()
+    out, indices = dsa_attention(self, hidden_states, unrotated, None, given, past_key_values,
+                                 lambda q_resid: select_pools(self.indexer, hidden_states, q_resid, past_key_values))
+    return out, None, indices.to(torch.int32) if self.next_skip_topk else None
+
+
+def unrotated(q_rope: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GLM-5-Next's DSA layers use no rotary embedding (NoPE): the rope channels pass as they are."""
+    return q_rope, k_rope
 
 
 def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
@@ -118,16 +166,21 @@ def apply(patcher: Patcher) -> None:
         elif isinstance(module, shipped.Glm5NextTextDecoderLayer):
             if patcher.wants(path, module, "hyper_connection_mix"):
                 patcher.set_forward(path, module, decoder_layer_forward, "hyper_connection_mix")
-        elif type(module) in LEFT_ALONE:
-            report.leave(path, module, LEFT_ALONE[type(module)])
+        elif isinstance(module, shipped.Glm5NextTextAttention):
+            if patcher.wants(path, module, *DSA_BLOCKS):
+                patcher.set_forward(path, module, attention_forward, *DSA_BLOCKS)
     finish_shared(patcher)
+    if any(r.cls == "Glm5NextTextAttention" and r.replaced for r in report.rows):
+        report.notes.append(IN_TORCH)
     report.notes.append("the vision tower (model.visual) runs as shipped; plain projections (nn.Linear) run in "
                         "torch")
 
 
 def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int, top_k: int) -> dict:
     """The text fields of a tiny GLM-5-Next (``full``: the text config) and a one-block vision tower: widths shrunk,
-    the layer and MLP schedules, the indexer schedule (its first layer full), a top 8 of pools of 4 keys, expert
+    the layer and MLP schedules, the indexer schedule (its first layer full), a top 8 of pools of 4 keys scored by
+    16 index heads (pooled keys are means of near-alike keys: with 4 heads, pools whose every head's relu clips tie
+    at 0, and torch.topk orders ties as it likes; 16 heads make such ties rare), expert
     counts and routing as chosen by the parity, the gate's lower bound, the clamp, the hyper-connection streams and
     every switch kept."""
     groups = full.n_group if experts % full.n_group == 0 and experts // full.n_group >= 2 else 1
@@ -137,7 +190,7 @@ def tiny(full, layer_types: list[str], mlp_layer_types: list[str], experts: int,
         "indexer_types": ["full", *list(full.indexer_types)[1:len(layer_types)]],
         "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 32,
         "qk_nope_head_dim": 16, "qk_rope_head_dim": 0, "v_head_dim": 16,
-        "index_topk": 8, "index_kpool": 4, "index_n_heads": 4, "index_head_dim": 16,
+        "index_topk": 8, "index_kpool": 4, "index_n_heads": 16, "index_head_dim": 16,
         "index_kpool_always_select_tail": full.index_kpool_always_select_tail,
         "linear_num_heads": 4, "linear_head_dim": 16, "linear_conv_kernel_dim": full.linear_conv_kernel_dim,
         "linear_lower_bound": full.linear_lower_bound, "swiglu_limit": full.swiglu_limit,
