@@ -36,11 +36,13 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert m["kl"] < 1e-8 and m["top1"] == 1.0 and m["router_match"] == 1.0 and m["loss_rel"] < 1e-5
     assert 0 < m["logits_rel"] < 1e-5, "the kernels ran (a difference of summation order), and agree"
     assert m["grad_rel_worst"] < 1e-3 and m["grad_params"] > 50 and m["first_divergence"] is None
-    assert report["patch"]["blocks"] == ["kda", "kda_decode", "kda_gate", "kda_short_conv", "kda_short_conv_decode",
-                                         "mla", "mla_decode", "moe_combine", "moe_grouped_gemm", "moe_permute",
-                                         "moe_router", "rmsnorm", "rmsnorm_gated", "swiglu"]
+    assert report["patch"]["blocks"] == ["kda", "kda_decode", "kda_gate", "kda_prologue", "kda_short_conv",
+                                         "kda_short_conv_decode", "mla", "mla_decode", "moe_combine",
+                                         "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "rmsnorm_gated",
+                                         "swiglu"]
     # every swapped-in op ran (the model builds a DynamicCache even in training: the ops write it as shipped)
     assert m["idle_blocks"] == [] and m["op_runs"]["kda"] == 3 and m["op_runs"]["mla"] == 1
+    assert m["op_runs"]["kda_prologue"] == 3 and m["decode_op_runs"]["kda_prologue"] == 3 + 12
     assert m["op_runs"]["rmsnorm_gated"] == 3  # each KDA layer's gated output norm
     # and generation reads the cache the patched prefill wrote (the prefill: kda in 3 layers, mla in 1); each of the 4
     # decode steps runs the 3 KDA layers' decode ops, which update the cache's states in place as the shipped step
@@ -55,8 +57,8 @@ def test_kimi_linear_with_every_promoted_operator_computes_the_shipped_model(set
     assert m["generate_kl"] < 1e-8 and len(m["generate_rel_per_step"]) == 6 and 0 < max(m["generate_rel_per_step"])
     assert m["generate_op_runs"]["kda_decode"] == m["generate_op_runs"]["kda_short_conv_decode"] == 5 * 3
     assert m["generate_op_runs"]["mla_decode"] == 5
-    # outside plain projections the patched forward runs in torch only the KDA layers' glue (l2norm of q and k,
-    # beta's sigmoid), the residual adds and the MLA layer's concatenations: under 1% of the FLOPs (modelled)
+    # outside plain projections the patched forward runs in torch only the KDA layers' glue (the projections'
+    # concatenation), the residual adds and the MLA layer's concatenations: under 1% of the FLOPs (modelled)
     share = m["torch_share"]
     assert 0 < share["flops_share"] < 0.01 and 0 < share["bytes_share"] < 0.02
     assert share["left"][0]["class"] == "KimiLinearDeltaAttention" and "l2norm" not in share["ported_calls"]
@@ -230,8 +232,8 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
 
 @pytest.mark.parametrize("model_type, swapped", [
     ("glm4_moe", ["attention", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "swiglu"]),
-    ("bailing_hybrid", ["kda", "kda_gate", "kda_short_conv", "moe_combine", "moe_grouped_gemm", "moe_permute",
-                        "moe_router", "rmsnorm", "rmsnorm_gated", "swiglu"]),
+    ("bailing_hybrid", ["kda", "kda_gate", "kda_prologue", "kda_short_conv", "moe_combine", "moe_grouped_gemm",
+                        "moe_permute", "moe_router", "rmsnorm", "rmsnorm_gated", "swiglu"]),
 ])
 def test_a_family_with_no_integration_runs_the_kinds_the_probe_proved(settings, model_type, swapped):
     """GLM-4.5 (a sigmoid router with a correction bias and no scoring_func field, a dense first layer) and

@@ -140,7 +140,7 @@ def test_a_swiglu_limit_is_claimed_where_the_module_clamps_and_only_there(cards)
 def test_a_hybrid_family_never_seen_is_covered_by_the_generic_kinds(cards):
     bailing = rows(cards["bailing_hybrid"])
     assert bailing["BailingHybridDeltaAttention"]["status"] == "covered"
-    assert bailing["BailingHybridDeltaAttention"]["blocks"] == ["kda_short_conv", "kda"]
+    assert bailing["BailingHybridDeltaAttention"]["blocks"] == ["kda_short_conv", "kda_prologue", "kda"]
     gate = bailing["BailingHybridForgetGate"]
     assert gate["status"] == "covered" and gate["params"]["lower_bound"]["value"] == -5.0
     assert bailing["BailingHybridAttention"]["status"] == "no spec"  # MLA with a head-wise output gate

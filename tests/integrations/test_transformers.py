@@ -47,12 +47,13 @@ def test_kimi_linear_swaps_every_module_a_block_computes_and_names_the_rest(prom
     assert found["KimiLinearTopkRouter"] == ("moe_router",) and found["KimiLinearAttention"] == ("mla", "mla_decode")
     assert found["KimiLinearExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     # its prefill by kda_short_conv and kda, its decode steps by their serving forms (all four are promoted)
-    assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda", "kda_short_conv_decode", "kda_decode")
+    assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda_prologue", "kda", "kda_short_conv_decode",
+                                                 "kda_decode")
     assert found["KimiLinearForgetGate"] == ("kda_gate",) and found["KimiLinearRMSNormGated"] == ("rmsnorm_gated",)
     assert model.config._experts_implementation == "workbench"
     # norms, MLPs, routers, experts, MLA, KDA, forget gates, KDA output norms
     assert sum(r.replaced for r in report.rows) == 10 + 4 + 3 + 3 + 1 + 3 + 3 + 3
-    assert any("l2norm" in note for note in report.notes)
+    assert not any("l2norm" in note for note in report.notes)  # kda_prologue computes it
     norm = model.model.norm
     assert norm.forward != norm.original_forward and "weight" in dict(norm.named_parameters())
 
@@ -93,9 +94,11 @@ def test_only_the_requested_blocks_and_only_promoted_ones(tmp_path):
         found = outcome(apply_workbench_kernels(tiny_kimi(), blocks=["mla"]))
         assert found["KimiLinearAttention"] == ("mla",)
         assert found["KimiLinearRMSNorm"] == "not requested (rmsnorm not in --blocks)"
-        # the prefill's blocks without the decode forms: decode steps keep the shipped forward
-        found = outcome(apply_workbench_kernels(tiny_kimi(), blocks=["kda_short_conv", "kda"]))
-        assert found["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda")
+        # the prefill's blocks without the decode forms: decode steps keep the shipped forward; without
+        # kda_prologue the l2norm and the sigmoid stay in torch
+        report = apply_workbench_kernels(tiny_kimi(), blocks=["kda_short_conv", "kda"])
+        assert outcome(report)["KimiLinearDeltaAttention"] == ("kda_short_conv", "kda")
+        assert any("l2norm" in note for note in report.notes)
     finally:
         wk.set_operators_dir(None)
 
@@ -213,7 +216,7 @@ def test_qwen3_next_swaps_the_gated_delta_net_and_its_softmax_attention(promoted
     assert fields["linear_num_value_heads"] == 2 * fields["linear_num_key_heads"]  # Qwen3-Next's 32 / 16 kept
     report = apply_workbench_kernels(Qwen3NextForCausalLM(Qwen3NextConfig(**fields)))
     found = outcome(report)
-    assert found["Qwen3NextGatedDeltaNet"] == ("kda_short_conv", "kda_gate", "kda")
+    assert found["Qwen3NextGatedDeltaNet"] == ("kda_short_conv", "kda_gate", "kda_prologue", "kda")
     assert found["Qwen3NextRMSNorm"] == ("rmsnorm",) and found["Qwen3NextTopKRouter"] == ("moe_router",)
     assert found["Qwen3NextAttention"] == ("attention",) and found["Qwen3NextRMSNormGated"] == ("rmsnorm_gated",)
 
@@ -281,7 +284,8 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_clamped_mlps_experts_and_hy
     model = glm.Glm5NextForConditionalGeneration(config)
     report = apply_workbench_kernels(model)
     found = outcome(report)
-    assert found["Glm5NextTextLinearAttention"] == ("kda_short_conv", "kda", "kda_short_conv_decode", "kda_decode")
+    assert found["Glm5NextTextLinearAttention"] == ("kda_short_conv", "kda_prologue", "kda", "kda_short_conv_decode",
+                                                    "kda_decode")
     assert found["Glm5NextTextForgetGate"] == ("kda_gate",) and found["Glm5NextTextRMSNorm"] == ("rmsnorm",)
     assert found["Glm5NextTextTopkRouter"] == ("moe_router",)
     assert found["Glm5NextTextRMSNormGated"] == ("rmsnorm_gated",)  # Kimi Linear's output norm: sigmoid gate

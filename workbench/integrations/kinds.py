@@ -16,7 +16,7 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
     router              top-k routing: (logits, weights, ids)    moe_router
     experts             transformers' experts interface          moe_permute, moe_grouped_gemm, moe_combine
     kda_gate            KDA's forget gate (A_log, dt_bias)       kda_gate
-    kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda
+    kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda_prologue, kda
     short_conv          a causal depthwise conv1d, SiLU or none, kda_short_conv
                         with or without a scaled residual
     hyper_connection    mHC's weights and collapse (fn, base,     hyper_connection
@@ -374,7 +374,7 @@ def _forget_gate_variants(module: nn.Module, config: Any) -> list[Variant]:
 
 
 def kda_layer_forward(self: nn.Module, *args, **kwargs) -> torch.Tensor:
-    """A KDA layer through kda_short_conv and kda (``_common.kda_layer_forward``)."""
+    """A KDA layer through kda_short_conv, kda_prologue and kda (``_common.kda_layer_forward``)."""
     return _common.kda_layer_forward(self, *args, **kwargs)
 
 
@@ -557,7 +557,7 @@ KINDS: tuple[Kind, ...] = (
          _experts_variants),
     Kind("kda_gate", "KDA forget gate (projections in torch)", ("kda_gate",), _is_forget_gate,
          _forget_gate_variants),
-    Kind("kda_layer", "KDA linear attention (projections, l2norm and beta in torch)", ("kda_short_conv", "kda"),
+    Kind("kda_layer", "KDA linear attention (projections in torch)", ("kda_short_conv", "kda_prologue", "kda"),
          _is_kda_layer, _kda_layer_variants),
     Kind("short_conv", "short convolution", ("kda_short_conv",), _is_short_conv, _short_conv_variants),
     Kind("hyper_connection", "hyper-connections (the layer's expand and mix in torch)", ("hyper_connection",),

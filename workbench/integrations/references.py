@@ -223,6 +223,24 @@ def kda_short_conv() -> list[Comparison]:
     return rows
 
 
+def kda_prologue() -> list[Comparison]:
+    """The KDA layers' q/k l2norm and beta sigmoid against Kimi Linear's l2norm (x / sqrt(sum x^2 + eps)) and
+    Qwen3-Next's (x * rsqrt(sum x^2 + eps)), each with torch.sigmoid of the beta logits; a tiny row (the eps acts)
+    included."""
+    from transformers.models.kimi_linear import modeling_kimi_linear as kl
+    from transformers.models.qwen3_next import modeling_qwen3_next as qn
+
+    ref = get_block("kda_prologue").reference
+    g = torch.Generator().manual_seed(37)
+    q, k, b = _leaf(2, 5, 3, 16, g=g), _leaf(2, 5, 3, 16, g=g), _leaf(2, 5, 6, g=g, scale=2.0)
+    with torch.no_grad():
+        q[0, 0, 0] *= 1e-3
+    return [_compare("kda_prologue", f"{label} l2norm (eps 1e-6) and torch.sigmoid", lambda: ref(q, k, b, 1e-6),
+                     lambda l2norm=l2norm: (l2norm(q, dim=-1, eps=1e-6), l2norm(k, dim=-1, eps=1e-6),
+                                            torch.sigmoid(b)), [q, k, b])
+            for label, l2norm in (("KimiLinearDeltaAttention's", kl.l2norm), ("Qwen3NextGatedDeltaNet's", qn.l2norm))]
+
+
 def rotary() -> list[Comparison]:
     """rotary against transformers' rotations on each family's own rotary embedding (cos, sin at positions 0 to
     T - 1 with an offset): DeepSeek-V3's interleaved pairs (its yarn-scaled embedding), the DSA indexer's rotate-half
@@ -827,9 +845,9 @@ def attention() -> list[Comparison]:
 
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
-    rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda, gated_delta_rule, kda_gate, mla,
-    mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix, dsa_indexer, dsa_kpool_indexer,
-    dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda_prologue, kda, gated_delta_rule,
+    kda_gate, mla, mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix, dsa_indexer,
+    dsa_kpool_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

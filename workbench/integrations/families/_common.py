@@ -441,6 +441,8 @@ def patch_attention(patcher, attention_classes: tuple[type, ...], role: str) -> 
 
 
 KDA_LEFT_IN_TORCH = "inside each KDA layer the l2norm of q and k (eps 1e-6) and the sigmoid of beta stay in torch"
+KDA_L2NORM_EPS = 1e-6
+"""The eps of fla's l2norm, which the KDA and gated DeltaNet layers apply to q and k."""
 KDA_DECODE_BLOCKS = ("kda_short_conv_decode", "kda_decode")
 
 
@@ -465,11 +467,22 @@ def hyper_connection_mix(y: torch.Tensor, residual: torch.Tensor, post: torch.Te
     return out.view(b, s, n, d)
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def l2norm(x: torch.Tensor, eps: float = KDA_L2NORM_EPS) -> torch.Tensor:
     """x / sqrt(sum(x^2) + eps) over the last dim, in float32 (fla's l2norm, which the KDA layers apply to q and k;
     transformers' torch path computes the same)."""
     x32 = x.float()
     return (x32 / torch.sqrt((x32 * x32).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def kda_prologue(self: nn.Module, q: torch.Tensor, k: torch.Tensor, beta_logits: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A KDA (or gated DeltaNet) layer's q, k [B, T, H, K] l2-normalised per head (eps 1e-6) and its beta
+    [B, T, HV] squashed by a sigmoid: workbench::kda_prologue where the layer takes it (``workbench_prologue``, set
+    by a family's patch; a layer the kda_layer kind installed always does), else in torch as shipped (the l2norm in
+    float32, the sigmoid in the logits' dtype)."""
+    if getattr(self, "workbench_prologue", True):
+        return ops.kda_prologue(q, k, beta_logits, KDA_L2NORM_EPS)
+    return l2norm(q, KDA_L2NORM_EPS), l2norm(k, KDA_L2NORM_EPS), torch.sigmoid(beta_logits)
 
 
 def padding_zeroed(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -518,8 +531,8 @@ def kda_layer_forward(self: nn.Module, hidden_states: torch.Tensor, cache_params
     mixed = ops.kda_short_conv(mixed, self.conv1d.weight.squeeze(1))
     q, k, v = (part.reshape(heads) for part in mixed.split(self.qkv_dim, dim=-1))
     g = self.forget_gate(hidden_states)
-    beta = torch.sigmoid(self.b_proj(hidden_states))
-    o, final_state = ops.kda(l2norm(q), l2norm(k), v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
+    q, k, beta = kda_prologue(self, q, k, self.b_proj(hidden_states))
+    o, final_state = ops.kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, None)
     if cache_params is not None:
         cache_params.update_recurrent_state(final_state.to(torch.float32), self.layer_idx)
     return self.o_proj(self.o_norm(o, kda_output_gate(self, hidden_states).view(heads)).reshape(b, t, -1))
@@ -545,9 +558,8 @@ def kda_layer_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, 
     mixed, _ = ops.kda_short_conv_decode(mixed, self.conv1d.weight.squeeze(1), conv_state, slots)
     q, k, v = (part.reshape(b, -1, self.head_dim) for part in mixed.split(self.qkv_dim, dim=-1))
     g = self.forget_gate(hidden_states)[:, 0]
-    beta = torch.sigmoid(self.b_proj(hidden_states))[:, 0]
-    o, _ = ops.kda_decode(l2norm(q), l2norm(k), v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5,
-                          recurrent_state, slots)
+    q, k, beta = kda_prologue(self, q, k, self.b_proj(x))
+    o, _ = ops.kda_decode(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_dim ** -0.5, recurrent_state, slots)
     gate = kda_output_gate(self, hidden_states).view(b, 1, -1, self.head_dim)
     return self.o_proj(self.o_norm(o[:, None], gate).reshape(b, 1, -1))
 
@@ -559,10 +571,11 @@ def patch_kda_layer(patcher, path: str, module: nn.Module) -> None:
     if why:
         patcher.report.leave(path, module, why)
     elif patcher.wants(path, module, "kda_short_conv", "kda"):
+        module.workbench_prologue = patcher.may("kda_prologue")
+        blocks = ("kda_short_conv", "kda_prologue", "kda") if module.workbench_prologue else ("kda_short_conv", "kda")
         if patcher.may(*KDA_DECODE_BLOCKS):
-            patcher.set_forward(path, module, kda_layer_forward_with_decode, "kda_short_conv", "kda",
-                                *KDA_DECODE_BLOCKS)
+            patcher.set_forward(path, module, kda_layer_forward_with_decode, *blocks, *KDA_DECODE_BLOCKS)
         else:
-            patcher.set_forward(path, module, kda_layer_forward, "kda_short_conv", "kda")
-        if KDA_LEFT_IN_TORCH not in patcher.report.notes:
+            patcher.set_forward(path, module, kda_layer_forward, *blocks)
+        if not module.workbench_prologue and KDA_LEFT_IN_TORCH not in patcher.report.notes:
             patcher.report.notes.append(KDA_LEFT_IN_TORCH)

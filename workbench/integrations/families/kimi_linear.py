@@ -9,9 +9,10 @@ a sigmoid MoE with a shared expert, RMSNorm.
     KimiLinearExperts (silu)          moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
     KimiLinearAttention (MLA)         mla (projections and the latent's RMSNorm around it); its decode steps by
                                       mla_decode (W_uk, W_uv in torch) where promoted
-    KimiLinearDeltaAttention (KDA)    kda_short_conv, kda; its decode steps (one token over the cache) by
-                                      kda_short_conv_decode and kda_decode where both are promoted; the l2norm of q
-                                      and k and beta's sigmoid stay in torch (_common.KDA_LEFT_IN_TORCH)
+    KimiLinearDeltaAttention (KDA)    kda_short_conv, kda_prologue (the l2norm of q and k, beta's sigmoid; in torch
+                                      where it is not promoted: _common.KDA_LEFT_IN_TORCH), kda; its decode steps
+                                      (one token over the cache) by kda_short_conv_decode and kda_decode where both
+                                      are promoted
     KimiLinearForgetGate              kda_gate, softplus form -exp(A_log) * softplus(f + dt_bias) (projections in torch)
     KimiLinearRMSNormGated            rmsnorm_gated, sigmoid gate: rmsnorm(o) * weight * sigmoid(gate) per head,
                                       float32 math and one rounding, as the module computes it

@@ -7,9 +7,10 @@ softmax-routed MoE with a sigmoid-gated shared expert; zero-centred RMSNorm.
     Qwen3NextMLP (silu)               swiglu (projections in torch; also the shared expert)
     Qwen3NextTopKRouter               moe_router (softmax, renormalized where norm_topk_prob, no bias, scale 1)
     Qwen3NextExperts (silu)           moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
-    Qwen3NextGatedDeltaNet            kda_short_conv; kda_gate (softplus form, one channel per value head); kda (the
-                                      gated delta rule is KDA with one decay for every key channel of a head); the
-                                      l2norm of q and k and beta's sigmoid stay in torch
+    Qwen3NextGatedDeltaNet            kda_short_conv; kda_gate (softplus form, one channel per value head);
+                                      kda_prologue (the l2norm of q and k and beta's sigmoid; in torch where it is
+                                      not promoted); kda (the gated delta rule is KDA with one decay for every key
+                                      channel of a head)
     Qwen3NextRMSNormGated             rmsnorm_gated, silu gate: rmsnorm(o) * weight * silu(z) (the weight plain, not
                                       zero-centred); the module rounds the normed o and its product with the weight
                                       to the input dtype before the gate (in bfloat16 two roundings more than the
@@ -29,6 +30,7 @@ from workbench.integrations.families._common import (
     SharedModules,
     empty_cache,
     finish_shared,
+    kda_prologue,
     patch_attention,
     patch_gated_rmsnorm,
     patch_shared,
@@ -90,9 +92,7 @@ def gated_delta_net_forward(self: nn.Module, hidden_states: torch.Tensor, cache_
     heads = self.num_v_heads
     g = ops.kda_gate(a.reshape(b, t, heads, 1), self.A_log, self.dt_bias.view(heads, 1), None)
     g = g.expand(b, t, heads, self.head_k_dim).contiguous()
-    beta = beta_logit.sigmoid()
-    q = shipped.l2norm(q.float(), dim=-1, eps=1e-6).to(v.dtype)
-    k = shipped.l2norm(k.float(), dim=-1, eps=1e-6).to(v.dtype)
+    q, k, beta = kda_prologue(self, q, k, beta_logit)
     o, final_state = ops.kda(q, k, v, g.to(v.dtype), beta.to(v.dtype), self.head_k_dim ** -0.5, None)
     if cache_params is not None:
         cache_params.update_recurrent_state(final_state, self.layer_idx)
@@ -118,11 +118,13 @@ def apply(patcher: Patcher) -> None:
             if why:
                 report.leave(path, module, why)
             elif patcher.wants(path, module, "kda_short_conv", "kda_gate", "kda"):
-                patcher.set_forward(path, module, gated_delta_net_forward, "kda_short_conv", "kda_gate", "kda")
+                module.workbench_prologue = patcher.may("kda_prologue")
+                patcher.set_forward(path, module, gated_delta_net_forward, "kda_short_conv", "kda_gate",
+                                    *(("kda_prologue",) if module.workbench_prologue else ()), "kda")
     finish_shared(patcher)
     patch_attention(patcher, (shipped.Qwen3NextAttention,),
                     "the projections, the q/k RMSNorm, the partial rotary embedding and the sigmoid output gate")
-    if any(r.cls == "Qwen3NextGatedDeltaNet" and r.replaced for r in report.rows):
+    if any(r.cls == "Qwen3NextGatedDeltaNet" and r.replaced and "kda_prologue" not in r.blocks for r in report.rows):
         report.notes.append(LEFT_IN_TORCH)
     report.notes.append("plain projections (nn.Linear, the shared expert's sigmoid gate) run in torch")
 
