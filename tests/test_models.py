@@ -14,7 +14,8 @@ from workbench.models import get_model, list_models, model_shapes
 KIMI = "kimi-k3.1-pro"
 K3 = "kimi-k3"
 K3_BLOCKS = {
-    "kda", "kda_short_conv", "kda_gate", "kda_decode", "kda_prefill", "kda_short_conv_decode", "kda_short_conv_prefill",
+    "kda", "kda_short_conv", "kda_gate", "kda_prologue", "kda_decode", "kda_prefill", "kda_short_conv_decode",
+    "kda_short_conv_prefill",
     "mla",
     "mla_decode", "mla_prefill", "attnres",
     "moe_router",

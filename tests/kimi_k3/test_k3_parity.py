@@ -17,9 +17,9 @@ from workbench.cli import app
 pytestmark = [pytest.mark.interpreter, pytest.mark.slow]
 runner = CliRunner()
 OPERATORS = Path(__file__).parents[2] / "operators"
-K3_BLOCKS = ["attnres", "kda", "kda_decode", "kda_gate", "kda_prefill", "kda_short_conv", "kda_short_conv_decode",
-             "kda_short_conv_prefill", "mla", "mla_decode", "mla_prefill", "moe_combine", "moe_grouped_gemm",
-             "moe_permute", "moe_router", "rmsnorm", "rmsnorm_gated", "situ"]
+K3_BLOCKS = ["attnres", "kda", "kda_decode", "kda_gate", "kda_prefill", "kda_prologue", "kda_short_conv",
+             "kda_short_conv_decode", "kda_short_conv_prefill", "mla", "mla_decode", "mla_prefill", "moe_combine",
+             "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "rmsnorm_gated", "situ"]
 
 
 def test_kimi_k3_with_every_promoted_operator_computes_k3_as_published(settings):

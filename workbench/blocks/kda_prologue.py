@@ -116,4 +116,5 @@ SPEC = BlockSpec(
     hidden_shapes=hidden_shapes,
     work=work,
     onboard=onboard,
+    replay="K",
 )

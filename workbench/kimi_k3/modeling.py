@@ -31,7 +31,7 @@ shared_head.norm and its own shared_head.head.
 Every catalog block is called through ``self.ops`` of the module that computes it ({block: callable with the block
 reference's signature}): the blocks' references by default (the model in torch), a promoted operator, a candidate
 file or the kernels library's op (``use_ops``, ``workbench.integrations.families.kimi_k3``). The glue between blocks
-(projections, the L2 norms of q and k, beta's sigmoid, MLA's absorbed products in serving) is plain torch.
+(projections, MLA's absorbed products in serving) is plain torch.
 
 Two paths: training (``forward`` on [B, T] ids without a cache: the blocks' training forms, gradients everywhere)
 and serving (with a ``KimiK3Cache``: the packed prefill forms, then one decode step per call, over the caches as vLLM
@@ -52,7 +52,7 @@ from workbench.blocks import REGISTRY
 from workbench.kimi_k3.config import KimiK3Config
 from workbench.kimi_k3.serving import KimiK3Cache, Packing, pack
 
-L2NORM_EPS = 1e-6  # q and k: x * rsqrt(sum x^2 + 1e-6) (vLLM's fused_recurrent_kda, fla's l2norm)
+L2NORM_EPS = 1e-6  # q and k: x * rsqrt(sum x^2 + 1e-6) (vLLM's fused_recurrent_kda, fla's l2norm): kda_prologue
 GATED_NORM_EPS = 1e-5  # FusedRMSNormGated's default: K3's o_norm is built without an eps
 
 
@@ -95,12 +95,6 @@ def _linear(d_in: int, d_out: int) -> nn.Linear:
 def wide(x: torch.Tensor) -> torch.Tensor:
     """x in float32 (float64 stays float64): the precision K3's code computes its glue in."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """x * rsqrt(sum x^2 + 1e-6) over the last dim, in float32 (float64 for float64), in x's dtype."""
-    xf = wide(x)
-    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
 class LoRALinear(OpsModule):
@@ -197,7 +191,7 @@ class KimiK3DeltaAttention(OpsModule):
     [H*K, K]; A_log [H] and dt_bias [H*K] float32 in the checkpoint; b_proj [H, D]; g_proj [H*K, D] (or g_a_proj,
     g_b_proj without use_full_rank_gate); o_norm; o_proj [D, H*K]."""
 
-    TRAINING = ("kda_short_conv", "kda_gate", "kda")
+    TRAINING = ("kda_short_conv", "kda_gate", "kda_prologue", "kda")
     SERVING = ("kda_short_conv_prefill", "kda_prefill", "kda_short_conv_decode", "kda_decode")
 
     def __init__(self, config: KimiK3Config, layer_idx: int):
@@ -231,20 +225,20 @@ class KimiK3DeltaAttention(OpsModule):
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [N, 3*H*K]
         f = self.f_b_proj(self.f_a_proj(x)).view(1, n, h, k)
         g = self.ops["kda_gate"](f, self.A_log, self.dt_bias.view(h, k), self.lower_bound)[0]  # [N, H, K] fp32
-        beta = torch.sigmoid(wide(self.b_proj(x))).to(x.dtype)  # [N, H]
+        beta_logits = self.b_proj(x)  # [N, H]
         if rows.cache is not None:
-            o = self._serve(mixed, g, beta, rows)
+            o = self._serve(mixed, g, beta_logits, rows)
         else:
             mixed = self.ops["kda_short_conv"](mixed.view(rows.batch, rows.length, -1), self.conv_weight())
             q, k_, v = (part.reshape(-1, h, k) for part in mixed.reshape(n, -1).split(h * k, dim=-1))
-            q, k_ = l2norm(q), l2norm(k_)
+            q, k_, beta = self.ops["kda_prologue"](q, k_, beta_logits, L2NORM_EPS)
             o, _ = self.ops["kda"](*(t.view(rows.batch, rows.length, h, -1) for t in (q, k_, v)),
                                    g.to(x.dtype).view(rows.batch, rows.length, h, k),
                                    beta.view(rows.batch, rows.length, h), k ** -0.5, None)
         o = self.o_norm(o.reshape(n * h, k), self.output_gate(x).reshape(n * h, k))
         return self.o_proj(o.reshape(n, h * k))
 
-    def _serve(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, rows: Rows) -> torch.Tensor:
+    def _serve(self, mixed: torch.Tensor, g: torch.Tensor, beta_logits: torch.Tensor, rows: Rows) -> torch.Tensor:
         """The conv and the delta rule over the cache's states (vLLM's KDA prefill and decode): [N, H, V]."""
         h, k = self.heads, self.head_dim
         cache, packing = rows.cache, rows.packing
@@ -256,7 +250,8 @@ class KimiK3DeltaAttention(OpsModule):
             y, state["conv"] = self.ops["kda_short_conv_prefill"](mixed, self.conv_weight(), state["conv"],
                                                                   packing.cu_seqlens, slots, has_state)
         q, k_, v = (part.reshape(-1, h, k) for part in y.split(h * k, dim=-1))
-        q, k_, g = l2norm(q), l2norm(k_), g.to(v.dtype)
+        q, k_, beta = self.ops["kda_prologue"](q, k_, beta_logits, L2NORM_EPS)
+        g = g.to(v.dtype)
         if packing.decode:
             o, state["state"] = self.ops["kda_decode"](q, k_, v, g, beta, k ** -0.5, state["state"], slots)
         else:

@@ -10,8 +10,8 @@ default: that is the model "as shipped", in torch. This family swaps the promote
     KimiK3Gate                        moe_router (sigmoid, correction bias, renormalised, routed_scaling_factor)
     KimiK3Experts                     moe_permute, moe_grouped_gemm (moe_grouped_gemm_mxfp4 for MXFP4 experts),
                                       moe_combine
-    KimiK3DeltaAttention              kda_short_conv, kda_gate, kda; serving: kda_short_conv_prefill, kda_prefill,
-                                      kda_short_conv_decode, kda_decode (each where promoted)
+    KimiK3DeltaAttention              kda_short_conv, kda_gate, kda_prologue, kda; serving: kda_short_conv_prefill,
+                                      kda_prefill, kda_short_conv_decode, kda_decode (each where promoted)
     KimiK3MLAAttention                mla; serving: mla_prefill, mla_decode (W_uk, W_uv and the gate in torch)
     KimiK3DSAAttention, KimiK3Indexer dsa_sparse_attention, dsa_indexer; serving: dsa_prefill, dsa_decode,
                                       dsa_indexer_prefill, dsa_indexer_decode (Kimi K3.1 Pro's layers)
@@ -25,7 +25,6 @@ from typing import Any
 
 from torch import nn
 
-from workbench.integrations.families._common import KDA_LEFT_IN_TORCH
 from workbench.integrations.transformers import Patcher
 from workbench.kimi_k3 import modeling as shipped
 from workbench.kimi_k3.config import KimiK3Config
@@ -82,8 +81,6 @@ def apply(patcher: Patcher) -> None:
         if isinstance(module, shipped.OpsModule) and module.TRAINING:
             if patcher.wants(path, module, *module.TRAINING):
                 patcher.set_ops(path, module, *module.TRAINING, *(b for b in module.SERVING if patcher.may(b)))
-                if isinstance(module, shipped.KimiK3DeltaAttention) and KDA_LEFT_IN_TORCH not in report.notes:
-                    report.notes.append(KDA_LEFT_IN_TORCH)
         elif isinstance(module, nn.Embedding):
             report.leave(path, module, "embedding lookup: no block")
         elif path == "lm_head" or path.endswith("shared_head.head"):
