@@ -13,6 +13,7 @@ What a block saves for backward, per token (``saved`` of each layer; b: bytes of
 statistic, i: of an index): the tensors an implementation that keeps inputs and outputs, not intermediates, needs:
     kda               q, k, v (b), g (fp32), beta (fp32), o (b)          kda_short_conv   its three inputs
     kda_gate          its input                                          rmsnorm          input and 1/rms
+    kda_prologue      its inputs: q, k and beta's logits
     mla               q, c_kv, k_rope, o, the log-sum-exp per head       dsa_sparse_attention  q, k, v, o, the
     selected indices, the log-sum-exp                                    moe_router       scores (fp32), weights, ids
     moe_permute       the row maps                                       moe_grouped_gemm  its rows, gate and up,
@@ -33,7 +34,8 @@ KDA_CHUNK = 64
 """Tokens per chunk of chunked KDA, for its intra-chunk FLOPs."""
 
 
-def _kda(d: int, h: int, k: int, v: int, b: int, conv: bool, gate: bool) -> tuple[int, float, dict[str, float]]:
+def _kda(d: int, h: int, k: int, v: int, b: int, conv: bool, gate: bool, prologue: bool
+         ) -> tuple[int, float, dict[str, float]]:
     """(adapters per unit rank, attention FLOPs per token beyond the projections, saved bytes per token by block)."""
     saved = {"glue": (d + h * v) * b, "kda": (2 * h * k + 2 * h * v) * b + (h * k + h) * FP32,
              "rmsnorm_gated": 2 * h * v * b + h * FP32}
@@ -41,6 +43,8 @@ def _kda(d: int, h: int, k: int, v: int, b: int, conv: bool, gate: bool) -> tupl
         saved["kda_short_conv"] = (2 * h * k + h * v) * b
     if gate:
         saved["kda_gate"] = h * k * b
+    if prologue:
+        saved["kda_prologue"] = (2 * h * k + h) * b
     flops = 4 * h * k * v + 2 * h * KDA_CHUNK * (k + v)
     return 3 * (d + h * k) + h * v + d, flops, saved
 
@@ -159,7 +163,7 @@ def from_card(name: str) -> Model:
         else:
             kind, attention_params = "K", parts.get("kda_attention", 0) / n_kda
             adapters, flops, saved = _kda(d, kda["H"], kda["K"], kda["V"], b, "kda_short_conv" in card.blocks,
-                                          "kda_gate" in card.blocks)
+                                          "kda_gate" in card.blocks, "kda_prologue" in card.blocks)
         moe = index >= dense_layers
         ffn_adapters, ffn_saved = _moe(d, dx, f, shared, experts, active, b, i, dx != d) if moe else _ffn(d, ffn, b)
         dense = attention_params + norms + (per_moe if moe else 3 * d * ffn)
@@ -209,7 +213,7 @@ def from_replay(name: str, preset_name: str, ranks: int) -> Model:
         kind, moe = layer.kind, getattr(layer, "block_sparse_moe", None)
         mla = (d, p.heads, p.mla_rank, p.head_dim, p.head_dim // 2, p.head_dim, d, b)
         if kind == "K":
-            _, flops, saved = _kda(d, p.heads, p.head_dim, p.head_dim, b, True, True)
+            _, flops, saved = _kda(d, p.heads, p.head_dim, p.head_dim, b, True, True, True)
         elif kind == "D":
             _, flops, saved = _gated_mla_dsa(*mla, i, p.dsa_topk, p.index_heads, p.index_dim, context)
         else:
