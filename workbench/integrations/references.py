@@ -600,51 +600,62 @@ def dsa_sparse_attention() -> Comparison:
                     [x, attn.kv_b_proj.weight, attn.q_b_proj.weight])
 
 
-def _glm5_next_dsa_layer(seed: int):
-    """A float64 Glm5NextTextAttention (eager) with random weights and its unpadded input [2, 19, 32]: 2 heads, no
-    rotary embedding, an indexer of 16 heads (exact zero ties rare: see _dsa_layer) over pools of 4 keys, the top 8
-    keys (two pools) and the tail."""
+def _glm5_next_dsa_layers(seed: int):
+    """Two float64 Glm5NextTextAttention layers (eager) with random weights, a full one and a shared one (it attends
+    over the full layer's selection), and their unpadded input [2, 19, 32]: 2 heads, no rotary embedding, an indexer
+    of 16 heads (exact zero ties rare: see _dsa_layer) over pools of 4 keys, the top 8 keys (two pools) and the
+    tail."""
     from transformers.models.glm5_next import modeling_glm5_next as glm
 
     g = torch.Generator().manual_seed(seed)
     cfg = glm.Glm5NextTextConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=12,
                                  kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=0, v_head_dim=6,
                                  index_n_heads=16, index_head_dim=8, index_topk=8, index_kpool=4,
-                                 layer_types=["indexed_attention"], indexer_types=["full"], num_hidden_layers=1)
+                                 layer_types=["indexed_attention"] * 2, indexer_types=["full", "shared"],
+                                 num_hidden_layers=2)
     cfg._attn_implementation = "eager"
-    attn = glm.Glm5NextTextAttention(cfg, 0).to(F64)
-    for p in attn.parameters():
-        p.data = torch.randn(p.shape, generator=g, dtype=F64) * p.shape[-1] ** -0.5
-    return attn, _leaf(2, 19, 32, g=g), torch.ones(2, 19, dtype=torch.bool)
+    layers = [glm.Glm5NextTextAttention(cfg, i).to(F64) for i in range(2)]
+    for layer in layers:
+        for p in layer.parameters():
+            p.data = torch.randn(p.shape, generator=g, dtype=F64) * p.shape[-1] ** -0.5
+        layer.original_forward = layer.forward
+    return layers, _leaf(2, 19, 32, g=g), torch.ones(2, 19, dtype=torch.bool)
 
 
 def dsa_kpool_indexer() -> list[Comparison]:
     """GLM-5-Next's k-pool indexer: the selection (key sets per query, the tail included; output_rel: the fraction of
-    rows that differ; no gradients, the shipped indexer runs under no_grad), and its DSA layer as the family's patch
-    computes it (dsa_kpool_indexer, then dsa_sparse_attention over the decompressed heads)."""
+    rows that differ; no gradients, the shipped indexer runs under no_grad), and its DSA layers as the family's
+    patch computes them: the full layer (dsa_kpool_indexer, then dsa_sparse_attention over the decompressed heads)
+    and the shared one after it (dsa_sparse_attention over the selection handed down)."""
     from workbench.integrations.families import glm5_next
     from workbench.integrations.ops import computing_with, references
 
-    attn, x, mask = _glm5_next_dsa_layer(31)
-    q_resid = attn.q_a_layernorm(attn.q_a_proj(x)).detach()
+    (full, shared), x, mask = _glm5_next_dsa_layers(31)
+    q_resid = full.q_a_layernorm(full.q_a_proj(x)).detach()
     with computing_with(references()), Float64Casts():
-        ours = glm5_next.select_pools(attn.indexer, x.detach(), q_resid)
+        ours = glm5_next.select_pools(full.indexer, x.detach(), q_resid)
     with torch.no_grad(), Float64Casts():
-        theirs = attn.indexer(x.detach(), q_resid, mask, None)
+        theirs = full.indexer(x.detach(), q_resid, mask, None)
     sets = [[sorted(row) for row in ix.reshape(-1, ix.shape[-1]).tolist()] for ix in (ours, theirs)]
     differ = sum(a != b for a, b in zip(*sets, strict=True)) / len(sets[0])
-    attn.original_forward = attn.forward
 
-    def layer():
+    def patched(layer):
         with computing_with(references()), Float64Casts():
-            return glm5_next.attention_forward(attn, x, mask)[0]
+            out, _, selection = glm5_next.attention_forward(full, x, mask)
+            return out if layer is full else glm5_next.attention_forward(shared, x, mask, None, selection)[0]
 
+    def shipped(layer):
+        out, _, selection = full(x, mask)
+        return out if layer is full else shared(x, mask, None, selection)[0]
+
+    leaves = [x, full.kv_b_proj.weight, full.q_b_proj.weight, shared.kv_b_proj.weight]
     return [Comparison("dsa_kpool_indexer", "Glm5NextTextIndexer (pools of 4, top 8 keys and the tail; the "
                                             "selection; no grad)", True, differ, 0.0,
                        "selection sets compared; the shipped indexer has no backward"),
-            _compare("dsa_kpool_indexer", "Glm5NextTextAttention (eager, no rotary: dsa_kpool_indexer, then "
-                                          "dsa_sparse_attention)", layer, lambda: attn(x, mask)[0],
-                     [x, attn.kv_b_proj.weight, attn.q_b_proj.weight])]
+            *(_compare("dsa_kpool_indexer", f"Glm5NextTextAttention, {label} (eager, no rotary)",
+                       lambda layer=layer: patched(layer), lambda layer=layer: shipped(layer), leaves)
+              for layer, label in ((full, "a full layer: dsa_kpool_indexer, then dsa_sparse_attention"),
+                                   (shared, "a shared layer after it: dsa_sparse_attention over its selection")))]
 
 
 def _router(config_cls, router_cls, seed: int, **config):

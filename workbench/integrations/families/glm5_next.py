@@ -8,8 +8,8 @@ inputs, RMSNorm.
     Glm5NextTextRMSNorm               rmsnorm
     Glm5NextTextTopkRouter            moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     Glm5NextTextLinearAttention       kda_short_conv, kda_prologue, kda (Kimi Linear's KDA layer: the same
-                                      forward); its decode
-                                      steps by kda_short_conv_decode and kda_decode where both are promoted
+                                      forward); its decode steps by kda_short_conv_decode and kda_decode where both
+                                      are promoted
     Glm5NextTextForgetGate            kda_gate, bounded form lower_bound * sigmoid(exp(A_log) * (f + dt_bias))
     Glm5NextTextMLP                   swiglu, clamped: silu(min(a, L)) * clamp(b, -L, L) with L = swiglu_limit
                                       (projections in torch; also the shared experts)
