@@ -196,13 +196,21 @@ def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: tor
             deficit_reason = (f"key {where[-1]} chosen for query {int(query[tuple(where[:-1])])} (batch {where[0]}) "
                               f"scores {worst:.3g} below the row's k-th score (allowed {allowance:.3g})")
 
+    return selection_verdict(figures, pad_wrong, bad_key, repeats, deficit_reason)
+
+
+def selection_verdict(figures: dict, pad_wrong: int, bad_key: int, repeats: int, deficit_reason: str = "") -> dict:
+    """The verdict of a selection comparator from its counts and figures (max_abs: the fraction of the truth's pairs
+    missed, ref_err: the reference's own): the first failed rule's reason, in the order padding, causality, repeats,
+    overlap, score deficit."""
+    missed, ref_missed = figures["max_abs"], figures["ref_err"]
     if pad_wrong:
         return {**figures, "passed": False, "reason": f"{pad_wrong} entries disagree with the -1 padding pattern"}
     if bad_key:
         return {**figures, "passed": False, "reason": f"{bad_key} selected entries are not causal keys (0 <= s <= t)"}
     if repeats:
         return {**figures, "passed": False, "reason": f"{repeats} keys selected twice in one row"}
-    if missed > bound:
+    if missed > 1.0 - MIN_OVERLAP:
         return {**figures, "passed": False, "reason": f"selection overlap {1 - missed:.4f} < {MIN_OVERLAP} "
                 f"(reference's own {1 - ref_missed:.4f})"}
     if deficit_reason:

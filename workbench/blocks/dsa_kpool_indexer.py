@@ -150,16 +150,7 @@ def compare_expanded(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: to
     missed, ref_missed = missing(got), missing(dsa_indexer._membership(r, T))
     figures = {"max_abs": missed, "max_rel": 0.0, "err_ratio": missed, "ref_err": ref_missed, "bound": bound,
                "nonfinite": 0}
-    if pad_wrong:
-        return {**figures, "passed": False, "reason": f"{pad_wrong} entries disagree with the -1 padding pattern"}
-    if bad_key:
-        return {**figures, "passed": False, "reason": f"{bad_key} selected entries are not causal keys (0 <= s <= t)"}
-    if repeats:
-        return {**figures, "passed": False, "reason": f"{repeats} keys selected twice in one row"}
-    if missed > bound:
-        return {**figures, "passed": False, "reason": f"selection overlap {1 - missed:.4f} < "
-                f"{dsa_indexer.MIN_OVERLAP} (reference's own {1 - ref_missed:.4f})"}
-    return {**figures, "passed": True}
+    return dsa_indexer.selection_verdict(figures, pad_wrong, bad_key, repeats)
 
 
 # --- work (the cost model) ---------------------------------------------------------------------------------
