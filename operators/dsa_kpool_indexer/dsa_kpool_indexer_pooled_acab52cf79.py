@@ -1,7 +1,7 @@
 """dsa_kpool_indexer candidate rendered from templates/dsa_kpool_indexer/pooled.py.j2.
 
 pooled keys once into a float32 scratch, tiled pool scores (tl.dot per index head), a sort-free selection pass that expands the pools
-params: BLOCK_T=64, BLOCK_S=32, SEL_ROWS=16, SEL_BLOCK=32, num_warps=4
+params: BLOCK_T=64, BLOCK_S=32, SEL_ROWS=4, SEL_BLOCK=32, num_warps=4
 """
 import torch
 import triton
@@ -42,14 +42,14 @@ def target_settings(device) -> dict:
     return {**LAUNCH_SETTINGS.get("default", {}), **LAUNCH_SETTINGS.get(backend, {}),
             **LAUNCH_SETTINGS.get(target, {}), **TUNED_SETTINGS.get(target, {})}
 # Per target: warps of the pooling, scores and selection launches, pipelining stages and rows per selection
-# program (on NVIDIA 16 rows' [16, SEL_BLOCK, SEL_BLOCK] comparison tile of int64 keys spills: 4 rows over 8 warps
-# do not); DOT: float32 pooled keys stay float32-accurate on the tensor cores through split operands (3xTF32 on
+# program (16 rows' [16, SEL_BLOCK, SEL_BLOCK] comparison tile of int64 keys spills on NVIDIA: 4 rows over 8 warps
+# do not, the defaults); DOT: float32 pooled keys stay float32-accurate on the tensor cores through split operands (3xTF32 on
 # NVIDIA, 6xBF16 on AMD); the interpreter multiplies in float32 itself.
 LAUNCH_SETTINGS = {
-    "default": {"pool_warps": 4, "fwd_warps": 4, "topk_warps": 4,
-                "num_stages": None, "sel_rows": 16},
+    "default": {"pool_warps": 4, "fwd_warps": 4, "topk_warps": 8,
+                "num_stages": None, "sel_rows": 4},
     "interpreter": {"DOT": "ieee"},
-    "cuda": {"DOT": "tf32x3", "topk_warps": 8, "sel_rows": 4},  # the selection's comparison tile stays in registers
+    "cuda": {"DOT": "tf32x3"},
     "hip": {"DOT": "bf16x6"},
 }
 
