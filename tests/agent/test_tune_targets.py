@@ -26,10 +26,10 @@ def reversed_templates(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_TEMPLATES", str(reverse_choices(tmp_path / "reversed")))
 
 
-# kda_short_conv_prefill's reversed first point (32 x 64 over 2 warps) spills on NVIDIA, mla_decode's (head_loop over 4
-# warps) too: 21 s and 25 s here. moe_grouped_gemm_mxfp4's (126 s: two interpreter verifications of a 128-wide GEMM)
+# kda_short_conv_prefill's reversed first point (32 x 64 over 2 warps) spills on NVIDIA: about 30 s here. mla_decode's
+# (head_loop over 4 warps, 40 s), moe_grouped_gemm_mxfp4's (126 s: two interpreter verifications of a 128-wide GEMM)
 # and kda's (minutes) are kept out of the suite's budget: `python bench/reversed_port.py --blocks ...`
-@pytest.mark.parametrize("block", ["kda_short_conv_prefill", "mla_decode"])
+@pytest.mark.parametrize("block", ["kda_short_conv_prefill"])
 def test_from_the_reversed_choices_a_port_promotes_spill_free_on_the_five_targets(block, settings,
                                                                                   reversed_templates):
     outcome = port_block(block, settings, targets=TARGETS, forward_only=True, suites=["smoke"], seeds=1,

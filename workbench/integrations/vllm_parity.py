@@ -106,6 +106,16 @@ def compare(shipped: dict, patched: dict) -> dict[str, Any]:
                                    if patched["built"].get(name) and not runs.get(block)})}
 
 
+def inductor_cache() -> Path:
+    """Where vLLM's CPU build keeps the C++ its sampler and ops compile (15 s a fresh process even when eager):
+    $TORCHINDUCTOR_CACHE_DIR, else inductor's own default, which a child's scratch TMPDIR would otherwise move. A
+    content-keyed cache: what is reused is what the same source compiles to."""
+    import getpass
+
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) /
+                f"torchinductor_{getpass.getuser()}")
+
+
 def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32", seed: int = 0,
                     operators_dir: Path | None = None, timeout_s: float = 600.0) -> ParityResult:
     """Parity of the plugin in vLLM's model code on ``model_type``'s tiny model (see the module docstring)."""
@@ -124,7 +134,8 @@ def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32"
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vllm-parity-") as scratch:
         env = {**os.environ, "TRITON_INTERPRET": "1", "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators),
-               "HF_HUB_OFFLINE": "1", "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache")}
+               "HF_HUB_OFFLINE": "1", "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"),
+               "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
         model_dir = str(Path(scratch) / "model")
         try:
             built = child({"mode": "build", "model_type": model_type, "config": TINY[model_type], "seed": seed,
