@@ -190,26 +190,27 @@ def _grads(outputs: list[torch.Tensor], ups: list[torch.Tensor], leaves: list[to
 
 
 def measure(module: nn.Module, args: tuple, kwargs: dict, original, patched, exact_ids: bool = True,
-            scaled: bool = False) -> dict[str, float]:
+            scaled: bool = False, called: tuple[set[str], set[str]] | None = None) -> dict[str, float]:
     """The worst relative error of ``patched`` against ``original`` (two calls computing ``module``): {"output",
     "grad"}, the outputs on the recorded inputs (and, ``scaled``, on them times INPUT_SCALE), the gradients (of the
     float inputs and of the module's parameters, under one random upstream gradient per float output both calls
     return) on the recorded inputs. With ``exact_ids``
     (a router: its choice is its output) integer outputs must be equal sets per row, else "output" is inf; without
     (a sparse attention handing its selection on, padded with masked positions in any order) they are judged by the
-    float outputs they select. Raises what either call raises."""
+    float outputs they select. ``called``: two sets that collect the classes of the module's descendants whose forward
+    each call runs. Raises what either call raises."""
     from workbench.integrations.references import Float64Casts
 
     worst = {"output": 0.0, "grad": 0.0}
     params = [p for p in module.parameters() if p.is_floating_point() and p.requires_grad]
     for scale in (1.0, INPUT_SCALE) if scaled else (1.0,):
         runs = []
-        for call in (original, patched):
+        for side, call in enumerate((original, patched)):
             inputs = (_map_tensors(args, functools.partial(_leaf, scale=scale)),
                       {k: _map_tensors(v, torch.clone if k in CONSTANT else
                                        functools.partial(_leaf, scale=1.0 if k in UNSCALED else scale))
                        for k, v in kwargs.items()})
-            with Float64Casts():
+            with Float64Casts(), _descendants_called(module, called[side] if called else set()):
                 outputs = _canonical(_tensors(call(*inputs[0], **inputs[1])))
             runs.append((outputs, [t for t in _tensors(inputs) if t is not None and t.requires_grad] + params))
         (out_a, leaves_a), (out_b, leaves_b) = runs
@@ -232,6 +233,18 @@ def measure(module: nn.Module, args: tuple, kwargs: dict, original, patched, exa
                     strict=True)
         worst["grad"] = max([worst["grad"], *(rel(a, b) for a, b in grads)])
     return worst
+
+
+@contextmanager
+def _descendants_called(module: nn.Module, seen: set[str]):
+    """Adds to ``seen`` the class of each descendant of ``module`` whose forward runs inside the block."""
+    hooks = [m.register_forward_pre_hook(lambda m, _: seen.add(type(m).__name__))
+             for m in module.modules() if m is not module]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _leaf(t: torch.Tensor, scale: float) -> torch.Tensor:
@@ -406,32 +419,15 @@ def _measure_registered(model, module, call, blocks) -> dict[str, Any]:
             return call
 
         original, patched = with_implementation("eager"), with_implementation(config._experts_implementation)
+    shipped, ours = set(), set()
     try:
         entry["error"] = measure(module, args, kwargs, original, patched, exact_ids="moe_router" in blocks,
-                                 scaled=bool(set(SCALED) & set(blocks)))
-        entry["bypassed"] = bypassed(module, args, kwargs, original, patched)
+                                 scaled=bool(set(SCALED) & set(blocks)), called=(shipped, ours))
+        # what the patch computes itself (GLM-5-Next's indexer inside its attention) takes the module's status
+        entry["bypassed"] = sorted(shipped - ours)
     except Exception as exc:  # noqa: BLE001 - a family forward that fails on its module's inputs is a finding
         entry["failure"] = f"the patched forward raised {type(exc).__name__}: {one_line(exc)}"
     return entry
-
-
-def bypassed(module: nn.Module, args, kwargs, original, patched) -> list[str]:
-    """The classes of ``module``'s descendants whose forward its shipped forward calls and its patched one does not:
-    what the patch computes itself (GLM-5-Next's indexer inside its attention: the k-pool kernel on the indexer's
-    projections), so that their rows take the patched module's status."""
-    def called(forward) -> set[str]:
-        seen: set[str] = set()
-        hooks = [m.register_forward_pre_hook(lambda m, _: seen.add(type(m).__name__))
-                 for m in module.modules() if m is not module]
-        try:
-            with torch.no_grad():
-                forward(*args, **kwargs)
-        finally:
-            for h in hooks:
-                h.remove()
-        return seen
-
-    return sorted(called(original) - called(patched))
 
 
 def _prove(module: nn.Module, kind: K.Kind, config, calls, instances: list[nn.Module]) -> dict[str, Any]:
