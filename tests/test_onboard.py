@@ -252,7 +252,8 @@ def test_a_new_block_module_onboards_through_its_own_rule(tmp_path, monkeypatch)
         "role": "softmax attention", "shapes": [{"T": 8192, "H": 32}], "layers": 32, "fields": ["num_attention_heads"]}
     # a rule alone is not proof: no kind reads LlamaAttention as this block, so the probe says no module computes it
     assert entry["differs"].startswith("no module of LlamaForCausalLM computes softmax_attention (probe)")
-    assert list(card["blocks"])[:4] == ["attention", "attention_decode", "attention_prefill", "softmax_attention"]
+    assert list(card["blocks"])[:5] == ["attention", "attention_decode", "attention_prefill", "rotary",
+                                        "softmax_attention"]
 
 
 def test_every_block_of_the_catalog_has_an_onboarding_rule_and_a_family():

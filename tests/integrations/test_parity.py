@@ -231,7 +231,8 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
 
 
 @pytest.mark.parametrize("model_type, swapped", [
-    ("glm4_moe", ["attention", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "swiglu"]),
+    ("glm4_moe", ["attention", "moe_combine", "moe_grouped_gemm", "moe_permute", "moe_router", "rmsnorm", "rotary",
+                  "swiglu"]),
     ("bailing_hybrid", ["kda", "kda_gate", "kda_prologue", "kda_short_conv", "moe_combine", "moe_grouped_gemm",
                         "moe_permute", "moe_router", "rmsnorm", "rmsnorm_gated", "swiglu"]),
 ])
@@ -239,8 +240,8 @@ def test_a_family_with_no_integration_runs_the_kinds_the_probe_proved(settings, 
     """GLM-4.5 (a sigmoid router with a correction bias and no scoring_func field, a dense first layer) and
     Bailing-Hybrid (KDA layers with a full-rank forget gate and output gate, MLA layers with a head-wise gate): no
     hand-written integration, the generic kinds the onboarding probe proved swapped in (GLM-4.5's softmax attention
-    through the attention registry, at the decode steps too), Bailing's MLA left alone, every swapped op run,
-    within the float32 bounds."""
+    through the attention registry and its partial rotary embedding as rotary, at the decode steps too), Bailing's
+    MLA left alone, every swapped op run, within the float32 bounds."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", model_type, "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -252,6 +253,7 @@ def test_a_family_with_no_integration_runs_the_kinds_the_probe_proved(settings, 
     left = {row["class"]: row["reason"] for row in report["patch"]["modules"] if not row["blocks"]}
     if "attention" in swapped:
         assert m["decode_op_runs"]["attention"] > m["op_runs"]["attention"] > 0 and m["decode_kl"] < 1e-8
+        assert m["decode_op_runs"]["rotary"] > m["op_runs"]["rotary"] > 0  # q and k of every attention layer
     else:
         assert any(reason.startswith("no spec: MLA attention") for reason in left.values())
     assert any("generic kinds" in note for note in report["patch"]["notes"])

@@ -140,7 +140,7 @@ def test_a_swiglu_limit_is_claimed_where_the_module_clamps_and_only_there(cards)
 def test_a_hybrid_family_never_seen_is_covered_by_the_generic_kinds(cards):
     bailing = rows(cards["bailing_hybrid"])
     assert bailing["BailingHybridDeltaAttention"]["status"] == "covered"
-    assert bailing["BailingHybridDeltaAttention"]["blocks"] == ["kda_short_conv", "kda_prologue", "kda"]
+    assert bailing["BailingHybridDeltaAttention"]["blocks"] == ["kda_short_conv", "kda", "kda_prologue"]
     gate = bailing["BailingHybridForgetGate"]
     assert gate["status"] == "covered" and gate["params"]["lower_bound"]["value"] == -5.0
     assert bailing["BailingHybridAttention"]["status"] == "no spec"  # MLA with a head-wise output gate
@@ -170,9 +170,9 @@ def test_the_probe_can_fail():
     from workbench.integrations.ops import computing_with, references
 
     with computing_with(references()):
-        K.install(norm, plain)
+        K.install(norm, plain, ("rmsnorm",))
         assert P.within_bound(P.measure(norm, (x,), {}, norm.original_forward, norm.forward))
-        K.install(norm, centred)
+        K.install(norm, centred, ("rmsnorm",))
         assert P.measure(norm, (x,), {}, norm.original_forward, norm.forward)["output"] > 1e-2
         K.uninstall(norm)
     assert norm.forward == norm.original_forward if hasattr(norm, "original_forward") else True

@@ -119,8 +119,12 @@ def test_a_family_without_an_integration_gets_the_kinds_the_probe_proved(promote
     model = _llama()
     report = apply_workbench_kernels(model)
     replaced = {r.cls: r.blocks for r in report.replaced}
-    assert replaced == {"LlamaRMSNorm": ("rmsnorm",), "LlamaMLP": ("swiglu",), "LlamaAttention": ("attention",)}
+    assert replaced == {"LlamaRMSNorm": ("rmsnorm",), "LlamaMLP": ("swiglu",),
+                        "LlamaAttention": ("attention", "rotary")}
     assert any("generic kinds" in note for note in report.notes)
+    # the rotary embedding is the attention variant's optional block: without it the module rotates as shipped
+    kept = apply_workbench_kernels(_llama(), blocks=["rmsnorm", "swiglu", "attention"])
+    assert {r.cls: r.blocks for r in kept.replaced}["LlamaAttention"] == ("attention",)
     norm = model.model.norm  # the variant the probe proved, read from this module: its own eps, a plain weight
     assert norm.workbench_variant["weight"]["value"] == "w"
     assert norm.workbench_variant["eps"] == {"value": norm.variance_epsilon,
@@ -196,7 +200,7 @@ def test_deepseek_v3_swaps_mla_with_its_rotary_embedding_and_group_limited_route
     assert found["DeepseekV3TopkRouter"] == ("moe_router",)
     assert found["DeepseekV3Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert found["DeepseekV3MLP"] == ("swiglu",) and found["DeepseekV3RMSNorm"] == ("rmsnorm",)
-    assert model.model.layers[0].self_attn.workbench_rotary and not any("rotary" in n for n in report.notes)
+    assert "rotary" in model.model.layers[0].self_attn.workbench_blocks and not any("rotary" in n for n in report.notes)
     # without rotary the rope parts go through transformers' function (rope_interleave: True), and the note says so
     kept = apply_workbench_kernels(DeepseekV3ForCausalLM(DeepseekV3Config(**fields)), blocks=["mla"])
     assert outcome(kept)["DeepseekV3Attention"] == ("mla",)
@@ -218,7 +222,8 @@ def test_qwen3_next_swaps_the_gated_delta_net_and_its_softmax_attention(promoted
     found = outcome(report)
     assert found["Qwen3NextGatedDeltaNet"] == ("kda_short_conv", "kda_gate", "kda_prologue", "kda")
     assert found["Qwen3NextRMSNorm"] == ("rmsnorm",) and found["Qwen3NextTopKRouter"] == ("moe_router",)
-    assert found["Qwen3NextAttention"] == ("attention",) and found["Qwen3NextRMSNormGated"] == ("rmsnorm_gated",)
+    assert found["Qwen3NextAttention"] == ("attention", "rotary") and found["Qwen3NextRMSNormGated"] == (
+        "rmsnorm_gated",)
 
 
 def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_attention_everywhere(promoted):

@@ -98,10 +98,15 @@ def work(s: Shape) -> tuple[Work, Work]:
 
 
 def onboard(model: ModelConfig) -> list[Found]:
-    """The rope parts of the MLA layers' queries and shared key (qk_rope_head_dim wide) where the family's class
-    rotates them through this block (the class view: DeepSeek-V3's, DeepSeek-V3.2's and GLM-5's attention; never
-    Kimi's NoPE MLA), interleaved pairs where the class reads rope_interleave, else both layouts (DeepSeek-V3.2 rotates
-    its attention by pairs and its indexer by halves). Softmax-attention layers rotate in torch: no rule reads them."""
+    """The rotations of the attention layers where the family's class rotates them through this block (the class
+    view): MLA's rope parts, else softmax attention's queries and keys."""
+    return _mla(model) or _softmax(model)
+
+
+def _mla(model: ModelConfig) -> list[Found]:
+    """The rope parts of the MLA layers' queries and shared key (qk_rope_head_dim wide): DeepSeek-V3's, DeepSeek-V3.2's
+    and GLM-5's attention, never Kimi's NoPE MLA; interleaved pairs where the class reads rope_interleave, else both
+    layouts (DeepSeek-V3.2 rotates its attention by pairs and its indexer by halves)."""
     rope, rope_field = model.class_value("qk_rope_head_dim", "rotary")
     if not model.full_layers or not rope:
         return []
@@ -113,6 +118,25 @@ def onboard(model: ModelConfig) -> list[Found]:
                   + ")", model.full_layers,
                   [{**query, "H": heads, "interleaved": layout} for layout in layouts for heads in (model.heads, 1)],
                   [rope_field, interleave_field, model.heads_field])]
+
+
+def _softmax(model: ModelConfig) -> list[Found]:
+    """The queries and keys of softmax-attention layers (no MLA latent) rotated by halves (transformers'
+    apply_rotary_pos_emb), on the first head_dim x partial_rotary_factor channels (the rotary module's width, a
+    whole head unless the config's rope parameters or partial_rotary_factor say less)."""
+    rope_parameters, rope_field = model.class_value("rope_parameters", "rotary")
+    if not model.full_layers or not model.heads or model.integer("kv_lora_rank")[0] or rope_parameters is None:
+        return []
+    kv_heads, kv_field = model.integer("num_key_value_heads")
+    head_dim, dim_field = model.integer("head_dim")
+    d = head_dim or model.head_dim or model.hidden // model.heads
+    factor = (rope_parameters or {}).get("partial_rotary_factor") or model.field("partial_rotary_factor")[0] or 1.0
+    r = int(d * factor) // 2 * 2
+    return [Found(f"the rotary embedding of the softmax-attention layers' queries and keys (rotate-half"
+                  f"{f', {r} of {d} channels' if r < d else ''})", model.full_layers,
+                  [{"B": 1, "T": model.tokens, "H": heads, "D": d, "R": r, "interleaved": 0}
+                   for heads in dict.fromkeys((model.heads, kv_heads or model.heads))],
+                  [rope_field, model.heads_field, kv_field, dim_field])]
 
 
 SPEC = BlockSpec(

@@ -16,17 +16,21 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
     router              top-k routing: (logits, weights, ids)    moe_router
     experts             transformers' experts interface          moe_permute, moe_grouped_gemm, moe_combine
     kda_gate            KDA's forget gate (A_log, dt_bias)       kda_gate
-    kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda_prologue, kda
+    kda_layer           a KDA layer (Kimi Linear's layout)       kda_short_conv, kda (and kda_prologue)
     short_conv          a causal depthwise conv1d, SiLU or none, kda_short_conv
                         with or without a scaled residual
     hyper_connection    mHC's weights and collapse (fn, base,     hyper_connection
                         scale; Sinkhorn-normalised comb)
-    mla                 MLA attention (DeepSeek's layout)        mla
-    attention           softmax attention (the attention registry) attention
+    mla                 MLA attention (DeepSeek's layout)        mla (and rotary)
+    attention           softmax attention (the attention registry) attention (and rotary)
+
+A block in parentheses is a variant's optional one (``Variant.optional``): the probe holds the variant with it, a
+patch uses it where it is promoted and requested, and the forward computes that part as shipped otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import sys
@@ -45,12 +49,15 @@ from workbench.integrations.ops import ops
 class Variant:
     """One way the blocks may compute a module: the ``forward(self, *args, **kwargs)`` that computes it with the
     module's ``workbench_variant`` (this variant's ``params``), the parameters' values and sources, and what the
-    reading already says the blocks do not compute (``differs``: the probe then measures by how much)."""
+    reading already says the blocks do not compute (``differs``: the probe then measures by how much). ``optional``:
+    blocks beyond the kind's that the forward computes where the module's ``workbench_blocks`` names them
+    (``install``), else as the module does (a rotary embedding, q/k l2norm)."""
 
     label: str
     forward: Callable[..., Any]
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
     differs: str = ""
+    optional: tuple[str, ...] = ()
 
     def value(self, name: str) -> Any:
         return self.params[name]["value"]
@@ -374,7 +381,8 @@ def _forget_gate_variants(module: nn.Module, config: Any) -> list[Variant]:
 
 
 def kda_layer_forward(self: nn.Module, *args, **kwargs) -> torch.Tensor:
-    """A KDA layer through kda_short_conv, kda_prologue and kda (``_common.kda_layer_forward``)."""
+    """A KDA layer through kda_short_conv and kda, and kda_prologue where installed with it
+    (``_common.kda_layer_forward``)."""
     return _common.kda_layer_forward(self, *args, **kwargs)
 
 
@@ -389,7 +397,8 @@ def _kda_layer_variants(module: nn.Module, config: Any) -> list[Variant]:
     return [Variant(f"KDA, output gate {gate}", kda_layer_forward,
                     {"output_gate": param(gate, f"module {type(module).__name__}"),
                      "conv_activation": param(getattr(module, "activation", None),
-                                              f"module {type(module).__name__}.activation")}, why)]
+                                              f"module {type(module).__name__}.activation")}, why,
+                    optional=("kda_prologue",))]
 
 
 SHORT_CONV_FORMS = (("silu", None), ("none", None), ("none", "1 / sqrt(W + 1)"), ("none", "1"), ("silu", "1"),
@@ -466,10 +475,11 @@ def _hyper_connection_variants(module: nn.Module, config: Any) -> list[Variant]:
 
 def mla_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings=None,
                 attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs):
-    """An MLA module (DeepSeek's layout) with the attention as workbench::mla; q's and k's rope parts rotated by the
-    module's own modeling functions (apply_rotary_pos_emb, or its _interleave form, as the variant says) on the
-    position embeddings it is given; none where the variant has no rotary embedding. What
-    ``_common.mla_runs_shipped`` names runs the shipped forward."""
+    """An MLA module (DeepSeek's layout) with the attention as workbench::mla; q's and k's rope parts rotated in the
+    variant's form (half or interleaved) on the position embeddings it is given, by workbench::rotary where
+    installed with it, else by the module's own modeling function (apply_rotary_pos_emb, or its _interleave form);
+    none where the variant has no rotary embedding. What ``_common.mla_runs_shipped`` names runs the shipped
+    forward."""
     rope = self.workbench_variant["rope"]["value"]
     if (rope != "none" and position_embeddings is None) or \
             _common.mla_runs_shipped(self, hidden_states, attention_mask, past_key_values):
@@ -480,8 +490,7 @@ def mla_forward(self: nn.Module, hidden_states: torch.Tensor, position_embedding
         modeling = sys.modules[type(self).__module__]
         apply = getattr(modeling, "apply_rotary_pos_emb_interleave" if rope == "interleaved" else
                         "apply_rotary_pos_emb")
-        cos, sin = position_embeddings
-        rotate = lambda q, k: apply(q, k, cos, sin)  # noqa: E731 - the rotation mla_attention takes
+        rotate = _common.rotation(self, position_embeddings, apply, rope == "interleaved")
     return _common.mla_attention(self, hidden_states, rotate, past_key_values), None
 
 
@@ -502,7 +511,8 @@ def _mla_variants(module: nn.Module, config: Any) -> list[Variant]:
         "_interleave" if f == "interleaved" else ""))]
     return [Variant(f"MLA, rotary embedding {form}", mla_forward,
                     {"rope": param(form, source if (form == forms[0] and source) else
-                                   "probe: the rotary form that reproduces the module")}) for form in forms]
+                                   "probe: the rotary form that reproduces the module")},
+                    optional=() if form == "none" else ("rotary",)) for form in forms]
 
 
 # --- softmax attention ---------------------------------------------------------------------------------------------
@@ -510,7 +520,9 @@ def _mla_variants(module: nn.Module, config: Any) -> list[Variant]:
 
 def attention_forward(self: nn.Module, *args, **kwargs):
     """The module's own forward with its attention function the workbench's (``workbench.integrations.attention``,
-    through ``ops.attention``): the projections, norms, rotary embedding and gates stay the module's."""
+    through ``ops.attention``) and, where installed with rotary, its modeling file's rotate-half
+    apply_rotary_pos_emb as workbench::rotary (``_common.rotary_as_op``): the projections, norms and gates stay the
+    module's."""
     from workbench.integrations.attention import NAME, register
 
     register()
@@ -518,7 +530,8 @@ def attention_forward(self: nn.Module, *args, **kwargs):
     before = config._attn_implementation
     config._attn_implementation = NAME
     try:
-        return self.original_forward(*args, **kwargs)
+        with _common.rotary_as_op(self) if _common.computes(self, "rotary") else contextlib.nullcontext():
+            return self.original_forward(*args, **kwargs)
     finally:
         config._attn_implementation = before
 
@@ -541,11 +554,14 @@ def _attention_variants(module: nn.Module, config: Any) -> list[Variant]:
     window = getattr(module, "sliding_window", None)
     sinks = isinstance(getattr(module, "sinks", None), torch.Tensor)
     softcap = getattr(module, "attn_logit_softcapping", None)
-    return [Variant("softmax attention through the attention registry", attention_forward,
-                    {"window": param(window or 0, f"module {name}.sliding_window"),
-                     "sinks": param("per head" if sinks else "none", f"module {name}.sinks"),
-                     "softcap": param(softcap or 0, f"module {name}.attn_logit_softcapping")},
-                    unsupported(module))]
+    params = {"window": param(window or 0, f"module {name}.sliding_window"),
+              "sinks": param("per head" if sinks else "none", f"module {name}.sinks"),
+              "softcap": param(softcap or 0, f"module {name}.attn_logit_softcapping")}
+    rotated = [Variant("softmax attention through the attention registry, rotate-half rotary embedding",
+                       attention_forward, params, unsupported(module), optional=("rotary",))]
+    # the module's own rotation (another form under that name, or none) where the rotate-half one does not hold
+    return (rotated if _common.takes_rotary_as_op(module) else []) + [
+        Variant("softmax attention through the attention registry", attention_forward, params, unsupported(module))]
 
 
 KINDS: tuple[Kind, ...] = (
@@ -557,13 +573,13 @@ KINDS: tuple[Kind, ...] = (
          _experts_variants),
     Kind("kda_gate", "KDA forget gate (projections in torch)", ("kda_gate",), _is_forget_gate,
          _forget_gate_variants),
-    Kind("kda_layer", "KDA linear attention (projections in torch)", ("kda_short_conv", "kda_prologue", "kda"),
+    Kind("kda_layer", "KDA linear attention (projections in torch)", ("kda_short_conv", "kda"),
          _is_kda_layer, _kda_layer_variants),
     Kind("short_conv", "short convolution", ("kda_short_conv",), _is_short_conv, _short_conv_variants),
     Kind("hyper_connection", "hyper-connections (the layer's expand and mix in torch)", ("hyper_connection",),
          _is_hyper_connection, _hyper_connection_variants),
-    Kind("mla", "MLA attention (projections and rotary embedding in torch)", ("mla",), _is_mla, _mla_variants),
-    Kind("attention", "softmax attention (projections, q/k norms, rotary embedding and gates in torch)",
+    Kind("mla", "MLA attention (projections in torch)", ("mla",), _is_mla, _mla_variants),
+    Kind("attention", "softmax attention (projections, q/k norms and gates in torch)",
          ("attention",), _is_attention, _attention_variants),
 )
 
@@ -573,11 +589,13 @@ def kind_of(module: nn.Module) -> Kind | None:
     return next((kind for kind in KINDS if kind.match(module)), None)
 
 
-def install(module: nn.Module, variant: Variant) -> None:
-    """Make ``module`` compute ``variant`` (its forward through the ops, its parameters on the module)."""
+def install(module: nn.Module, variant: Variant, blocks: tuple[str, ...]) -> None:
+    """Make ``module`` compute ``variant`` (its forward through the ops, its parameters on the module) with
+    ``blocks``: its kind's and those of the variant's optional ones it may use."""
     if not hasattr(module, "original_forward"):
         module.original_forward = module.forward
     module.workbench_variant = variant.params
+    module.workbench_blocks = frozenset(blocks)
     module.forward = variant.forward.__get__(module)
 
 
@@ -587,6 +605,7 @@ def uninstall(module: nn.Module) -> None:
         module.forward = module.original_forward
         del module.original_forward
     module.__dict__.pop("workbench_variant", None)
+    module.__dict__.pop("workbench_blocks", None)
 
 
 # --- what no kind reads ------------------------------------------------------------------------------------------

@@ -20,18 +20,23 @@ class _Ops:
     """``ops.<block>``: the block's op in the table in use (the kernels library's unless ``computing_with``)."""
 
     def __getattr__(self, block: str) -> Callable[..., Any]:
-        table = _TABLE.get()
-        if table is None:
-            import workbench.kernels as wk
-
-            table = wk.OPS
         try:
-            return table[block]
+            return current_table()[block]
         except KeyError:
             raise AttributeError(f"no op for block '{block}'") from None
 
 
 ops = _Ops()
+
+
+def current_table() -> Mapping[str, Callable[..., Any]]:
+    """The ops table in use: ``computing_with``'s, else the kernels library's."""
+    table = _TABLE.get()
+    if table is None:
+        import workbench.kernels as wk
+
+        table = wk.OPS
+    return table
 
 
 def references() -> dict[str, Callable[..., Any]]:

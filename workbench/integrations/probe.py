@@ -236,6 +236,27 @@ def measure(module: nn.Module, args: tuple, kwargs: dict, original, patched, exa
 
 
 @contextmanager
+def _counting(blocks: tuple[str, ...]) -> Iterator[dict[str, int]]:
+    """Within the block, the ops in use with the calls of each of ``blocks`` counted into the dict it yields."""
+    from workbench.integrations.ops import computing_with, current_table
+
+    ran = dict.fromkeys(blocks, 0)
+    if not blocks:
+        yield ran
+        return
+
+    def counted(block: str, op):
+        def call(*args, **kwargs):
+            ran[block] += 1
+            return op(*args, **kwargs)
+        return call
+
+    table = current_table()
+    with computing_with({**table, **{block: counted(block, table[block]) for block in blocks}}):
+        yield ran
+
+
+@contextmanager
 def _descendants_called(module: nn.Module, seen: set[str]):
     """Adds to ``seen`` the class of each descendant of ``module`` whose forward runs inside the block."""
     hooks = [m.register_forward_pre_hook(lambda m, _: seen.add(type(m).__name__))
@@ -431,17 +452,23 @@ def _measure_registered(model, module, call, blocks) -> dict[str, Any]:
 
 
 def _prove(module: nn.Module, kind: K.Kind, config, calls, instances: list[nn.Module]) -> dict[str, Any]:
-    """Try ``kind``'s variants on ``module`` in order; the first that reproduces it (then held on every instance of
-    its class that ran), else the nearest. Leaves the instances patched with the chosen variant."""
+    """Try ``kind``'s variants on ``module`` in order, each with its optional blocks; the first that reproduces it
+    and runs each of them (then held on every instance of its class that ran), else the nearest. Leaves the
+    instances patched with the chosen variant."""
     args, kwargs = calls[module]
     tried = []
     for index, variant in enumerate(kind.variants(module, config)):
-        K.install(module, variant)
+        K.install(module, variant, kind.blocks + variant.optional)
         try:
-            error = measure(module, args, kwargs, module.original_forward, module.forward, kind.name == "router",
-                            bool(set(SCALED) & set(kind.blocks)))
+            with _counting(variant.optional) as ran:
+                error = measure(module, args, kwargs, module.original_forward, module.forward, kind.name == "router",
+                                bool(set(SCALED) & set(kind.blocks)))
         except Exception as exc:  # noqa: BLE001 - an adapter that cannot map the module's inputs is a finding
             tried.append((index, variant, None, f"{type(exc).__name__}: {one_line(exc)}"))
+            continue
+        idle = [block for block in variant.optional if not ran[block]]
+        if idle:  # a block claimed that the module never reached (no rotation where the modeling file has one)
+            tried.append((index, variant, None, f"{', '.join(idle)} never ran in the module's forward"))
             continue
         tried.append((index, variant, error, ""))
         if within_bound(error):
@@ -449,13 +476,14 @@ def _prove(module: nn.Module, kind: K.Kind, config, calls, instances: list[nn.Mo
     scored = [t for t in tried if t[2] is not None]
     index, variant, error, failure = min(scored, key=lambda t: (t[2]["output"], t[2]["grad"])) if scored \
         else tried[0]
-    entry = {"kind": kind.name, "blocks": list(kind.blocks), "variant": variant.label, "index": index,
+    blocks = kind.blocks + variant.optional
+    entry = {"kind": kind.name, "blocks": list(blocks), "variant": variant.label, "index": index,
              "params": variant.params, "differs": variant.differs, "error": error, "tried": len(tried)}
     if failure:
         entry["failure"] = failure
     for other in instances:  # every instance that ran, with the same variant read from its own attributes
         mine = kind.variants(other, config)[index]
-        K.install(other, mine)
+        K.install(other, mine, blocks)
         if other is not module and error is not None:
             try:
                 more = measure(other, *calls[other], other.original_forward, other.forward, kind.name == "router",

@@ -126,10 +126,12 @@ class Patcher:
         return all((self.allowed is None or b in self.allowed) and b in self.promoted for b in blocks)
 
     def set_forward(self, path: str, module: nn.Module, forward: Callable[..., Any], *blocks: str) -> None:
-        """Replace ``module``'s forward by ``forward(module, *args, **kwargs)`` and report it replaced by ``blocks``."""
+        """Replace ``module``'s forward by ``forward(module, *args, **kwargs)`` and report it replaced by ``blocks``,
+        which the forward reads (``module.workbench_blocks``: an optional block it computes only where named)."""
         if not hasattr(module, "original_forward"):
             module.original_forward = module.forward
         module.forward = forward.__get__(module)
+        module.workbench_blocks = frozenset(blocks)
         self.report.replace(path, module, *blocks)
 
     def set_ops(self, path: str, module: nn.Module, *blocks: str) -> None:

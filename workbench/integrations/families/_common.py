@@ -6,7 +6,9 @@ calls run as shipped."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -375,7 +377,7 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
     """The walk of an MLA family (DeepSeek's naming): the shared modules, then every ``attention`` module's forward
     replaced by ``forward`` with the blocks ``blocks(module)`` names (by ``decode_forward``, with the blocks
     ``decode_blocks(module)`` names, where that is given and they are promoted and requested), its rotary embeddings
-    by workbench::rotary where that is promoted and requested too (``workbench_rotary``: ``rotation``); with
+    by workbench::rotary where that is promoted and requested too (``rotation``); with
     ``plain_kv_b`` a module whose kv_b_proj is adapted is left alone (its weight alone is not what it computes)."""
     for path, module in patcher.model.named_modules():
         if patch_shared(patcher, path, module, shared) or not isinstance(module, attention):
@@ -384,8 +386,7 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
             patcher.report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla "
                                                "takes W_uk and W_uv as plain weights")
         elif patcher.wants(path, module, *blocks(module)):
-            module.workbench_rotary = patcher.may("rotary")
-            rotary = ("rotary",) if module.workbench_rotary else ()
+            rotary = ("rotary",) if patcher.may("rotary") else ()
             if decode_forward is not None and patcher.may(*decode_blocks(module)):
                 patcher.set_forward(path, module, decode_forward, *blocks(module), *decode_blocks(module), *rotary)
             else:
@@ -394,17 +395,59 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
     patcher.report.notes.append("plain projections (nn.Linear) run in torch")
 
 
+def computes(module: nn.Module, block: str) -> bool:
+    """Whether ``module``'s patched forward computes ``block`` through its op (the blocks its patch named:
+    ``Patcher.set_forward``, ``kinds.install``), where the block is optional to it (rotary, kda_prologue)."""
+    return block in getattr(module, "workbench_blocks", ())
+
+
 def rotation(self: nn.Module, position_embeddings, shipped_apply: Callable, interleaved: bool, heads_dim: int = 1):
     """The ``rotate(q, k)`` an MLA or DSA forward hands on: q and k [B, H, T, R] (``heads_dim`` 1: the attention's
     rope parts) or [B, T, H, R] (2: the indexer's), rotated on the module's position embeddings (cos, sin
-    [B, T, R]) by workbench::rotary (``interleaved``: transformers' _interleave form) where the module takes it
-    (``workbench_rotary``), else by ``shipped_apply`` (the family's apply_rotary_pos_emb or its _interleave form)."""
+    [B, T, R]) by workbench::rotary (``interleaved``: transformers' _interleave form) where the module computes
+    that block (``computes``), else by ``shipped_apply`` (the family's apply_rotary_pos_emb or its _interleave
+    form)."""
     cos, sin = position_embeddings
-    if not getattr(self, "workbench_rotary", False):
+    if not computes(self, "rotary"):
         return lambda q, k: shipped_apply(q, k, cos, sin, unsqueeze_dim=heads_dim)
     if heads_dim == 2:
         return lambda q, k: (ops.rotary(q, cos, sin, interleaved), ops.rotary(k, cos, sin, interleaved))
     return lambda q, k: tuple(ops.rotary(x.transpose(1, 2), cos, sin, interleaved).transpose(1, 2) for x in (q, k))
+
+
+@contextmanager
+def rotary_as_op(module: nn.Module) -> Iterator[None]:
+    """Within the block, the ``apply_rotary_pos_emb`` of ``module``'s modeling file (transformers' rotate-half form:
+    q, k [B, H, T, D] with unsqueeze_dim 1 or [B, T, H, D] with 2, cos and sin [B, T, R], the channels past R passed)
+    is workbench::rotary, as ``rotation`` applies it; the shipped function is given back after. A call of another
+    form (position ids, cos without its batch) runs the shipped function. The probe holds the module to its shipped
+    forward with this in place: a family whose function of that name computes another rotation fails there."""
+    modeling = sys.modules[type(module).__module__]
+    shipped_apply = modeling.apply_rotary_pos_emb
+
+    def apply(q, k, cos, sin, *rest, unsqueeze_dim=1, **more):
+        if rest or more or cos.dim() != 3 or unsqueeze_dim not in (1, 2):
+            return shipped_apply(q, k, cos, sin, *rest, unsqueeze_dim=unsqueeze_dim, **more)
+        return rotation(module, (cos, sin), shipped_apply, False, unsqueeze_dim)(q, k)
+
+    modeling.apply_rotary_pos_emb = apply
+    try:
+        yield
+    finally:
+        modeling.apply_rotary_pos_emb = shipped_apply
+
+
+def takes_rotary_as_op(module: nn.Module) -> bool:
+    """Whether ``module``'s modeling file has the rotate-half ``apply_rotary_pos_emb`` that ``rotary_as_op``
+    replaces."""
+    return callable(getattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb", None))
+
+
+def attention_with_rotary_forward(self: nn.Module, *args, **kwargs):
+    """A softmax-attention module's own forward (its attention function the model's, the workbench's) with its
+    rotary embedding as workbench::rotary (``rotary_as_op``)."""
+    with rotary_as_op(self):
+        return self.original_forward(*args, **kwargs)
 
 
 def finish_shared(patcher) -> None:
@@ -422,7 +465,9 @@ def patch_attention(patcher, attention_classes: tuple[type, ...], role: str) -> 
     computes the block's variant (workbench.integrations.attention.unsupported) and the block may be used, the
     model's attention implementation becomes the workbench's (one for the whole model, as transformers has it) and
     each module is reported replaced; else each is left alone with the reason. ``role``: what stays in torch
-    around the attention function (projections, norms, rotary embedding, gate)."""
+    around the attention function (projections, norms, gate); the rotary embedding runs as workbench::rotary where
+    the modeling file's apply_rotary_pos_emb is there and that block is promoted and requested
+    (``attention_with_rotary_forward``)."""
     from workbench.integrations.attention import unsupported, use_workbench_attention
 
     found = [(path, m) for path, m in patcher.model.named_modules() if isinstance(m, attention_classes)]
@@ -436,7 +481,10 @@ def patch_attention(patcher, attention_classes: tuple[type, ...], role: str) -> 
     if all(patcher.wants(path, module, "attention") for path, module in found):
         use_workbench_attention(patcher.model)
         for path, module in found:
-            patcher.report.replace(path, module, "attention")
+            if patcher.may("rotary") and takes_rotary_as_op(module):
+                patcher.set_forward(path, module, attention_with_rotary_forward, "attention", "rotary")
+            else:
+                patcher.report.replace(path, module, "attention")
         patcher.report.notes.append(f"around each attention function, {role} stay in torch")
 
 
@@ -477,10 +525,9 @@ def l2norm(x: torch.Tensor, eps: float = KDA_L2NORM_EPS) -> torch.Tensor:
 def kda_prologue(self: nn.Module, q: torch.Tensor, k: torch.Tensor, beta_logits: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A KDA (or gated DeltaNet) layer's q, k [B, T, H, K] l2-normalised per head (eps 1e-6) and its beta
-    [B, T, HV] squashed by a sigmoid: workbench::kda_prologue where the layer takes it (``workbench_prologue``, set
-    by a family's patch; a layer the kda_layer kind installed always does), else in torch as shipped (the l2norm in
-    float32, the sigmoid in the logits' dtype)."""
-    if getattr(self, "workbench_prologue", True):
+    [B, T, HV] squashed by a sigmoid: workbench::kda_prologue where the layer computes that block (``computes``),
+    else in torch as shipped (the l2norm in float32, the sigmoid in the logits' dtype)."""
+    if computes(self, "kda_prologue"):
         return ops.kda_prologue(q, k, beta_logits, KDA_L2NORM_EPS)
     return l2norm(q, KDA_L2NORM_EPS), l2norm(k, KDA_L2NORM_EPS), torch.sigmoid(beta_logits)
 
@@ -571,11 +618,11 @@ def patch_kda_layer(patcher, path: str, module: nn.Module) -> None:
     if why:
         patcher.report.leave(path, module, why)
     elif patcher.wants(path, module, "kda_short_conv", "kda"):
-        module.workbench_prologue = patcher.may("kda_prologue")
-        blocks = ("kda_short_conv", "kda_prologue", "kda") if module.workbench_prologue else ("kda_short_conv", "kda")
+        prologue = patcher.may("kda_prologue")
+        blocks = ("kda_short_conv", "kda_prologue", "kda") if prologue else ("kda_short_conv", "kda")
         if patcher.may(*KDA_DECODE_BLOCKS):
             patcher.set_forward(path, module, kda_layer_forward_with_decode, *blocks, *KDA_DECODE_BLOCKS)
         else:
             patcher.set_forward(path, module, kda_layer_forward, *blocks)
-        if not module.workbench_prologue and KDA_LEFT_IN_TORCH not in patcher.report.notes:
+        if not prologue and KDA_LEFT_IN_TORCH not in patcher.report.notes:
             patcher.report.notes.append(KDA_LEFT_IN_TORCH)

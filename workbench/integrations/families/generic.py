@@ -87,9 +87,11 @@ class GenericFamily:
             entry, row = result.proven.get(cls), rows.get(cls)
             if entry is not None:
                 kind = kinds[entry["kind"]]
-                if patcher.wants(path, module, *kind.blocks):
-                    K.install(module, kind.variants(module, config)[entry["index"]])
-                    patcher.report.replace(path, module, *kind.blocks)
+                variant = kind.variants(module, config)[entry["index"]]
+                blocks = kind.blocks + tuple(b for b in variant.optional if patcher.may(b))
+                if patcher.wants(path, module, *blocks):
+                    K.install(module, variant, blocks)
+                    patcher.report.replace(path, module, *blocks)
             elif row is not None and row.status != COVERED and (row.blocks or row.status == K.NO_SPEC) \
                     and not row.within:
                 patcher.report.leave(path, module, row.differs or f"{row.status}: {row.role}")

@@ -118,12 +118,11 @@ def apply(patcher: Patcher) -> None:
             if why:
                 report.leave(path, module, why)
             elif patcher.wants(path, module, "kda_short_conv", "kda_gate", "kda"):
-                module.workbench_prologue = patcher.may("kda_prologue")
                 patcher.set_forward(path, module, gated_delta_net_forward, "kda_short_conv", "kda_gate",
-                                    *(("kda_prologue",) if module.workbench_prologue else ()), "kda")
+                                    *(("kda_prologue",) if patcher.may("kda_prologue") else ()), "kda")
     finish_shared(patcher)
     patch_attention(patcher, (shipped.Qwen3NextAttention,),
-                    "the projections, the q/k RMSNorm, the partial rotary embedding and the sigmoid output gate")
+                    "the projections, the q/k RMSNorm and the sigmoid output gate")
     if any(r.cls == "Qwen3NextGatedDeltaNet" and r.replaced and "kda_prologue" not in r.blocks for r in report.rows):
         report.notes.append(LEFT_IN_TORCH)
     report.notes.append("plain projections (nn.Linear, the shared expert's sigmoid gate) run in torch")
