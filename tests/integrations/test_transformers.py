@@ -237,11 +237,11 @@ def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_atte
     report = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)))
     rows = {r.path: r.blocks for r in report.rows if r.cls == "GlmMoeDsaAttention"}
     assert rows["model.layers.0.self_attn"] == ("dsa_indexer", "dsa_sparse_attention", "dsa_indexer_decode",
-                                                "dsa_decode", "rotary")
+                                                "dsa_decode", "rotary", "layernorm")  # the indexer's key norm
     # a shared layer: the selection handed down, at a decode step too
     assert rows["model.layers.1.self_attn"] == ("dsa_sparse_attention", "dsa_decode", "rotary")
     assert outcome(report)["GlmMoeDsaTopkRouter"] == ("moe_router",)
-    assert not any("apply_rotary_pos_emb_interleave" in note for note in report.notes)
+    assert not any("apply_rotary_pos_emb_interleave" in note or "LayerNorm" in note for note in report.notes)
     only = apply_workbench_kernels(GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**fields)), blocks=["dsa_sparse_attention"])
     assert any("apply_rotary_pos_emb_interleave for the indexer" in note for note in only.notes)
     kept = {r.path: r for r in only.rows if r.cls == "GlmMoeDsaAttention"}
@@ -296,7 +296,7 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_clamped_mlps_experts_and_hy
     assert found["Glm5NextTextRMSNormGated"] == ("rmsnorm_gated",)  # Kimi Linear's output norm: sigmoid gate
     assert found["Glm5NextTextMLP"] == ("swiglu",)
     assert found["Glm5NextTextExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
-    assert found["Glm5NextTextAttention"] == ("dsa_kpool_indexer", "dsa_sparse_attention")
+    assert found["Glm5NextTextAttention"] == ("dsa_kpool_indexer", "dsa_sparse_attention", "layernorm")
     assert found["Glm5NextTextHyperConnection"] == ("hyper_connection",)
     assert found["Glm5NextTextDecoderLayer"] == ("hyper_connection_mix",)  # the expand and mix after each sub-layer
     assert not any(row.path.startswith("model.visual") for row in report.rows)

@@ -93,6 +93,28 @@ def rmsnorm() -> Comparison:
                     lambda: norm(x), [x, w])
 
 
+def layernorm() -> list[Comparison]:
+    """layernorm against the DSA indexers' key norms (nn.LayerNorm over the index head, eps 1e-6, with weight and
+    bias) of DeepSeek-V3.2 and GLM-5-Next, on rows offset from zero."""
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as ds
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    g = torch.Generator().manual_seed(23)
+    rows = []
+    for label, indexer in (("DeepseekV32Indexer.k_norm", ds.DeepseekV32Indexer(ds.DeepseekV32Config(
+            index_head_dim=32), 0)), ("Glm5NextTextIndexer.k_norm", glm.Glm5NextTextIndexer(glm.Glm5NextTextConfig(
+            index_head_dim=32), 0))):
+        norm = indexer.k_norm.to(F64)
+        norm.weight.data = 1 + 0.1 * torch.randn(32, generator=g, dtype=F64)
+        norm.bias.data = 0.1 * torch.randn(32, generator=g, dtype=F64)
+        x = (torch.randn(2, 5, 32, generator=g, dtype=F64) + 3).requires_grad_(True)
+        rows.append(_compare("layernorm", f"{label} (nn.LayerNorm, eps {norm.eps:g})",
+                             lambda x=x, norm=norm: get_block("layernorm").reference(x, norm.weight, norm.bias,
+                                                                                     norm.eps),
+                             lambda x=x, norm=norm: norm(x), [x, norm.weight, norm.bias]))
+    return rows
+
+
 def zero_centred_rmsnorm() -> Comparison:
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
 
@@ -550,7 +572,7 @@ def _dsa_selection(ds, attn, x, q_resid, position_embeddings) -> torch.Tensor:
 
     cos, sin = position_embeddings
     with torch.no_grad(), Float64Casts():
-        q, k, w = index_inputs(attn.indexer, x, q_resid,
+        q, k, w = index_inputs(attn, x, q_resid,
                                lambda a, b: ds.apply_rotary_pos_emb(a, b, cos, sin, unsqueeze_dim=2))
         return get_block("dsa_indexer").reference(q, k, w, attn.indexer.index_topk)[1]
 
@@ -633,7 +655,7 @@ def dsa_kpool_indexer() -> list[Comparison]:
     (full, shared), x, mask = _glm5_next_dsa_layers(31)
     q_resid = full.q_a_layernorm(full.q_a_proj(x)).detach()
     with computing_with(references()), Float64Casts():
-        ours = glm5_next.select_pools(full.indexer, x.detach(), q_resid)
+        ours = glm5_next.select_pools(full, x.detach(), q_resid)
     with torch.no_grad(), Float64Casts():
         theirs = full.indexer(x.detach(), q_resid, mask, None)
     sets = [[sorted(row) for row in ix.reshape(-1, ix.shape[-1]).tolist()] for ix in (ours, theirs)]
@@ -856,9 +878,9 @@ def attention() -> list[Comparison]:
 
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
-    rmsnorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda_prologue, kda, gated_delta_rule,
-    kda_gate, mla, mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix, dsa_indexer,
-    dsa_kpool_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    rmsnorm, layernorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda_prologue, kda,
+    gated_delta_rule, kda_gate, mla, mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix,
+    dsa_indexer, dsa_kpool_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 

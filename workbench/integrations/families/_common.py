@@ -373,12 +373,14 @@ def patch_shared(patcher, path: str, module: nn.Module, shared: SharedModules) -
 
 def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Callable, blocks: Callable,
                     plain_kv_b: bool = True, decode_forward: Callable | None = None,
-                    decode_blocks: Callable = lambda module: ("mla_decode",)) -> None:
+                    decode_blocks: Callable = lambda module: ("mla_decode",),
+                    optional: Callable = lambda module: ("rotary",)) -> None:
     """The walk of an MLA family (DeepSeek's naming): the shared modules, then every ``attention`` module's forward
     replaced by ``forward`` with the blocks ``blocks(module)`` names (by ``decode_forward``, with the blocks
-    ``decode_blocks(module)`` names, where that is given and they are promoted and requested), its rotary embeddings
-    by workbench::rotary where that is promoted and requested too (``rotation``); with
-    ``plain_kv_b`` a module whose kv_b_proj is adapted is left alone (its weight alone is not what it computes)."""
+    ``decode_blocks(module)`` names, where that is given and they are promoted and requested), and those of
+    ``optional(module)`` that are promoted and requested too (its rotary embeddings by workbench::rotary:
+    ``rotation``; a DSA indexer's key norm by workbench::layernorm); with ``plain_kv_b`` a module whose kv_b_proj is
+    adapted is left alone (its weight alone is not what it computes)."""
     for path, module in patcher.model.named_modules():
         if patch_shared(patcher, path, module, shared) or not isinstance(module, attention):
             continue
@@ -386,11 +388,11 @@ def patch_mla_model(patcher, shared: SharedModules, attention: type, forward: Ca
             patcher.report.leave(path, module, f"kv_b_proj is a {qualified(module.kv_b_proj)} (an adapter): mla "
                                                "takes W_uk and W_uv as plain weights")
         elif patcher.wants(path, module, *blocks(module)):
-            rotary = ("rotary",) if patcher.may("rotary") else ()
+            extra = tuple(block for block in optional(module) if patcher.may(block))
             if decode_forward is not None and patcher.may(*decode_blocks(module)):
-                patcher.set_forward(path, module, decode_forward, *blocks(module), *decode_blocks(module), *rotary)
+                patcher.set_forward(path, module, decode_forward, *blocks(module), *decode_blocks(module), *extra)
             else:
-                patcher.set_forward(path, module, forward, *blocks(module), *rotary)
+                patcher.set_forward(path, module, forward, *blocks(module), *extra)
     finish_shared(patcher)
     patcher.report.notes.append("plain projections (nn.Linear) run in torch")
 

@@ -24,19 +24,37 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.integrations.families._common import absorbed, decode_pages, decode_visible, mla_latents
+from workbench.integrations.families._common import absorbed, computes, decode_pages, decode_visible, mla_latents
 from workbench.integrations.ops import ops
 
+KEY_NORM_IN_TORCH = "inside each DSA layer the indexer's key LayerNorm stays in torch"
 
-def index_inputs(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, rotate
+
+def optional_blocks(module: nn.Module) -> tuple[str, ...]:
+    """The blocks a DSA attention module computes where they are promoted and requested: its rotary embeddings and,
+    where the layer has an indexer, its key LayerNorm."""
+    return ("rotary", "layernorm") if getattr(module, "indexer", None) is not None else ("rotary",)
+
+
+def key_norm(self: nn.Module, k: torch.Tensor) -> torch.Tensor:
+    """The DSA attention ``self``'s indexer key norm of k [B,T,DI]: workbench::layernorm where the attention computes
+    that block (``computes``), else the indexer's nn.LayerNorm."""
+    norm = self.indexer.k_norm
+    if computes(self, "layernorm"):
+        return ops.layernorm(k, norm.weight, norm.bias, norm.eps)
+    return norm(k)
+
+
+def index_inputs(self: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, rotate
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The indexer's q [B,T,HI,DI], k [B,T,DI] (the model's dtype) and head weights [B,T,HI] (float32, scaled as
-    ``dsa_indexer`` takes them);
+    """The DSA attention ``self``'s indexer q [B,T,HI,DI], k [B,T,DI] (the model's dtype) and head weights [B,T,HI]
+    (float32, scaled as ``dsa_indexer`` takes them);
     ``rotate(q_rope [B,T,HI,DR], k_rope [B,T,1,DR])`` is the family's rotary embedding of the rope channels."""
+    indexer = self.indexer
     b, t = hidden_states.shape[:2]
     dr = indexer.qk_rope_head_dim
     q = indexer.wq_b(q_resid).view(b, t, indexer.n_heads, indexer.head_dim)
-    k = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
+    k = key_norm(self, indexer.wk(hidden_states)).unsqueeze(2)
     q_rope, k_rope = rotate(q[..., :dr], k[..., :dr])
     q = torch.cat([q_rope, q[..., dr:]], dim=-1)
     k = torch.cat([k_rope, k[..., dr:]], dim=-1).squeeze(2)
@@ -44,12 +62,13 @@ def index_inputs(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch
     return q, k, weights * (indexer.n_heads ** -0.5 * indexer.softmax_scale)
 
 
-def select(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, rotate, cache=None
+def select(self: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, rotate, cache=None
            ) -> torch.Tensor:
-    """The indexer's causal top-k [B,T,k] int64, -1 padded (no gradients, as the shipped indexer); ``cache`` (empty
-    for this layer): the index keys written to it, as the shipped indexer does."""
+    """The DSA attention ``self``'s indexer's causal top-k [B,T,k] int64, -1 padded (no gradients, as the shipped
+    indexer); ``cache`` (empty for this layer): the index keys written to it, as the shipped indexer does."""
+    indexer = self.indexer
     with torch.no_grad():
-        q, k, w = index_inputs(indexer, hidden_states, q_resid, rotate)
+        q, k, w = index_inputs(self, hidden_states, q_resid, rotate)
         if cache is not None:
             cache.update_indexer(k, indexer.layer_idx)
         return ops.dsa_indexer(q.float(), k.float(), w, min(indexer.index_topk, hidden_states.shape[1]))[1]
@@ -91,7 +110,7 @@ def dsa_attention(self: nn.Module, hidden_states: torch.Tensor, rotate, rotate_i
     q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)  # [B, T, H, DN + DR]
     k = torch.cat([k_nope, k_rope.transpose(1, 2).expand(b, t, self.num_heads, self.qk_rope_head_dim)], dim=-1)
     if indices is None:
-        indices = select(self.indexer, hidden_states, q_resid, rotate_index, cache) if select_keys is None \
+        indices = select(self, hidden_states, q_resid, rotate_index, cache) if select_keys is None \
             else select_keys(q_resid)
     out = ops.dsa_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), indices, None, self.scaling)
     return self.o_proj(out.reshape(b, t, -1)), indices
@@ -117,7 +136,7 @@ def dsa_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention
     pool, table, lengths = decode_pages(past, visible)
     if given is None:
         with torch.no_grad():
-            q_i, k_i, w = index_inputs(self.indexer, hidden_states, q_resid, rotate_index)
+            q_i, k_i, w = index_inputs(self, hidden_states, q_resid, rotate_index)
             index_keys = cache.update_indexer(k_i, self.indexer.layer_idx)  # [B, L_cache + 1, DI]
             index_pool, _, _ = decode_pages(index_keys[:, :-1].float(), visible)
             _, indices, _ = ops.dsa_indexer_decode(q_i[:, 0].float().contiguous(), k_i[:, 0].float().contiguous(),

@@ -6,10 +6,11 @@ queries attend to the top-k keys of a lightning indexer), the same MoE, MLPs and
     DeepseekV32MLP (silu)             swiglu (projections in torch)
     DeepseekV32TopkRouter             moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     DeepseekV32Experts (silu)         moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
-    DeepseekV32Attention (DSA)        dsa_indexer (its projections and LayerNorm in torch) and dsa_sparse_attention
-                                      over the decompressed heads (the projections and the latents' RMSNorm in
-                                      torch); the rotary embeddings (the indexer's rotate-half, the attention's
-                                      interleaved pairs) by rotary where promoted; a decode step as
+    DeepseekV32Attention (DSA)        dsa_indexer (its projections in torch) and dsa_sparse_attention over the
+                                      decompressed heads (the projections and the latents' RMSNorm in torch); the
+                                      rotary embeddings (the indexer's rotate-half, the attention's interleaved
+                                      pairs) by rotary and the indexer's key LayerNorm by layernorm where promoted;
+                                      a decode step as
                                       dsa_indexer_decode and dsa_decode over paged caches (_dsa)
 """
 
@@ -29,7 +30,7 @@ from workbench.integrations.families._common import (
     rotation,
     sigmoid_router_forward,
 )
-from workbench.integrations.families._dsa import dsa_attention, dsa_decode_attention
+from workbench.integrations.families._dsa import KEY_NORM_IN_TORCH, dsa_attention, dsa_decode_attention, optional_blocks
 from workbench.integrations.transformers import Patcher
 
 MODEL_CLASS = "DeepseekV32ForCausalLM"
@@ -37,8 +38,7 @@ ROUTER = shipped.DeepseekV32TopkRouter  # its output (router_logits, top_k_weigh
 LORA_TARGETS = deepseek_v3.LORA_TARGETS
 DSA_BLOCKS = ("dsa_indexer", "dsa_sparse_attention")
 DECODE_BLOCKS = ("dsa_indexer_decode", "dsa_decode")
-IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm, kv_b_proj's decompression and the "
-            "indexer's LayerNorm stay in torch")
+IN_TORCH = "inside each DSA layer the projections, the latents' RMSNorm and kv_b_proj's decompression stay in torch"
 ROPE_IN_TORCH = ("inside each DSA layer the rotary embeddings stay in torch (transformers' "
                  "apply_rotary_pos_emb_interleave for the attention, apply_rotary_pos_emb for the indexer)")
 
@@ -80,10 +80,12 @@ def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every DeepSeek-V3.2 module they compute; report each module."""
     patch_mla_model(patcher, SHARED, shipped.DeepseekV32Attention, attention_forward, lambda module: DSA_BLOCKS,
                     plain_kv_b=False, decode_forward=attention_forward_with_decode,
-                    decode_blocks=lambda module: DECODE_BLOCKS)
+                    decode_blocks=lambda module: DECODE_BLOCKS, optional=optional_blocks)
     patched = [r for r in patcher.report.rows if r.cls == "DeepseekV32Attention" and r.replaced]
     if patched:
         patcher.report.notes.append(IN_TORCH)
+    if any("layernorm" not in r.blocks for r in patched):
+        patcher.report.notes.append(KEY_NORM_IN_TORCH)
     if any("rotary" not in r.blocks for r in patched):
         patcher.report.notes.append(ROPE_IN_TORCH)
 

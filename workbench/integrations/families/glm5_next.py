@@ -16,7 +16,8 @@ inputs, RMSNorm.
     Glm5NextTextExperts               moe_permute, moe_grouped_gemm with the same clamped SwiGLU, moe_combine (the
                                       experts implementation)
     Glm5NextTextAttention             dsa_kpool_indexer (full layers: the pools' keys, scores, top pools and tail;
-                                      its projections and LayerNorm in torch) and dsa_sparse_attention over the
+                                      its projections in torch, its key LayerNorm by layernorm where promoted) and
+                                      dsa_sparse_attention over the
                                       decompressed heads (no rotary embedding; shared layers over the selection
                                       handed down); decode steps, padded batches and continued prefills as shipped
     Glm5NextTextRMSNormGated          rmsnorm_gated, sigmoid gate (Kimi Linear's output norm: plain weight, float32
@@ -51,7 +52,7 @@ from workbench.integrations.families._common import (
     rmsnorm_forward,
     sigmoid_router_forward,
 )
-from workbench.integrations.families._dsa import dsa_attention
+from workbench.integrations.families._dsa import KEY_NORM_IN_TORCH, dsa_attention, key_norm
 from workbench.integrations.ops import ops
 from workbench.integrations.transformers import Patcher
 
@@ -68,19 +69,20 @@ SHARED = SharedModules(rmsnorm=shipped.Glm5NextTextRMSNorm, rmsnorm_forward=rmsn
 """The MLPs and experts are not shared: the class always clamps their SwiGLU's inputs (swiglu_limit, a float)."""
 
 DSA_BLOCKS = ("dsa_kpool_indexer", "dsa_sparse_attention")
-IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm, kv_b_proj's decompression and the "
-            "indexer's LayerNorm stay in torch; decode steps, padded batches and continued prefills run the shipped "
-            "attention")
+IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm and kv_b_proj's decompression stay in torch; "
+            "decode steps, padded batches and continued prefills run the shipped attention")
 
 
-def select_pools(indexer: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, cache=None) -> torch.Tensor:
-    """Glm5NextTextIndexer.forward on an unpadded batch from its first token as workbench::dsa_kpool_indexer: its
-    key indices [B, T, index_topk (+ index_kpool - 1 with the tail)] int64, -1 padded (no gradients, as shipped);
-    ``cache`` (empty for this layer): the packed index states written to it, as the shipped indexer does."""
+def select_pools(self: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, cache=None) -> torch.Tensor:
+    """The DSA attention ``self``'s Glm5NextTextIndexer.forward on an unpadded batch from its first token as
+    workbench::dsa_kpool_indexer (its key norm as ``_dsa.key_norm``): its key indices [B, T, index_topk
+    (+ index_kpool - 1 with the tail)] int64, -1 padded (no gradients, as shipped); ``cache`` (empty for this
+    layer): the packed index states written to it, as the shipped indexer does."""
+    indexer = self.indexer
     b, t = hidden_states.shape[:2]
     with torch.no_grad():
         q = indexer.wq_b(q_resid).view(b, t, indexer.n_heads, indexer.head_dim)
-        k = indexer.k_norm(indexer.wk(hidden_states))
+        k = key_norm(self, indexer.wk(hidden_states))
         gate = F.linear(hidden_states, indexer.index_kpool_compress_gate)
         if cache is not None:
             cache.update_indexer(torch.cat([k, gate, k.new_ones(b, t, 1)], dim=-1), indexer.layer_idx)
@@ -104,7 +106,7 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_ma
         raise ValueError("Shared DSA layers require top-k indices from a previous full indexer layer.")
     given = None if self.indexer is not None else prev_topk_indices.long()
     out, indices = dsa_attention(self, hidden_states, unrotated, None, given, past_key_values,
-                                 lambda q_resid: select_pools(self.indexer, hidden_states, q_resid, past_key_values))
+                                 lambda q_resid: select_pools(self, hidden_states, q_resid, past_key_values))
     return out, None, indices.to(torch.int32) if self.next_skip_topk else None
 
 
@@ -142,6 +144,7 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every GLM-5-Next text module they compute; report each module."""
     report = patcher.report
+    norm_in_torch = False
     for path, module in patcher.model.named_modules():
         if path == "model.visual" or path.startswith("model.visual."):
             continue  # the vision tower: no block computes its modules
@@ -169,10 +172,14 @@ def apply(patcher: Patcher) -> None:
                 patcher.set_forward(path, module, decoder_layer_forward, "hyper_connection_mix")
         elif isinstance(module, shipped.Glm5NextTextAttention):
             if patcher.wants(path, module, *DSA_BLOCKS):
-                patcher.set_forward(path, module, attention_forward, *DSA_BLOCKS)
+                norm = ("layernorm",) if module.indexer is not None and patcher.may("layernorm") else ()
+                patcher.set_forward(path, module, attention_forward, *DSA_BLOCKS, *norm)
+                norm_in_torch = norm_in_torch or (module.indexer is not None and not norm)
     finish_shared(patcher)
     if any(r.cls == "Glm5NextTextAttention" and r.replaced for r in report.rows):
         report.notes.append(IN_TORCH)
+    if norm_in_torch:
+        report.notes.append(KEY_NORM_IN_TORCH)
     report.notes.append("the vision tower (model.visual) runs as shipped; plain projections (nn.Linear) run in "
                         "torch")
 

@@ -8,7 +8,8 @@ attend over the previous full layer's selection.
     GlmMoeDsaTopkRouter               moe_router (sigmoid, group-limited, the config's routed_scaling_factor)
     GlmMoeDsaExperts (silu)           moe_permute, moe_grouped_gemm, moe_combine (the experts implementation)
     GlmMoeDsaAttention, full          dsa_indexer and dsa_sparse_attention (as deepseek_v32's, rotary on
-                                      interleaved pairs in both where promoted); a decode step as
+                                      interleaved pairs in both and the indexer's key LayerNorm by layernorm where
+                                      promoted); a decode step as
                                       dsa_indexer_decode and dsa_decode
     GlmMoeDsaAttention, shared        dsa_sparse_attention over the selection handed down; a decode step as
                                       dsa_decode over it
@@ -30,7 +31,14 @@ from workbench.integrations.families._common import (
     rotation,
     sigmoid_router_forward,
 )
-from workbench.integrations.families._dsa import dsa_attention, dsa_decode_attention, from_shipped, to_shipped
+from workbench.integrations.families._dsa import (
+    KEY_NORM_IN_TORCH,
+    dsa_attention,
+    dsa_decode_attention,
+    from_shipped,
+    optional_blocks,
+    to_shipped,
+)
 from workbench.integrations.transformers import Patcher
 
 MODEL_CLASS = "GlmMoeDsaForCausalLM"
@@ -93,10 +101,13 @@ def apply(patcher: Patcher) -> None:
     patch_mla_model(patcher, SHARED, shipped.GlmMoeDsaAttention, attention_forward,
                     lambda module: blocks if module.indexer is not None else blocks[1:], plain_kv_b=False,
                     decode_forward=attention_forward_with_decode,
-                    decode_blocks=lambda module: decode if module.indexer is not None else decode[1:])
+                    decode_blocks=lambda module: decode if module.indexer is not None else decode[1:],
+                    optional=optional_blocks)
     patched = [r for r in patcher.report.rows if r.cls == "GlmMoeDsaAttention" and r.replaced]
     if patched:
         patcher.report.notes.append(deepseek_v32.IN_TORCH)
+    if any("dsa_indexer" in r.blocks and "layernorm" not in r.blocks for r in patched):
+        patcher.report.notes.append(KEY_NORM_IN_TORCH)
     if any("rotary" not in r.blocks for r in patched):
         patcher.report.notes.append(deepseek_v32.ROPE_IN_TORCH.replace("apply_rotary_pos_emb for",
                                                                        "apply_rotary_pos_emb_interleave for"))
