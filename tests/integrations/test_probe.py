@@ -123,6 +123,15 @@ def test_an_indexer_the_patched_attention_computes_takes_its_status(cards, model
         assert not {"dsa_indexer", "dsa_indexer_decode", "dsa_indexer_prefill"} & set(cards[model_type]["blocks"])
 
 
+def test_an_nn_layernorm_is_covered_by_the_layernorm_kind_with_its_own_eps(cards):
+    """HY-V4's indexer key norm is torch's nn.LayerNorm (eps 1e-5, not the DSA families' 1e-6): the layernorm kind
+    reads it and the probe proves it; the card's layernorm entry is evidenced by that row."""
+    norm = rows(cards["hy_v4"])["LayerNorm"]
+    assert norm["status"] == "covered" and norm["kind"] == "layernorm" and norm["blocks"] == ["layernorm"]
+    assert norm["params"]["eps"]["value"] == 1e-5 and norm["example"].endswith("indexer.k_norm")
+    assert cards["hy_v4"]["blocks"]["layernorm"]["evidence"].startswith("probe: LayerNorm (weight and bias)")
+
+
 def test_a_swiglu_limit_is_claimed_where_the_module_clamps_and_only_there(cards):
     """HY-V4's config sets swiglu_limit: its experts clamp, its MLP does not; the probe keeps the clamped variant for
     the one and the unclamped for the other, and the card's grouped GEMM has the limit and its swiglu none;

@@ -11,6 +11,7 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
 
     kind                module                                   blocks
     rmsnorm             x / rms(x) * w (or 1 + w, or no weight)  rmsnorm
+    layernorm           nn.LayerNorm over the last dim, w and b  layernorm
     rmsnorm_gated       rmsnorm(x) * w * act(gate)               rmsnorm_gated
     gated_mlp           down(act(gate(x)) * up(x)), clamped or not swiglu
     router              top-k routing: (logits, weights, ids)    moe_router
@@ -146,6 +147,21 @@ def _rmsnorm_variants(module: nn.Module, config: Any) -> list[Variant]:
                                                                            "the module" if len(forms) > 1 else
                                                     f"module {type(module).__name__}: no weight")})
             for form in forms]
+
+
+def layernorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """An nn.LayerNorm [..., D] (weight and bias) as workbench::layernorm with the module's eps."""
+    return ops.layernorm(hidden_states, self.weight, self.bias, self.workbench_variant["eps"]["value"])
+
+
+def _is_layernorm(module: nn.Module) -> bool:
+    """torch's nn.LayerNorm over the last dim with a weight and a bias (a subclass may compute otherwise: not read)."""
+    return type(module) is nn.LayerNorm and len(module.normalized_shape) == 1 and module.weight is not None \
+        and module.bias is not None
+
+
+def _layernorm_variants(module: nn.Module, config: Any) -> list[Variant]:
+    return [Variant("weight and bias", layernorm_forward, {"eps": param(module.eps, "module LayerNorm.eps")})]
 
 
 def gated_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -566,6 +582,7 @@ def _attention_variants(module: nn.Module, config: Any) -> list[Variant]:
 
 KINDS: tuple[Kind, ...] = (
     Kind("rmsnorm", "RMSNorm", ("rmsnorm",), _is_rmsnorm, _rmsnorm_variants),
+    Kind("layernorm", "LayerNorm", ("layernorm",), _is_layernorm, _layernorm_variants),
     Kind("rmsnorm_gated", "gated output norm", ("rmsnorm_gated",), _is_gated_rmsnorm, _gated_rmsnorm_variants),
     Kind("gated_mlp", "gated MLP (projections in torch)", ("swiglu",), _is_gated_mlp, _mlp_variants),
     Kind("router", "top-k expert router", ("moe_router",), _is_router, _router_variants),
