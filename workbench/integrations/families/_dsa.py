@@ -55,9 +55,13 @@ def index_inputs(self: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Te
     dr = indexer.qk_rope_head_dim
     q = indexer.wq_b(q_resid).view(b, t, indexer.n_heads, indexer.head_dim)
     k = key_norm(self, indexer.wk(hidden_states)).unsqueeze(2)
-    q_rope, k_rope = rotate(q[..., :dr], k[..., :dr])
-    q = torch.cat([q_rope, q[..., dr:]], dim=-1)
-    k = torch.cat([k_rope, k[..., dr:]], dim=-1).squeeze(2)
+    if computes(self, "rotary"):  # workbench::rotary rotates the first DR channels and passes the rest: no split
+        q, k = rotate(q, k)
+        k = k.squeeze(2)
+    else:
+        q_rope, k_rope = rotate(q[..., :dr], k[..., :dr])
+        q = torch.cat([q_rope, q[..., dr:]], dim=-1)
+        k = torch.cat([k_rope, k[..., dr:]], dim=-1).squeeze(2)
     weights = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float()
     return q, k, weights * (indexer.n_heads ** -0.5 * indexer.softmax_scale)
 
