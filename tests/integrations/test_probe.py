@@ -102,7 +102,9 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
     assert oss["GptOssTopKRouter"]["status"] == "differs" and "bias" in oss["GptOssTopKRouter"]["differs"]
     assert oss["GptOssExperts"]["status"] == "no spec" and "has_bias" in oss["GptOssExperts"]["differs"]
     attention = oss["GptOssAttention"]  # learnt per-head sinks and a sliding window: the attention block's variant
-    assert attention["status"] == "covered" and attention["blocks"] == ["attention"]
+    assert attention["status"] == "covered" and attention["blocks"] == ["attention", "rotary"]
+    assert attention["params"]["rotary_table"]["value"] == "doubled"  # GPT-OSS's half-width angle table
+    assert rows(cards["ernie4_5_moe"])["Ernie4_5_MoeAttention"]["blocks"] == ["attention"]  # interleaved pairs kept
     assert attention["params"]["sinks"]["value"] == "per head" and attention["params"]["window"]["value"] > 0
     assert "differs" in cards["gpt_oss"]["blocks"]["moe_grouped_gemm"]  # not claimed as plain SwiGLU experts
 

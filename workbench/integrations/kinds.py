@@ -546,7 +546,8 @@ def attention_forward(self: nn.Module, *args, **kwargs):
     before = config._attn_implementation
     config._attn_implementation = NAME
     try:
-        with _common.rotary_as_op(self) if _common.computes(self, "rotary") else contextlib.nullcontext():
+        with _common.rotary_as_op(self, self.workbench_variant["rotary_table"]["value"]) \
+                if _common.computes(self, "rotary") else contextlib.nullcontext():
             return self.original_forward(*args, **kwargs)
     finally:
         config._attn_implementation = before
@@ -573,9 +574,11 @@ def _attention_variants(module: nn.Module, config: Any) -> list[Variant]:
     params = {"window": param(window or 0, f"module {name}.sliding_window"),
               "sinks": param("per head" if sinks else "none", f"module {name}.sinks"),
               "softcap": param(softcap or 0, f"module {name}.attn_logit_softcapping")}
-    rotated = [Variant("softmax attention through the attention registry, rotate-half rotary embedding",
-                       attention_forward, params, unsupported(module), optional=("rotary",))]
-    # the module's own rotation (another form under that name, or none) where the rotate-half one does not hold
+    rotated = [Variant(f"softmax attention through the attention registry, rotate-half rotary embedding (angle "
+                       f"table {table})", attention_forward,
+                       {**params, "rotary_table": param(table, "probe: the angle table that reproduces the module")},
+                       unsupported(module), optional=("rotary",)) for table in _common.ROTARY_TABLES]
+    # the module's own rotation (another form under that name, or none) where no table's rotate-half one holds
     return (rotated if _common.takes_rotary_as_op(module) else []) + [
         Variant("softmax attention through the attention registry", attention_forward, params, unsupported(module))]
 

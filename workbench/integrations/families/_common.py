@@ -417,20 +417,32 @@ def rotation(self: nn.Module, position_embeddings, shipped_apply: Callable, inte
     return lambda q, k: tuple(ops.rotary(x.transpose(1, 2), cos, sin, interleaved).transpose(1, 2) for x in (q, k))
 
 
+ROTARY_TABLES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "as given": lambda t: t,
+    "doubled": lambda t: torch.cat([t, t], dim=-1),
+}
+"""How a modeling file's apply_rotary_pos_emb reads its cos and sin [B, T, W] before rotating by halves, as the
+table workbench::rotary takes: as given (cat(freqs, freqs): Llama, Qwen, GLM-4.5's partial rotary) or doubled (a
+half-width table, one angle a pair: GPT-OSS). ERNIE-4.5 rotates interleaved pairs and keeps them interleaved, which
+no table gives (workbench::rotary returns interleaved pairs in the half layout): it keeps its own rotation."""
+
+
 @contextmanager
-def rotary_as_op(module: nn.Module) -> Iterator[None]:
+def rotary_as_op(module: nn.Module, table: str = "as given") -> Iterator[None]:
     """Within the block, the ``apply_rotary_pos_emb`` of ``module``'s modeling file (transformers' rotate-half form:
-    q, k [B, H, T, D] with unsqueeze_dim 1 or [B, T, H, D] with 2, cos and sin [B, T, R], the channels past R passed)
-    is workbench::rotary, as ``rotation`` applies it; the shipped function is given back after. A call of another
-    form (position ids, cos without its batch) runs the shipped function. The probe holds the module to its shipped
-    forward with this in place: a family whose function of that name computes another rotation fails there."""
+    q, k [B, H, T, D] with unsqueeze_dim 1 or [B, T, H, D] with 2, cos and sin [B, T, W] read as ``table`` says
+    (ROTARY_TABLES) into R channels, the channels past R passed) is workbench::rotary, as ``rotation`` applies it;
+    the shipped function is given back after. A call of another form (position ids, cos without its batch) runs the
+    shipped function. The probe holds the module to its shipped forward with this in place: a family whose function
+    of that name computes another rotation fails there."""
     modeling = sys.modules[type(module).__module__]
     shipped_apply = modeling.apply_rotary_pos_emb
+    read = ROTARY_TABLES[table]
 
     def apply(q, k, cos, sin, *rest, unsqueeze_dim=1, **more):
         if rest or more or cos.dim() != 3 or unsqueeze_dim not in (1, 2):
             return shipped_apply(q, k, cos, sin, *rest, unsqueeze_dim=unsqueeze_dim, **more)
-        return rotation(module, (cos, sin), shipped_apply, False, unsqueeze_dim)(q, k)
+        return rotation(module, (read(cos), read(sin)), shipped_apply, False, unsqueeze_dim)(q, k)
 
     modeling.apply_rotary_pos_emb = apply
     try:
