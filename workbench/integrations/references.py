@@ -266,7 +266,8 @@ def kda_prologue() -> list[Comparison]:
 def rotary() -> list[Comparison]:
     """rotary against transformers' rotations on each family's own rotary embedding (cos, sin at positions 0 to
     T - 1 with an offset): DeepSeek-V3's interleaved pairs (its yarn-scaled embedding), the DSA indexer's rotate-half
-    on [B, T, H, R] (DeepSeek-V3.2, unsqueeze_dim 2), Qwen3-Next's partial rotary (a quarter of the head); and
+    on [B, T, H, R] (DeepSeek-V3.2, unsqueeze_dim 2), Qwen3-Next's partial rotary (a quarter of the head), GPT-OSS's
+    half-width table doubled (the attention kind's "doubled" angle table); and
     DeepSeek-V3's interleaved form held to rotate-half."""
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as ds32
@@ -297,6 +298,14 @@ def rotary() -> list[Comparison]:
     rows.append(_compare("rotary", "Qwen3-Next apply_rotary_pos_emb (partial rotary: 8 of 32 channels)",
                          lambda: ref(qq.transpose(1, 2), cosq, sinq).transpose(1, 2),
                          lambda: qn.apply_rotary_pos_emb(qq, qq, cosq, sinq)[0], [qq]))
+    from transformers.models.gpt_oss import modeling_gpt_oss as oss
+
+    coso, sino = angles(oss.GptOssRotaryEmbedding, oss.GptOssConfig(head_dim=32))  # half a head: one angle a pair
+    qo = _leaf(2, 4, 7, 32, g=g)
+    rows.append(_compare("rotary", "GPT-OSS apply_rotary_pos_emb (its half-width table, doubled)",
+                         lambda: ref(qo.transpose(1, 2), torch.cat([coso, coso], -1),
+                                     torch.cat([sino, sino], -1)).transpose(1, 2),
+                         lambda: oss.apply_rotary_pos_emb(qo, qo, coso, sino)[0], [qo]))
     rows.append(_compare("rotary", "DeepSeek-V3 apply_rotary_pos_emb_interleave held to rotate-half",
                          lambda: ref(q.transpose(1, 2), cos, sin).transpose(1, 2),
                          lambda: ds.apply_rotary_pos_emb_interleave(q, q, cos, sin)[0], [q], same=False,
