@@ -241,9 +241,6 @@ def _counting(blocks: tuple[str, ...]) -> Iterator[dict[str, int]]:
     from workbench.integrations.ops import computing_with, current_table
 
     ran = dict.fromkeys(blocks, 0)
-    if not blocks:
-        yield ran
-        return
 
     def counted(block: str, op):
         def call(*args, **kwargs):
