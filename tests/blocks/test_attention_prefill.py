@@ -68,8 +68,10 @@ def test_attention_never_crosses_a_sequence():
 
 def test_the_input_factories_lay_out_pages_and_traps():
     inputs = DECODE.make_inputs(DECODE.shapes["smoke"][1], torch.float16, 0)
-    assert inputs["q"].shape == (3, 8, 16) and inputs["k"].shape == (3, 1, 16)
-    assert inputs["k_cache"].shape == (3 * 4 + 1, 8, 1, 16) and inputs["sinks"].shape == (8,)
+    assert inputs["q"].shape == (3, 8, 16) and inputs["k"].shape == (3, 2, 16)
+    assert inputs["k_cache"].shape == (3 * 4 + 1, 8, 2, 16) and inputs["sinks"].shape == (8,)
+    assert inputs["k_cache"].stride() == (8 * 2 * 16, 16, 8 * 16, 1)  # heads_outer: each page head-major (HND)
+    assert inputs["v_cache"].stride() == inputs["k_cache"].stride()
     assert inputs["window"] == 11 and bool((inputs["k_cache"][-1] == UNWRITTEN).all())  # the spare page
     assert int(inputs["seq_lens"].min()) == 0 and int(inputs["seq_lens"].max()) == 4 * 8 - 1  # seed 0's edges
     packed = PREFILL.make_inputs(PREFILL.shapes["smoke"][0], F64, 0)

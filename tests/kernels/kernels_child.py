@@ -17,6 +17,9 @@ the Triton interpreter, which must be selected before triton is first imported, 
              on inputs where the clamp acts: output and input gradient, and the share of values past the limit
     strided  rotary on q's rope part as the MLA forward hands it over (a [B, H, T, R] tensor seen as [B, T, H, R]):
              forward and gradient against the float64 reference, interleaved and rotate-half
+    kv_halves attention_prefill and attention_decode on vLLM's KV cache as its attention layer holds it (keys and
+             values the halves of one [PAGES, HKV, PAGE, 2 D] tensor, seen as [PAGES, PAGE, HKV, D]): output and
+             both caches against the reference, and whether the writes landed in that tensor
 """
 
 from __future__ import annotations
@@ -427,6 +430,29 @@ def check_strided() -> dict:
     return errors
 
 
+def check_kv_halves() -> dict:
+    """The paged attention ops on their first smoke shape, float32, with the caches vLLM's split views of one tensor
+    a layer, in each page layout vLLM resolves (token-major NHD, head-major HND): the largest errors of the output
+    and of each cache against the reference (which updates copies), and whether the one tensor holds the writes."""
+    figures = {}
+    for block in ("attention_prefill", "attention_decode"):
+        spec = get_block(block)
+        for layout in ("NHD", "HND"):
+            args = _inputs(block)
+            pages, page, hkv, d = args["k_cache"].shape
+            both = torch.cat([args["k_cache"], args["v_cache"]], dim=-1)  # [PAGES, PAGE, HKV, 2 D]
+            if layout == "HND":
+                both = both.transpose(1, 2).contiguous().transpose(1, 2)
+            args["k_cache"], args["v_cache"] = both.split(d, dim=-1)
+            expected = spec.reference(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()})
+            got = getattr(wk, block)(*args.values())
+            figures[f"{block} {layout}"] = {
+                "contiguous": args["k_cache"].is_contiguous(),
+                "errors": [float((g - e).abs().max()) for g, e in zip(got, expected, strict=True)],
+                "written_in_place": bool(torch.equal(both, torch.cat(expected[1:], dim=-1)))}
+    return figures
+
+
 def check_glm5_text() -> dict:
     """GLM-5-Next's text model loaded alone (``Glm5NextTextModel``, model_type glm5_next_text; a tiny instance of a
     KDA layer and a DSA layer with the MoE, float32, 8 tokens) shipped and with apply_workbench_kernels: the modules
@@ -465,7 +491,7 @@ def check_glm5_text() -> dict:
 CHECKS = {"fake": check_fake, "equal": check_equal, "opcheck": check_opcheck, "compile": check_compile,
           "launches": check_launches, "kept": check_kept, "bf16": check_bf16, "in_place": check_in_place,
           "heads": check_heads, "steep": check_steep, "clamped": check_clamped,
-          "strided": check_strided, "glm5_text": check_glm5_text}
+          "strided": check_strided, "kv_halves": check_kv_halves, "glm5_text": check_glm5_text}
 
 
 if __name__ == "__main__":

@@ -167,6 +167,17 @@ def test_glm5_next_text_model_loaded_alone_gets_its_familys_kernels():
     assert found["output"] < 1e-5 and found["grad_worst"] < 1e-3 and found["grads"] > 40
 
 
+def test_paged_attention_reads_and_writes_vllms_kv_cache_as_its_layer_holds_it():
+    """attention_prefill and attention_decode on keys and values that are the halves of one cache tensor (vLLM's, per
+    layer), token-major and head-major: within float32 rounding of the reference, the writes in that tensor."""
+    found = run_child("kv_halves")
+    assert len(found) == 4
+    for figures in found.values():
+        assert not figures["contiguous"] and figures["written_in_place"], figures
+        out, k_cache, v_cache = figures["errors"]
+        assert out < 1e-5 and k_cache == 0.0 and v_cache == 0.0, figures
+
+
 def test_rotary_rotates_a_strided_view_of_the_rope_part():
     """rotary as the MLA and DSA forwards call it: q's rope part is a [B, H, T, R] tensor seen as [B, T, H, R], read
     through its strides; forward and input gradient within float32 rounding of float64, in both layouts."""

@@ -73,13 +73,13 @@ def abstract_inputs(shape: Shape, dtype: torch.dtype) -> dict:
             "window": int(shape.get("window", 0)), "softcap": float(shape.get("softcap", 0))}
 
 
-def _shape(n, h, hkv, d, page, maxp, window=0, sinks=0, softcap=0) -> dict:
+def _shape(n, h, hkv, d, page, maxp, window=0, sinks=0, softcap=0, heads_outer=0) -> dict:
     return {"N": n, "H": h, "HKV": hkv, "D": d, "PAGE": page, "MAXP": maxp, "window": window, "sinks": sinks,
-            "softcap": softcap}
+            "softcap": softcap, "heads_outer": heads_outer}
 
 
 SHAPES = {
-    "smoke": [_shape(2, 4, 2, 32, 16, 3), _shape(3, 8, 1, 16, 8, 4, window=11, sinks=1)],
+    "smoke": [_shape(2, 4, 2, 32, 16, 3), _shape(3, 8, 2, 16, 8, 4, window=11, sinks=1, heads_outer=1)],
     # one sequence in one page; pages of one row, MHA with a soft cap; a window of one with sinks over 80-wide heads;
     # pages wider than a key block
     "edge": [_shape(1, 1, 1, 16, 16, 1), _shape(4, 3, 3, 24, 1, 24, softcap=3),
@@ -89,10 +89,11 @@ SHAPES = {
 
 def hidden_shapes(rng: random.Random) -> list[Shape]:
     """Two shapes drawn at verification time: a batch up to 5, 1-3 KV heads of 1-4 query heads, head sizes 16-48,
-    pages of 1-32 rows, up to 6 pages per sequence; the second with the variants drawn."""
+    pages of 1-32 rows, up to 6 pages per sequence; the second with the variants and the page layout drawn."""
     return [_shape(rng.randint(1, 5), (hkv := rng.randint(1, 3)) * rng.randint(1, 4), hkv, rng.choice([16, 24, 32, 48]),
                    rng.choice([1, 2, 4, 8, 16, 32]), rng.randint(1, 6), window=variant * rng.randint(1, 30),
-                   sinks=variant * rng.randint(0, 1), softcap=variant * rng.choice([0, 3]))
+                   sinks=variant * rng.randint(0, 1), softcap=variant * rng.choice([0, 3]),
+                   heads_outer=variant * rng.randint(0, 1))
             for variant in (0, 1)]
 
 

@@ -15,8 +15,9 @@ keys); attention never crosses a sequence. In float32 (float64 for float64 input
 prefilled in chunks, or prefilled then decoded token by token (attention_decode), equals the training form over the
 whole sequence (tests/blocks/test_attention_prefill.py).
 
-Layout (FlashAttention's paged KV cache, vLLM's with separate key and value tensors): k_cache and v_cache [PAGES,
-PAGE, HKV, D]; a sequence's token j lives in page block_table[n, j // PAGE] at row j % PAGE. Rows nobody wrote hold
+Layout (FlashAttention's paged KV cache, vLLM's key and value halves): k_cache and v_cache [PAGES, PAGE, HKV, D] at
+any strides both share, each row's D contiguous (``heads_outer``: each page head-major in memory, vLLM's HND); a
+sequence's token j lives in page block_table[n, j // PAGE] at row j % PAGE. Rows nobody wrote hold
 30.0 and unused table entries point at a spare page of them (mla_decode's traps), so a kernel that reads past a
 length or through an unused entry is far off.
 
@@ -75,10 +76,14 @@ def abstract_outputs(q, k, v, k_cache, v_cache, block_table, seq_lens, cu_seqlen
 def paged_kv(lengths: list[int], table: list[list[int]], pages: int, shape: Shape, g: torch.Generator
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """k_cache and v_cache [pages, PAGE, HKV, D] float32: each sequence's cached keys and values ~ N(0, 1) where the
-    table puts them, mla_decode.UNWRITTEN everywhere else."""
+    table puts them, mla_decode.UNWRITTEN everywhere else; with ``heads_outer`` in the shape, each page head-major in
+    memory ([pages, HKV, PAGE, D], vLLM's HND layout) seen as [pages, PAGE, HKV, D]."""
     page, hkv, d = shape["PAGE"], shape["HKV"], shape["D"]
-    return tuple(mla_decode.paged_cache(lengths, table, pages, page, torch.randn(sum(lengths), hkv * d, generator=g))
-                 .view(pages, page, hkv, d) for _ in range(2))
+    caches = (mla_decode.paged_cache(lengths, table, pages, page, torch.randn(sum(lengths), hkv * d, generator=g))
+              .view(pages, page, hkv, d) for _ in range(2))
+    if shape.get("heads_outer", 0):
+        return tuple(cache.transpose(1, 2).contiguous().transpose(1, 2) for cache in caches)
+    return tuple(caches)
 
 
 def variants(shape: Shape, dtype: torch.dtype, g: torch.Generator, device: str) -> dict:
@@ -121,8 +126,8 @@ SHAPES = {
     "smoke": [
         {"TOTAL": 20, "S": 3, "H": 4, "HKV": 2, "D": 32, "PAGE": 16, "MAXP": 3, "window": 0, "sinks": 0,
          "softcap": 0},
-        {"TOTAL": 24, "S": 4, "H": 2, "HKV": 1, "D": 16, "PAGE": 8, "MAXP": 4, "window": 9, "sinks": 1,
-         "softcap": 0},
+        {"TOTAL": 24, "S": 4, "H": 4, "HKV": 2, "D": 16, "PAGE": 8, "MAXP": 4, "window": 9, "sinks": 1,
+         "softcap": 0, "heads_outer": 1},
     ],
     # one token of one sequence; one token among empty sequences, a soft cap; pages of one row, a window of one,
     # an 80-wide head (no power of two); a prompt filling its pages, MHA with sinks
@@ -143,7 +148,7 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
         shapes.append({"TOTAL": total, "S": rng.randint(1, 4), "H": hkv * rng.randint(1, 3), "HKV": hkv,
                        "D": rng.choice([16, 24, 32, 48]), "PAGE": page, "MAXP": -(-total // page) + rng.randint(0, 2),
                        "window": variant * rng.randint(1, 20), "sinks": variant * rng.randint(0, 1),
-                       "softcap": variant * rng.choice([0, 3])})
+                       "softcap": variant * rng.choice([0, 3]), "heads_outer": variant * rng.randint(0, 1)})
     return shapes
 
 

@@ -1,14 +1,13 @@
-"""attention_prefill candidate rendered from templates/attention_prefill/group_tiled.py.j2.
+"""attention_decode candidate rendered from templates/attention_decode/group_tiled.py.j2.
 
-one program per (packed token, KV head): the head's query group as one tl.dot tile against BN keys a step, its cached keys through the block table, then its new ones from the inputs
+one program per (sequence, KV head): the query group as one tl.dot tile against BN cached keys a step through the block table (paged attention's GQA packing)
 params: BN=16, num_warps=4
-launch on sm_80: num_warps=8
 """
 import torch
 import triton
 import triton.language as tl
 
-BLOCK = "attention_prefill"
+BLOCK = "attention_decode"
 TEMPLATE = "group_tiled"
 BN = 16
 # Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
@@ -16,7 +15,7 @@ BN = 16
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'sm_80': {'num_warps': 8}}
+TUNED_SETTINGS = {}
 
 
 def launch_target(device) -> str:
@@ -72,25 +71,24 @@ def _attend(m_i, l_i, acc, q, k, v, ok, scale, softcap, HAS_SOFTCAP: tl.constexp
 
 
 @triton.jit
-def attention_prefill_group_tiled_kernel(Q, K, V, KC, VC, TABLE, LENS, CU, SINKS, OUT, scale, window, softcap, S, H, HKV, D, PAGE, MAXP,
-        D_PAD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, HAS_SINKS: tl.constexpr,
-        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """Program (packed token i, KV head hk, its query group as GP rows) over the keys the token sees: the cached ones BN
+def attention_decode_group_tiled_kernel(Q, K, V, KC, VC, TABLE, LENS, CU, SINKS, OUT, scale, window, softcap, S, H, HKV, D, PAGE, MAXP,
+        PAGE_STRIDE, ROW_STRIDE, HEAD_STRIDE, D_PAD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
+        BN: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """Program (sequence i, KV head hk, its query group as GP rows) over the keys the token sees: the cached ones BN
     a step through the block table, then the new ones up to itself from the inputs; the token's key and value
-    written into its row by its KV head's program. Q and OUT [rows, H, D], K and V [rows, HKV, D], KC and VC
-    [PAGES, PAGE, HKV, D], TABLE [S, MAXP], LENS [S], CU [S + 1] (the prefill's), SINKS [H]; contiguous. GP: the
-    group's rows padded for tl.dot; BS: S's next power of two."""
+    written into its row by its KV head's program. Q and OUT [rows, H, D], K and V [rows, HKV, D], TABLE [S, MAXP], LENS [S], CU [S + 1] (the
+    prefill's), SINKS [H], contiguous; KC and VC [PAGES, PAGE, HKV, D] at the strides given (each row's D
+    contiguous: vLLM's key and value halves of one cache, either page layout). GP: the group's rows padded for
+    tl.dot; BS: S's next power of two."""
     i = tl.program_id(0).to(tl.int64)
     group = H // HKV
     hk = tl.program_id(1).to(tl.int64)
     rg = tl.arange(0, GP)
     h_ok = rg < group
     hs = hk * group + rg
-    seqs = tl.arange(0, BS)
-    ends = tl.load(CU + 1 + seqs, mask=seqs < S, other=2147483647).to(tl.int64)  # each sequence's last row + 1
-    n = tl.sum((ends <= i).to(tl.int32), axis=0).to(tl.int64)
-    start = tl.load(CU + n).to(tl.int64)
-    t = i - start
+    n = i
+    start = i
+    t = 0
     cache_ty = KC.dtype.element_ty
     length = tl.load(LENS + n).to(tl.int64)
     position = length + t
@@ -113,7 +111,7 @@ def attention_prefill_group_tiled_kernel(Q, K, V, KC, VC, TABLE, LENS, CU, SINKS
         pos = j0 + tl.arange(0, BN)
         ok = pos < length
         page = tl.load(TABLE + n * MAXP + pos // PAGE, mask=ok, other=0).to(tl.int64)
-        row = ((page * PAGE + pos % PAGE) * HKV + hk) * D
+        row = page * PAGE_STRIDE + (pos % PAGE) * ROW_STRIDE + hk * HEAD_STRIDE
         k = tl.load(KC + row[:, None] + rd[None, :], mask=ok[:, None] & kv_mask, other=0.0)
         v = tl.load(VC + row[:, None] + rd[None, :], mask=ok[:, None] & kv_mask, other=0.0)
         m_i, l_i, acc = _attend(m_i, l_i, acc, q, k, v, ok, scale, softcap, HAS_SOFTCAP, True)
@@ -127,7 +125,7 @@ def attention_prefill_group_tiled_kernel(Q, K, V, KC, VC, TABLE, LENS, CU, SINKS
     tl.store(OUT + (i * H + hs)[:, None] * D + rd[None, :], (acc / l_i[:, None]).to(OUT.dtype.element_ty),
              mask=h_ok[:, None] & d_ok[None, :])
     page_new = tl.load(TABLE + n * MAXP + position // PAGE).to(tl.int64)
-    row_new = ((page_new * PAGE + position % PAGE) * HKV + hk) * D
+    row_new = page_new * PAGE_STRIDE + (position % PAGE) * ROW_STRIDE + hk * HEAD_STRIDE
     tl.store(KC + row_new + rd, tl.load(K + (i * HKV + hk) * D + rd, mask=d_ok, other=0.0).to(cache_ty),
              mask=d_ok)
     tl.store(VC + row_new + rd, tl.load(V + (i * HKV + hk) * D + rd, mask=d_ok, other=0.0).to(cache_ty),
@@ -135,24 +133,26 @@ def attention_prefill_group_tiled_kernel(Q, K, V, KC, VC, TABLE, LENS, CU, SINKS
 
 
 
-def run(q, k, v, k_cache, v_cache, block_table, seq_lens, cu_seqlens, sinks, scale, window, softcap):
-    """q [TOTAL, H, D]; k, v [TOTAL, HKV, D] (float32/float16/bfloat16); k_cache, v_cache [PAGES, PAGE, HKV, D]
-    in q's dtype, contiguous, updated in place; block_table [S, MAXP] int32; seq_lens [S] int32 (tokens cached
-    before the step); cu_seqlens [S + 1] int32; sinks [H] or None; scale; window (0: none); softcap (0: none) ->
+def run(q, k, v, k_cache, v_cache, block_table, seq_lens, sinks, scale, window, softcap):
+    """q [N, H, D]; k, v [N, HKV, D] (float32/float16/bfloat16); k_cache, v_cache [PAGES, PAGE, HKV, D]
+    in q's dtype, updated in place, at any strides both share with each row's D contiguous (vLLM's key and value
+    halves of one cache); block_table [S, MAXP] int32; seq_lens [S] int32 (tokens cached before the step); sinks [H] or None; scale; window (0: none); softcap (0: none) ->
     (out like q, k_cache, v_cache)."""
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError(f"{BLOCK}: the KV caches are updated in place and must be contiguous")
     tokens, h, d = q.shape
     hkv = k.shape[1]
     if h % hkv or k_cache.shape[2:] != (hkv, d) or v_cache.shape != k_cache.shape:
         raise ValueError(f"{BLOCK}: H={h} must be a multiple of HKV={hkv}, and the caches [PAGES, PAGE, {hkv}, {d}]")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        raise ValueError(f"{BLOCK}: the KV caches must share strides, each row's D contiguous "
+                         f"(k_cache {k_cache.stride()}, v_cache {v_cache.stride()})")
     out = torch.empty_like(q)
     if tokens and h:
-        s = cu_seqlens.shape[0] - 1
-        attention_prefill_group_tiled_kernel[(tokens, hkv)](
+        s = tokens
+        attention_decode_group_tiled_kernel[(tokens, hkv)](
             q.contiguous(), k.contiguous(), v.contiguous(), k_cache, v_cache, block_table.contiguous(),
-            seq_lens.contiguous(), cu_seqlens.contiguous(), sinks if sinks is not None else q, out, scale, window, softcap,
-            s, h, hkv, d, k_cache.shape[1], block_table.shape[1], D_PAD=max(16, triton.next_power_of_2(d)),
+            seq_lens.contiguous(), seq_lens, sinks if sinks is not None else q, out, scale, window, softcap,
+            s, h, hkv, d, k_cache.shape[1], block_table.shape[1], *k_cache.stride()[:3],
+            D_PAD=max(16, triton.next_power_of_2(d)),
             GP=max(16, triton.next_power_of_2(h // hkv)), BS=triton.next_power_of_2(s), BN=BN,
             HAS_SINKS=sinks is not None, HAS_WINDOW=window > 0, HAS_SOFTCAP=softcap > 0,
             num_warps=target_settings(q.device)["num_warps"])
