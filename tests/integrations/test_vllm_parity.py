@@ -96,8 +96,15 @@ PER_FORWARD = {
     # dense layer's activation and the MoE layer's shared expert's; the MoE layer's routed experts
     "deepseek_v3": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_permute": 1, "moe_grouped_gemm": 1, "moe_combine": 1},
 }
-BUILT = {"llama": {"RMSNorm": 5, "SiluAndMul": 2},
-         "deepseek_v3": {"RMSNorm": 9, "SiluAndMul": 2, "UnquantizedFusedMoEMethod": 1}}
+ATTENTION = {
+    # llama: each softmax-attention layer (CPU_ATTN) once in the prefill of both prompts, then once a decode step
+    "llama": ({"attention_prefill": 2}, {"attention_decode": 2}),
+    # deepseek_v3: each MLA layer's decode (CPU_MLA) once a decode step; its prefill is vLLM's own expanded form
+    "deepseek_v3": ({}, {"mla_decode": 2}),
+}
+"""The attention backends' ops: (runs in the prefill, runs a decode step)."""
+BUILT = {"llama": {"RMSNorm": 5, "SiluAndMul": 2, "CPU_ATTN": 2},
+         "deepseek_v3": {"RMSNorm": 9, "SiluAndMul": 2, "UnquantizedFusedMoEMethod": 1, "CPU_MLA": 2}}
 """The instances of each replacement vLLM's model code builds."""
 
 
@@ -113,9 +120,14 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     assert m["generate_match"] == 1.0 and m["generate_first_mismatch"] is None
     assert m["logprob_dev"] <= 1e-4 and len(m["logprob_dev_per_step"]) == new_tokens
     assert m["replaced"] == {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"],
-                             "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"]}
+                             "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"],
+                             "CPU_ATTN": ["attention_prefill", "attention_decode"], "CPU_MLA": ["mla_decode"]}
     assert m["built"] == BUILT[model_type] and m["fallbacks"] == {}
-    # every forward ran ours: one prefill of both prompts, then a decode step per new token but the last
-    assert m["op_runs"] == {block: new_tokens * n for block, n in PER_FORWARD[model_type].items()}
+    # every forward ran ours: one prefill of both prompts, then a decode step per new token but the last, the
+    # attention over vLLM's paged caches as one packed prefill, then decode steps
+    prefill, decode = ATTENTION[model_type]
+    runs = {block: new_tokens * n for block, n in PER_FORWARD[model_type].items()}
+    runs |= prefill | {block: (new_tokens - 1) * n for block, n in decode.items()}
+    assert m["op_runs"] == runs
     assert m["shipped_op_runs"] == {}  # with the setting off, vLLM ran as shipped
-    assert len(PROMPTS) == 2 and set(TINY) == set(PER_FORWARD)
+    assert len(PROMPTS) == 2 and set(TINY) == set(PER_FORWARD) == set(ATTENTION)

@@ -5,7 +5,8 @@
 Each replacement is vLLM's own class, subclassed and registered by its name through vLLM's plug point
 (``CustomOp.register_oot``): vLLM then builds ours wherever its model code builds the class, its weights load as
 before, and only the forward changes, taking vLLM's tensors as they are. vLLM calls ``forward_cpu`` on CPU,
-``forward_cuda`` on NVIDIA and ``forward_hip`` on AMD (which calls ``forward_cuda``); all are the operator.
+``forward_cuda`` on NVIDIA and ``forward_hip`` on AMD (which calls ``forward_cuda``); all are the operator. Softmax
+attention is an attention backend (``vllm_attention``), registered under a name of vLLM's backend registry.
 
     vLLM class    plug point                   block     what runs
     RMSNorm       CustomOp.register_oot        rmsnorm   the norm; with a residual, vLLM's fused add first (float32
@@ -14,11 +15,17 @@ before, and only the forward changes, taking vLLM's tensors as they are. vLLM ca
     UnquantizedFusedMoEMethod                  moe_permute, moe_grouped_gemm (SwiGLU experts), moe_combine: the
                   CustomOp.register_oot                  routed experts of vLLM's own routing (its top-k ids and
                                                          weights); vLLM's w13 split into w1, w3 once at load
+    CPU_ATTN      register_backend             attention_prefill, attention_decode: softmax attention over
+    (CUSTOM off CPU, an attention backend)     vLLM's paged KV cache as vLLM lays it out (vllm_attention)
+    CPU_MLA       register_backend (CPU only)  mla_decode: MLA's absorbed decode over vLLM's paged latent cache;
+                                               vLLM's own prefill, cache writes and W_UK / W_UV products
 
 A call the operator does not cover (RMSNorm's ``var_hidden_size``, no weight; experts with biases, another
 activation, an expert map or the router weight on the input) runs vLLM's own forward and is counted as such
-(``FALLBACKS``), so a parity run can say what did not run the operator. vLLM only logs a plugin that fails to
-import and goes on: ``REPLACED`` (filled at registration) and the ops' run counts are what proves the swap happened.
+(``FALLBACKS``), so a parity run can say what did not run the operator. The attention backend has no such way back
+(vLLM's cache is laid out for it): what it does not compute is refused when vLLM builds the layer. vLLM only logs a
+plugin that fails to import and goes on: ``REPLACED`` (filled at registration) and the ops' run counts are what
+proves the swap happened.
 """
 
 from __future__ import annotations
@@ -39,6 +46,15 @@ def enabled() -> bool:
     return os.environ.get(ENABLE, "0") == "1"
 
 
+def attention_replaced() -> str:
+    """The vLLM attention backend whose name the workbench's takes (``vllm_attention``): CPU_ATTN on CPU, the one
+    vLLM's CPU platform selects for softmax attention; elsewhere CUSTOM, chosen with ``--attention-backend CUSTOM``
+    (``attention_config={"backend": "CUSTOM"}``)."""
+    from vllm.platforms import current_platform
+
+    return "CPU_ATTN" if current_platform.is_cpu() else "CUSTOM"
+
+
 def register() -> None:
     """The entry point: vLLM calls it once per process, before any model is built."""
     if not enabled() or REPLACED:
@@ -49,6 +65,7 @@ def register() -> None:
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
     from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     import workbench.kernels as wk
 
@@ -122,3 +139,9 @@ def register() -> None:
         ours.replaces = vllm_class.__name__
         vllm_class.register_oot(ours)
         REPLACED[vllm_class.__name__] = blocks
+    backend = attention_replaced()
+    register_backend(AttentionBackendEnum[backend], "workbench.integrations.vllm_attention.WorkbenchAttentionBackend")
+    REPLACED[backend] = ["attention_prefill", "attention_decode"]
+    if backend == "CPU_ATTN":  # vLLM's CPU MLA, its decode through mla_decode (GPU MLA backends are not replaced)
+        register_backend(AttentionBackendEnum.CPU_MLA, "workbench.integrations.vllm_attention.WorkbenchMLABackend")
+        REPLACED["CPU_MLA"] = ["mla_decode"]
