@@ -99,8 +99,8 @@ PER_FORWARD = {
 ATTENTION = {
     # llama: each softmax-attention layer (CPU_ATTN) once in the prefill of both prompts, then once a decode step
     "llama": ({"attention_prefill": 2}, {"attention_decode": 2}),
-    # deepseek_v3: each MLA layer's decode (CPU_MLA) once a decode step; its prefill is vLLM's own expanded form
-    "deepseek_v3": ({}, {"mla_decode": 2}),
+    # deepseek_v3: each MLA layer (CPU_MLA) the same, its prefill in the absorbed form
+    "deepseek_v3": ({"mla_prefill": 2}, {"mla_decode": 2}),
 }
 """The attention backends' ops: (runs in the prefill, runs a decode step)."""
 BUILT = {"llama": {"RMSNorm": 5, "SiluAndMul": 2, "CPU_ATTN": 2},
@@ -121,7 +121,8 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     assert m["logprob_dev"] <= 1e-4 and len(m["logprob_dev_per_step"]) == new_tokens
     assert m["replaced"] == {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"],
                              "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"],
-                             "CPU_ATTN": ["attention_prefill", "attention_decode"], "CPU_MLA": ["mla_decode"]}
+                             "CPU_ATTN": ["attention_prefill", "attention_decode"],
+                             "CPU_MLA": ["mla_prefill", "mla_decode"]}
     assert m["built"] == BUILT[model_type] and m["fallbacks"] == {}
     # every forward ran ours: one prefill of both prompts, then a decode step per new token but the last, the
     # attention over vLLM's paged caches as one packed prefill, then decode steps

@@ -16,13 +16,14 @@ covers a decode in a mixed batch as a prompt of one token. Each writes the step'
 a quantized cache, a layer reading another's cache, fused output quantization) is refused when vLLM builds or calls
 the layer, one line naming it.
 
-MLA on vLLM's CPU platform (``WorkbenchMLABackend``): vLLM's CPU_MLA with its decode through mla_decode, over the
-latent cache as vLLM keeps it ([blocks, 16, R + DR], FlashMLA's layout, the operator's). vLLM's MLA layer runs the
-rest as shipped: it writes each token's latent into its row (``do_kv_cache_update``), absorbs W_UK into the decode
-queries before and applies W_UV after, and prefills in the expanded form (the MHA over kv_b_proj's keys and values,
-vLLM's SDPA on CPU), where mla_prefill's absorbed form does not apply. The decode's seq_lens count the step's token,
-which vLLM has written: the operator takes the tokens before it, and that token's latent read back from its row (it
-writes the same values there again).
+MLA on vLLM's CPU platform (``WorkbenchMLABackend``): vLLM's CPU_MLA with its prefill through mla_prefill and its
+decode through mla_decode, over the latent cache as vLLM keeps it ([blocks, 16, R + DR], FlashMLA's layout, the
+operators'). vLLM's MLA layer writes each token's latent into its row before attending (``do_kv_cache_update``):
+the operators take the tokens cached before the step and write the same values there again. Its decode queries come
+absorbed (W_UK applied by vLLM), its output latent goes through W_UV in vLLM. vLLM prefills in the expanded form
+(keys and values through kv_b_proj); here the prefill is the absorbed form too, what mla_prefill computes: the new
+tokens' queries absorbed through kv_b_proj's W_UK rows, the latent output through its W_UV rows (two batched
+products a layer, as vLLM's decode does), equal to the expanded form but for rounding.
 """
 
 from __future__ import annotations
@@ -160,12 +161,39 @@ class WorkbenchAttentionBackend(AttentionBackend):
 
 
 class WorkbenchMLAImpl(CPUMLAImpl):
-    """vLLM's CPU MLA with the decode through mla_decode: q [N, H, R + DR] (or its (W_UK-absorbed nope, rope) parts),
-    the latent cache [blocks, PAGE, R + DR] -> the latent output [N, H, R] (vLLM applies W_UV)."""
+    """vLLM's CPU MLA with the prefill through mla_prefill and the decode through mla_decode, over the latent cache
+    [blocks, PAGE, R + DR]."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         BUILT["CPU_MLA"] += 1
+
+    def absorption(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj's weight [H * (DN + DV), R] as W_UK [H, DN, R] and W_UV [H, DV, R]."""
+        weight = getattr(self.kv_b_proj, "weight", None)
+        if type(self.kv_b_proj.quant_method).__name__ != "UnquantizedLinearMethod" or weight is None:
+            raise NotImplementedError("workbench MLA: a quantized kv_b_proj is not ported (mla_prefill absorbs "
+                                      "its plain weight)")
+        return weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, -1).split(
+            [self.qk_nope_head_dim, self.v_head_dim], dim=1)
+
+    def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
+                    kv_c_and_k_pe_cache: torch.Tensor, attn_metadata, k_scale: torch.Tensor, output: torch.Tensor,
+                    output_scale: torch.Tensor | None = None) -> None:
+        """The prefill tokens' q [T, H, DN + DR], latents kv_c_normed [T, R] and k_pe [T, 1, DR] -> output
+        [T, H * DV] (written in place), through the absorbed form."""
+        prefill = attn_metadata.prefill
+        if output_scale is not None or prefill.q_data_type not in (None, q.dtype):
+            raise NotImplementedError("workbench MLA: a quantized prefill is not ported (mla_prefill)")
+        w_uk, w_uv = self.absorption()
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        absorbed = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_pe], dim=-1)
+        starts = prefill.query_start_loc.to(torch.int32)
+        cached = (prefill.chunked_context.context_lens.to(torch.int32) if prefill.chunked_context is not None
+                  else torch.zeros(len(starts) - 1, dtype=torch.int32, device=q.device))
+        latent, _ = wk.mla_prefill(absorbed, kv_c_normed, k_pe.reshape(len(k_pe), -1), kv_c_and_k_pe_cache,
+                                   prefill.block_table.to(torch.int32), cached, starts, self.scale)
+        output.copy_(torch.einsum("thr,hvr->thv", latent, w_uv).flatten(start_dim=1))
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata, layer
                     ) -> tuple[torch.Tensor, None]:

@@ -17,8 +17,8 @@ attention is an attention backend (``vllm_attention``), registered under a name 
                                                          weights); vLLM's w13 split into w1, w3 once at load
     CPU_ATTN      register_backend             attention_prefill, attention_decode: softmax attention over
     (CUSTOM off CPU, an attention backend)     vLLM's paged KV cache as vLLM lays it out (vllm_attention)
-    CPU_MLA       register_backend (CPU only)  mla_decode: MLA's absorbed decode over vLLM's paged latent cache;
-                                               vLLM's own prefill, cache writes and W_UK / W_UV products
+    CPU_MLA       register_backend (CPU only)  mla_prefill, mla_decode: MLA's absorbed prefill and decode over
+                                               vLLM's paged latent cache (vLLM writes the latents)
 
 A call the operator does not cover (RMSNorm's ``var_hidden_size``, no weight; experts with biases, another
 activation, an expert map or the router weight on the input) runs vLLM's own forward and is counted as such
@@ -142,6 +142,6 @@ def register() -> None:
     backend = attention_replaced()
     register_backend(AttentionBackendEnum[backend], "workbench.integrations.vllm_attention.WorkbenchAttentionBackend")
     REPLACED[backend] = ["attention_prefill", "attention_decode"]
-    if backend == "CPU_ATTN":  # vLLM's CPU MLA, its decode through mla_decode (GPU MLA backends are not replaced)
+    if backend == "CPU_ATTN":  # vLLM's CPU MLA through mla_prefill and mla_decode (GPU MLA backends stay vLLM's)
         register_backend(AttentionBackendEnum.CPU_MLA, "workbench.integrations.vllm_attention.WorkbenchMLABackend")
-        REPLACED["CPU_MLA"] = ["mla_decode"]
+        REPLACED["CPU_MLA"] = ["mla_prefill", "mla_decode"]
