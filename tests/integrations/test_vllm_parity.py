@@ -9,7 +9,15 @@ import pytest
 from workbench.errors import WorkbenchError
 from workbench.integrations import vllm_plugin
 from workbench.integrations.parity import ParityResult
-from workbench.integrations.vllm_parity import PROMPTS, TINY, compare, judge_served, run_vllm_parity, vllm_python
+from workbench.integrations.vllm_parity import (
+    MXFP4,
+    PROMPTS,
+    TINY,
+    compare,
+    judge_served,
+    run_vllm_parity,
+    vllm_python,
+)
 from workbench.vocabulary import ParityStatus
 
 
@@ -69,6 +77,8 @@ def test_a_plugin_that_did_not_load_or_an_op_that_never_ran_fails_the_run():
 def test_an_unknown_model_or_dtype_is_one_clear_error():
     with pytest.raises(WorkbenchError, match="no tiny vLLM model for 'gpt2'"):
         run_vllm_parity("gpt2")
+    with pytest.raises(WorkbenchError, match=r"no tiny vLLM model for 'llama-mxfp4' \(known: .*deepseek_v3-mxfp4\)"):
+        run_vllm_parity("llama" + MXFP4)  # no routed experts to publish in MXFP4
     with pytest.raises(WorkbenchError, match="float32"):
         run_vllm_parity("llama", dtype="bfloat16")
 
@@ -95,16 +105,21 @@ PER_FORWARD = {
     # deepseek_v3: four norms a layer (input, post-attention, MLA's q_a and kv_a latents) and the final one; the
     # dense layer's activation and the MoE layer's shared expert's; the MoE layer's routed experts
     "deepseek_v3": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_permute": 1, "moe_grouped_gemm": 1, "moe_combine": 1},
+    # the same with the routed experts in MXFP4 (against them dequantized as shipped)
+    "deepseek_v3-mxfp4": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_permute": 1, "moe_grouped_gemm_mxfp4": 1,
+                          "moe_combine": 1},
 }
 ATTENTION = {
     # llama: each softmax-attention layer (CPU_ATTN) once in the prefill of both prompts, then once a decode step
     "llama": ({"attention_prefill": 2}, {"attention_decode": 2}),
     # deepseek_v3: each MLA layer (CPU_MLA) the same, its prefill in the absorbed form
     "deepseek_v3": ({"mla_prefill": 2}, {"mla_decode": 2}),
+    "deepseek_v3-mxfp4": ({"mla_prefill": 2}, {"mla_decode": 2}),
 }
 """The attention backends' ops: (runs in the prefill, runs a decode step)."""
 BUILT = {"llama": {"RMSNorm": 5, "SiluAndMul": 2, "CPU_ATTN": 2},
-         "deepseek_v3": {"RMSNorm": 9, "SiluAndMul": 2, "UnquantizedFusedMoEMethod": 1, "CPU_MLA": 2}}
+         "deepseek_v3": {"RMSNorm": 9, "SiluAndMul": 2, "UnquantizedFusedMoEMethod": 1, "CPU_MLA": 2},
+         "deepseek_v3-mxfp4": {"RMSNorm": 9, "SiluAndMul": 2, "CompressedTensorsW4A4Mxfp4MoEMethod": 1, "CPU_MLA": 2}}
 """The instances of each replacement vLLM's model code builds."""
 
 
@@ -121,6 +136,8 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     assert m["logprob_dev"] <= 1e-4 and len(m["logprob_dev_per_step"]) == new_tokens
     assert m["replaced"] == {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"],
                              "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"],
+                             "CompressedTensorsW4A4Mxfp4MoEMethod": ["moe_permute", "moe_grouped_gemm_mxfp4",
+                                                                     "moe_combine"],
                              "CPU_ATTN": ["attention_prefill", "attention_decode"],
                              "CPU_MLA": ["mla_prefill", "mla_decode"]}
     assert m["built"] == BUILT[model_type] and m["fallbacks"] == {}
@@ -131,4 +148,4 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     runs |= prefill | {block: (new_tokens - 1) * n for block, n in decode.items()}
     assert m["op_runs"] == runs
     assert m["shipped_op_runs"] == {}  # with the setting off, vLLM ran as shipped
-    assert len(PROMPTS) == 2 and set(TINY) == set(PER_FORWARD) == set(ATTENTION)
+    assert len(PROMPTS) == 2 and set(PER_FORWARD) == set(ATTENTION) == {*TINY, "deepseek_v3" + MXFP4}

@@ -31,7 +31,8 @@ def parity(
     = 0,
     engine: Annotated[str, typer.Option(help="transformers (the model's modeling code) or vllm (its serving code, "
                                              "with the workbench's vLLM plugin; source: a model_type of "
-                                             "workbench.integrations.vllm_parity.TINY; --generate tokens, 8 if 0)")]
+                                             "workbench.integrations.vllm_parity.TINY, -mxfp4 after one with "
+                                             "routed experts; --generate tokens, 8 if 0)")]
     = "transformers",
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:

