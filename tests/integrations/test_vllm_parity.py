@@ -16,6 +16,7 @@ from workbench.integrations.vllm_parity import (
     compare,
     judge_served,
     run_vllm_parity,
+    vllm_activations,
     vllm_python,
 )
 from workbench.vocabulary import ParityStatus
@@ -134,7 +135,7 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     assert result.status == ParityStatus.PASS, result.message
     assert m["generate_match"] == 1.0 and m["generate_first_mismatch"] is None
     assert m["logprob_dev"] <= 1e-4 and len(m["logprob_dev_per_step"]) == new_tokens
-    assert m["replaced"] == {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"],
+    assert m["replaced"] == {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"], "SituAndMul": ["situ"],
                              "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"],
                              "CompressedTensorsW4A4Mxfp4MoEMethod": ["moe_permute", "moe_grouped_gemm_mxfp4",
                                                                      "moe_combine"],
@@ -149,3 +150,18 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     assert m["op_runs"] == runs
     assert m["shipped_op_runs"] == {}  # with the setting off, vLLM ran as shipped
     assert len(PROMPTS) == 2 and set(PER_FORWARD) == set(ATTENTION) == {*TINY, "deepseek_v3" + MXFP4}
+
+
+@pytest.mark.interpreter
+def test_kimi_k3s_situ_runs_the_operator_in_vllms_own_layer():
+    """SituAndMul as K3's serving code builds it (beta 4, linear_beta 25) is the plugin's class, loaded by vLLM's
+    plugin loader, and computes vLLM's own forward on inputs past both clips; without linear_beta it hands the call
+    back to vLLM. (K3's MLPs run only on a GPU in vLLM: no CPU model builds the class.)"""
+    vllm_or_skip()
+    found = vllm_activations()
+    layers = found["layers"]
+    assert {name: layer["class"] for name, layer in layers.items()} == {
+        "situ": "WorkbenchSituAndMul", "situ_unclipped": "WorkbenchSituAndMul", "silu": "WorkbenchSiluAndMul"}
+    assert layers["situ"]["deviation"] < 1e-6 and layers["silu"]["deviation"] < 1e-6 and found["past_clips"] > 0.3
+    assert layers["situ_unclipped"]["deviation"] == 0.0  # vLLM's own forward
+    assert found["op_runs"] == {"situ": 1, "swiglu": 1} and found["fallbacks"] == {"SituAndMul": 1}

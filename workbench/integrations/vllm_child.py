@@ -11,6 +11,8 @@ project's): ``python -m workbench.integrations.vllm_child`` with a job (JSON) on
   of its token, the workbench ops that ran (workbench.kernels._ops.RUNS), the classes the plugin replaced, the
   instances of each vLLM built and the calls it handed back to vLLM. Whether the plugin is on is the environment's
   WORKBENCH_VLLM.
+- ``{"mode": "activations"}``: vLLM's activation layers as Kimi K3's serving code builds them (``activations``), the
+  plugins loaded by vLLM's own loader.
 """
 
 from __future__ import annotations
@@ -104,11 +106,39 @@ def serve(job: dict) -> dict:
             "built": dict(vllm_plugin.BUILT), "fallbacks": dict(vllm_plugin.FALLBACKS), "plugin": vllm_plugin.enabled()}
 
 
+def activations(job: dict) -> dict:
+    """vLLM's SituAndMul at Kimi K3's betas (4, and 25 for the up half; once without it, as a model whose config
+    leaves it unset builds it) and SiluAndMul, built under an eager engine's config (custom ops on), each called on
+    x [9, 256] float32 whose gate and up halves reach past both clips: per layer its class and its largest deviation
+    from vLLM's own forward_native relative to that output's largest value; the ops that ran and the calls handed
+    back. Kimi K3's MLPs run only on a GPU in vLLM (its attention's CUDA ops), so this is where SiTU is held."""
+    import torch
+    from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
+    from vllm.plugins import load_general_plugins
+
+    from workbench.integrations import vllm_plugin
+    from workbench.kernels._ops import RUNS
+
+    load_general_plugins()
+    spread = torch.tensor([8.0, 40.0]).repeat_interleave(128)  # the gate half's, the up half's
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(0)) * spread
+    found = {}
+    with set_current_vllm_config(VllmConfig(compilation_config=CompilationConfig(custom_ops=["all"]))):
+        for name, layer in (("situ", SituAndMul(beta=4.0, linear_beta=25.0)), ("situ_unclipped", SituAndMul(beta=4.0)),
+                            ("silu", SiluAndMul())):
+            native = layer.forward_native(x)
+            found[name] = {"class": type(layer).__name__,
+                           "deviation": float((layer(x) - native).abs().max() / native.abs().max())}
+    return {"layers": found, "op_runs": dict(sorted(RUNS.items())), "fallbacks": dict(vllm_plugin.FALLBACKS),
+            "past_clips": float((x[:, 128:].abs() > 25.0).float().mean())}
+
+
 def main() -> None:
     from workbench.integrations.parity_child import reply
 
     job = json.loads(sys.stdin.read())
-    reply(MARK, lambda: {"build": build, "serve": serve}[job["mode"]](job))
+    reply(MARK, lambda: {"build": build, "serve": serve, "activations": activations}[job["mode"]](job))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ attention is an attention backend (``vllm_attention``), registered under a name 
     RMSNorm       CustomOp.register_oot        rmsnorm   the norm; with a residual, vLLM's fused add first (float32
                                                          sum, cast to x's dtype, as vllm.ir's fused_add_rms_norm)
     SiluAndMul    CustomOp.register_oot        swiglu    silu(x[..., :d]) * x[..., d:]
+    SituAndMul    CustomOp.register_oot        situ      K3's SiTU: beta tanh(gate / beta) sigmoid(gate) * the up half
+                                                         soft-clipped at linear_beta
     UnquantizedFusedMoEMethod                  moe_permute, moe_grouped_gemm (SwiGLU experts), moe_combine: the
                   CustomOp.register_oot                  routed experts of vLLM's own routing (its top-k ids and
                                                          weights); vLLM's w13 split into w1, w3 once at load
@@ -23,12 +25,12 @@ attention is an attention backend (``vllm_attention``), registered under a name 
     CPU_MLA       register_backend (CPU only)  mla_prefill, mla_decode: MLA's absorbed prefill and decode over
                                                vLLM's paged latent cache (vLLM writes the latents)
 
-A call the operator does not cover (RMSNorm's ``var_hidden_size``, no weight; experts with biases, another
-activation, an expert map or the router weight on the input) runs vLLM's own forward and is counted as such
-(``FALLBACKS``), so a parity run can say what did not run the operator. The attention backend has no such way back
-(vLLM's cache is laid out for it): what it does not compute is refused when vLLM builds the layer. vLLM only logs a
-plugin that fails to import and goes on: ``REPLACED`` (filled at registration) and the ops' run counts are what
-proves the swap happened.
+A call the operator does not cover (RMSNorm's ``var_hidden_size``, no weight; SiTU without linear_beta; experts
+with biases, another activation, an expert map or the router weight on the input) runs vLLM's own forward and is
+counted as such (``FALLBACKS``), so a parity run can say what did not run the operator. The attention backends have
+no such way back (vLLM's cache is laid out for them): what they do not compute is refused when vLLM builds the layer.
+vLLM only logs a plugin that fails to import and goes on: ``REPLACED`` (filled at registration) and the ops' run
+counts are what proves the swap happened.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def register() -> None:
     if not enabled() or REPLACED:
         return
     import torch
-    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
@@ -107,6 +109,19 @@ def register() -> None:
         def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
             d = x.shape[-1] // 2
             return wk.swiglu(x[..., :d].contiguous(), x[..., d:].contiguous())
+
+        forward_cuda = forward_cpu
+
+    class WorkbenchSituAndMul(Built, SituAndMul):
+        """vLLM's SituAndMul (Kimi K3's MLPs) through the situ operator: x [T, 2d] -> [T, d],
+        beta tanh(gate / beta) sigmoid(gate) * linear_beta tanh(up / linear_beta). Without linear_beta (up not
+        clipped) vLLM's own forward runs."""
+
+        def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+            if self.linear_beta is None:
+                FALLBACKS["SituAndMul"] += 1
+                return self.forward_native(x)
+            return wk.situ(x.contiguous(), self.beta, self.linear_beta)
 
         forward_cuda = forward_cpu
 
@@ -186,6 +201,7 @@ def register() -> None:
 
     for vllm_class, ours, blocks in ((RMSNorm, WorkbenchRMSNorm, ["rmsnorm"]),
                                      (SiluAndMul, WorkbenchSiluAndMul, ["swiglu"]),
+                                     (SituAndMul, WorkbenchSituAndMul, ["situ"]),
                                      (UnquantizedFusedMoEMethod, WorkbenchFusedMoEMethod,
                                       ["moe_permute", "moe_grouped_gemm", "moe_combine"])):
         ours.replaces = vllm_class.__name__
