@@ -163,7 +163,6 @@ def register() -> None:
                                    rows, offsets, layer.workbench_w1, layer.workbench_w3, layer.w2_weight, "swiglu",
                                    4.0, 25.0))
 
-        forward_cpu = forward_cuda = apply
 
     class WorkbenchMxfp4MoEMethod(Built, RoutedExperts, mxfp4_moe.CompressedTensorsW4A4Mxfp4MoEMethod):
         """compressed-tensors' MXFP4 experts (weight-only, Kimi K3's published format) through moe_permute,
