@@ -79,6 +79,14 @@ def test_first_point_covers_every_shape():
     assert first["params"]["ACC_DTYPE"] == "float32"
 
 
+def test_the_first_point_reads_a_dim_only_some_shapes_have():
+    """A suite's optional dims (attention_decode's page layout, absent from the shapes a model card gives): the
+    proposal's widest dims take each from the shapes that have it."""
+    shapes = [{"rows": 4, "N": 64, "layout": 1}, {"rows": 16, "N": 256}]
+    first = SearchProposer(list_templates("rmsnorm"), shapes).first()
+    assert "largest dims rows=16, N=256, layout=1" in first["reason"]
+
+
 def test_repairs_name_their_reason_and_skip_tried_points():
     search = proposer()
     bad = {**GOOD, "BLOCK_N": 64}

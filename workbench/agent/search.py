@@ -51,7 +51,8 @@ class SearchProposer:
                     yield template, params
 
     def first(self) -> Proposal | None:
-        widest = {k: max(s[k] for s in self.shapes) for k in (self.shapes[0] if self.shapes else {})}
+        dims = dict.fromkeys(k for shape in self.shapes for k in shape)  # a suite's optional dims: some shapes only
+        widest = {k: max(shape[k] for shape in self.shapes if k in shape) for k in dims}
         for template, params in self._covering(self.templates, set()):
             needs = f" meeting {' and '.join(template.requires)} on every shape" if template.requires else ""
             return Proposal(template=template.name, params=params,
