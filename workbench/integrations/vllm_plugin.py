@@ -163,7 +163,6 @@ def register() -> None:
                                    rows, offsets, layer.workbench_w1, layer.workbench_w3, layer.w2_weight, "swiglu",
                                    4.0, 25.0))
 
-
     class WorkbenchMxfp4MoEMethod(Built, RoutedExperts, mxfp4_moe.CompressedTensorsW4A4Mxfp4MoEMethod):
         """compressed-tensors' MXFP4 experts (weight-only, Kimi K3's published format) through moe_permute,
         moe_grouped_gemm_mxfp4 and moe_combine, on the packed codes and e8m0 scales as loaded: w13 [E, 2F, D / 2]
