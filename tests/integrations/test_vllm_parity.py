@@ -135,9 +135,10 @@ FALLBACKS = {"gpt_oss": {"UnquantizedFusedMoEMethod": 2}}
 load)."""
 
 
-def assert_served_as_shipped(model_type: str) -> None:
-    """``model_type``'s tiny model served by vLLM with the plugin computes what vLLM computes as shipped, every op
-    run as often as the engine's steps say (test_vllm_served_mla.py serves the MLA models with it)."""
+@pytest.mark.slow
+@pytest.mark.interpreter
+@pytest.mark.parametrize("model_type", sorted(PER_FORWARD))
+def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_shipped(model_type):
     vllm_or_skip()
     new_tokens = 8
     result = run_vllm_parity(model_type, new_tokens=new_tokens)
@@ -162,13 +163,6 @@ def assert_served_as_shipped(model_type: str) -> None:
     # llama (served by the CLI) is GPT-OSS's full-attention layer without sinks, with SiluAndMul (deepseek_v3's):
     # kept out of the suite for its time
     assert len(PROMPTS) == 2 and set(PER_FORWARD) == set(ATTENTION) == {*TINY, "deepseek_v3" + MXFP4} - {"llama"}
-
-
-@pytest.mark.slow
-@pytest.mark.interpreter
-def test_gpt_oss_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_shipped():
-    """Softmax attention with sinks and a window through the attention backend; the biased experts handed back."""
-    assert_served_as_shipped("gpt_oss")
 
 
 @pytest.mark.interpreter
