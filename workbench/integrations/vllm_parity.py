@@ -130,9 +130,12 @@ def inductor_cache() -> Path:
                 f"torchinductor_{getpass.getuser()}")
 
 
-def child_env(scratch: str, operators: Path) -> dict[str, str]:
-    """A vLLM child's environment: the operators on the Triton interpreter, a scratch TMPDIR and Triton cache, the
-    shared inductor cache, no hub access."""
+def child_env(scratch: str, operators_dir: Path | None) -> dict[str, str]:
+    """A vLLM child's environment: the operators (``operators_dir``, else the settings') on the Triton interpreter, a
+    scratch TMPDIR and Triton cache, the shared inductor cache, no hub access."""
+    from workbench.config import Settings
+
+    operators = Path(operators_dir or Settings.load().operators_dir).resolve()
     return {**os.environ, "TRITON_INTERPRET": "1", "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators),
             "HF_HUB_OFFLINE": "1", "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"),
             "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
@@ -141,25 +144,20 @@ def child_env(scratch: str, operators: Path) -> dict[str, str]:
 def vllm_activations(operators_dir: Path | None = None, timeout_s: float = 300.0) -> dict[str, Any]:
     """vLLM's activation layers as Kimi K3's serving code builds them, with the plugin on (vllm_child's
     ``activations``): their classes, deviations from vLLM's own math, the ops that ran and the calls handed back."""
-    from workbench.config import Settings
-
-    operators = Path(operators_dir or Settings.load().operators_dir).resolve()
     with tempfile.TemporaryDirectory(prefix="vllm-activations-") as scratch:
-        return child({"mode": "activations"}, {**child_env(scratch, operators), "WORKBENCH_VLLM": "1"}, timeout_s)
+        return child({"mode": "activations"}, {**child_env(scratch, operators_dir), "WORKBENCH_VLLM": "1"},
+                     timeout_s)
 
 
 def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32", seed: int = 0,
                     operators_dir: Path | None = None, timeout_s: float = 600.0) -> ParityResult:
     """Parity of the plugin in vLLM's model code on ``model_type``'s tiny model (see the module docstring)."""
-    from workbench.config import Settings
-
     base, mxfp4 = model_type.removesuffix(MXFP4), model_type.endswith(MXFP4)
     known = [*TINY, *(name + MXFP4 for name, config in TINY.items() if "n_routed_experts" in config)]
     if model_type not in known:
         raise WorkbenchError(f"no tiny vLLM model for '{model_type}' (known: {', '.join(known)})")
     if dtype != "float32":
         raise WorkbenchError("vLLM parity compares float32 (on random tiny models bfloat16 logits tie)")
-    operators = Path(operators_dir or Settings.load().operators_dir).resolve()
     result = ParityResult(source=model_type, model_type=base, model_class=f"vllm {model_type}", dtype=dtype,
                           backend="vllm-cpu, Triton interpreter", layers=[], tokens=new_tokens,
                           config=dict(TINY[base]),
@@ -167,7 +165,7 @@ def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32"
                                  f"{', '.join(str(len(p)) for p in PROMPTS)} tokens, {new_tokens} greedy tokens each"])
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vllm-parity-") as scratch:
-        env = child_env(scratch, operators)
+        env = child_env(scratch, operators_dir)
         model_dir, mxfp4_dir = str(Path(scratch) / "model"), str(Path(scratch) / "model-mxfp4")
         try:
             built = child({"mode": "build", "model_type": base, "config": TINY[base], "seed": seed, "dir": model_dir,
