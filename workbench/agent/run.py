@@ -264,6 +264,10 @@ CHECKPOINT_SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
     if isinstance(value, type) and issubclass(value, StrEnum) and value is not StrEnum])
 
 
+_CHECKPOINT_SETUP = threading.Lock()
+"""Held while a run sets up the checkpoint file: the runs of a parallel port start together, in one process."""
+
+
 @contextmanager
 def _checkpointed(ctx: PortContext) -> Iterator[Any]:
     """The compiled graph with its checkpoints in their own SQLite file (SqliteSaver turns on WAL)."""
@@ -272,7 +276,10 @@ def _checkpointed(ctx: PortContext) -> Iterator[Any]:
     # one connection per run; several runs' threads share the file (WAL), a writer waiting up to 30 s for another
     conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
     try:
-        yield build_graph(checkpointer=SqliteSaver(conn, serde=CHECKPOINT_SERDE))
+        saver = SqliteSaver(conn, serde=CHECKPOINT_SERDE)
+        with _CHECKPOINT_SETUP:  # its WAL switch and tables need the whole file: SQLite answers "locked", not waiting
+            saver.setup()
+        yield build_graph(checkpointer=saver)
     finally:
         conn.close()
 
