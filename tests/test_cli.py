@@ -36,7 +36,7 @@ def test_models_and_plan(settings):
     assert [c["name"] for c in cards] == ["kimi-k3", "kimi-k3.1-pro"]
     plan = json.loads(invoke("plan", "kimi-k3.1-pro", "--json").stdout)
     status = {b["block"]: b["status"] for b in plan["blocks"]}
-    assert len(status) == 30 and status["rmsnorm"] == status["mla"] == "not started"
+    assert len(status) == 31 and status["rmsnorm"] == status["mla"] == "not started"
     assert status["moe_grouped_gemm_mxfp4"] == "not started" and "quantized_weights" not in status  # MXFP4 covered
     assert "latent_moe" not in status  # latent MoE: facts, no block
     assert all((s == "no spec") == (name not in REGISTRY) for name, s in status.items())

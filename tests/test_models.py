@@ -18,7 +18,7 @@ K3_BLOCKS = {
     "kda_short_conv_prefill",
     "mla",
     "mla_decode", "mla_prefill", "attnres",
-    "moe_router",
+    "moe_router", "moe_topk",
     "moe_permute", "moe_grouped_gemm", "moe_combine", "situ", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear",
     "rmsnorm", "rmsnorm_gated",  # KDA's gated output norm
     "moe_grouped_gemm_mxfp4", "vision_tower",

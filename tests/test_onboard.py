@@ -78,10 +78,10 @@ def test_kimi_k3_from_its_published_config():
     assert card["facts"]["hidden_size"]["field"] == "text_config.hidden_size"  # read from the nested text_config
     # the layer lists are 1-indexed: (l + 1) in kda_layers, so 0-indexed layers 3, 7, ..., 91 and 92 are MLA
     assert [i for i, kind in enumerate(facts["layer_kinds"]) if kind == "F"] == [*range(3, 92, 4), 92]
-    assert with_spec(card) == {"kda", "moe_router", "moe_permute", "moe_combine", "moe_grouped_gemm", "rmsnorm",
-                               "rmsnorm_gated", "attnres", "seq_chunked_ce", "vocab_blockwise_ce", "lora_linear",
-                               "situ", "kda_short_conv", "kda_gate", "kda_prologue", "kda_decode", "kda_prefill",
-                               "kda_short_conv_decode", "kda_short_conv_prefill", "mla", "mla_decode",
+    assert with_spec(card) == {"kda", "moe_router", "moe_topk", "moe_permute", "moe_combine", "moe_grouped_gemm",
+                               "rmsnorm", "rmsnorm_gated", "attnres", "seq_chunked_ce", "vocab_blockwise_ce",
+                               "lora_linear", "situ", "kda_short_conv", "kda_gate", "kda_prologue", "kda_decode",
+                               "kda_prefill", "kda_short_conv_decode", "kda_short_conv_prefill", "mla", "mla_decode",
                                "mla_prefill", "moe_grouped_gemm_mxfp4"}
     assert gaps(card) == {"vision_tower"}  # the gated output norm is rmsnorm_gated; the MXFP4 weights are read
     assert facts["latent_moe_norm"] is True and "latent MoE" in card["facts"]["expert_width"]["note"]
@@ -304,6 +304,6 @@ def test_name_and_out_options(tmp_path):
     result = runner.invoke(app, ["onboard", str(SHARED / "kimi-linear-48b-a3b.config.json"), "--name", "kl",
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    # kda_gate, kda_short_conv (the class's default kernel), kda_prologue and the three decode forms with a spec, the
-    # class's gated output norm without
-    assert (tmp_path / "kl.yaml").is_file() and "21 blocks with a spec, 0 without" in result.output
+    # kda_gate, kda_short_conv (the class's default kernel), kda_prologue, the three decode forms and serving's
+    # routing with a spec, the class's gated output norm without
+    assert (tmp_path / "kl.yaml").is_file() and "22 blocks with a spec, 0 without" in result.output

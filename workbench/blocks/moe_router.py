@@ -100,19 +100,27 @@ def select(sel: torch.Tensor, topk: int, n_group: int, topk_group: int) -> torch
     return torch.topk(sel, topk, dim=-1, sorted=True).indices
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str,
-              norm_lambda: float | None, renormalize: bool, route_scale: float, n_group: int = 1,
-              topk_group: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    check_groups(weight.shape[0], topk, n_group, topk_group)
-    ct = compute_dtype(x)
-    logits = x.to(ct) @ weight.to(ct).T
+def route(logits: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str, norm_lambda: float | None,
+          renormalize: bool, route_scale: float, n_group: int = 1, topk_group: int = 1
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Everything after the logits [N, E] (differentiable, in their dtype): (weights [N, k], ids [N, k] int64,
+    counts [E] int64), as the module docstring writes it."""
+    check_groups(logits.shape[-1], topk, n_group, topk_group)
     s = scores(logits, score_func, norm_lambda)
-    ids = select(s.detach() + bias.detach().to(ct), topk, n_group, topk_group)
+    ids = select(s.detach() + bias.detach().to(logits.dtype), topk, n_group, topk_group)
     w = s.gather(-1, ids)
     if renormalize:
         w = w / (w.sum(-1, keepdim=True) + RENORM_EPS)
-    counts = torch.bincount(ids.reshape(-1), minlength=weight.shape[0])
+    counts = torch.bincount(ids.reshape(-1), minlength=logits.shape[-1])
     return w * route_scale, ids, counts
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str,
+              norm_lambda: float | None, renormalize: bool, route_scale: float, n_group: int = 1,
+              topk_group: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ct = compute_dtype(x)
+    return route(x.to(ct) @ weight.to(ct).T, bias, topk, score_func, norm_lambda, renormalize, route_scale, n_group,
+                 topk_group)
 
 
 # --- inputs ------------------------------------------------------------------------------------------------------
@@ -130,8 +138,14 @@ def near_ties(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, topk: i
               norm_lambda: float | None, n_group: int = 1, topk_group: int = 1) -> torch.Tensor:
     """Rows [N] bool whose top-(k+1) selection scores (float64, inside the kept groups), or top-(kg+1) group
     scores, are not separated by TIE_GAP of their scale."""
+    return near_tie_logits(x.double() @ weight.double().T, bias, topk, score_func, norm_lambda, n_group, topk_group)
+
+
+def near_tie_logits(logits: torch.Tensor, bias: torch.Tensor, topk: int, score_func: str, norm_lambda: float | None,
+                    n_group: int = 1, topk_group: int = 1) -> torch.Tensor:
+    """near_ties from the logits [N, E] (any float dtype; judged in float64)."""
     with torch.no_grad():
-        sel = scores(x.double() @ weight.double().T, score_func, norm_lambda) + bias.double()
+        sel = scores(logits.double(), score_func, norm_lambda) + bias.double()
         scale = sel.abs().amax(-1, keepdim=True)
         bad = ~torch.isfinite(sel).all(-1)
         if n_group > 1:
