@@ -16,7 +16,7 @@ from workbench.integrations.vllm_parity import (
     compare,
     judge_served,
     run_vllm_parity,
-    vllm_activations,
+    vllm_layers,
     vllm_python,
 )
 from workbench.vocabulary import ParityStatus
@@ -111,11 +111,12 @@ PER_FORWARD = {
     # gpt_oss: two norms a layer and the final one (its experts hand their calls back, below)
     "gpt_oss": {"rmsnorm": 2 * 2 + 1},
     # deepseek_v3: four norms a layer (input, post-attention, MLA's q_a and kv_a latents) and the final one; the
-    # dense layer's activation and the MoE layer's shared expert's; the MoE layer's routed experts
-    "deepseek_v3": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_permute": 1, "moe_grouped_gemm": 1, "moe_combine": 1},
+    # dense layer's activation and the MoE layer's shared expert's; the MoE layer's routing and routed experts
+    "deepseek_v3": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_topk": 1, "moe_permute": 1, "moe_grouped_gemm": 1,
+                    "moe_combine": 1},
     # the same with the routed experts in MXFP4 (against them dequantized as shipped)
-    "deepseek_v3-mxfp4": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_permute": 1, "moe_grouped_gemm_mxfp4": 1,
-                          "moe_combine": 1},
+    "deepseek_v3-mxfp4": {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "moe_topk": 1, "moe_permute": 1,
+                          "moe_grouped_gemm_mxfp4": 1, "moe_combine": 1},
 }
 ATTENTION = {
     # gpt_oss: each softmax-attention layer (CPU_ATTN: sinks, the first with a window of 4) once in the prefill of both
@@ -147,9 +148,10 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
     assert m["generate_match"] == 1.0 and m["generate_first_mismatch"] is None
     assert m["logprob_dev"] <= 1e-4 and len(m["logprob_dev_per_step"]) == new_tokens
     assert m["replaced"] == {"RMSNorm": ["rmsnorm"], "SiluAndMul": ["swiglu"], "SituAndMul": ["situ"],
-                             "UnquantizedFusedMoEMethod": ["moe_permute", "moe_grouped_gemm", "moe_combine"],
-                             "CompressedTensorsW4A4Mxfp4MoEMethod": ["moe_permute", "moe_grouped_gemm_mxfp4",
-                                                                     "moe_combine"],
+                             "UnquantizedFusedMoEMethod": ["moe_topk", "moe_permute", "moe_grouped_gemm",
+                                                           "moe_combine"],
+                             "CompressedTensorsW4A4Mxfp4MoEMethod": ["moe_topk", "moe_permute",
+                                                                     "moe_grouped_gemm_mxfp4", "moe_combine"],
                              "CPU_ATTN": ["attention_prefill", "attention_decode"],
                              "CPU_MLA": ["mla_prefill", "mla_decode"]}
     assert m["built"] == BUILT[model_type] and m["fallbacks"] == FALLBACKS.get(model_type, {})
@@ -166,15 +168,19 @@ def test_a_model_served_by_vllm_with_the_plugin_computes_what_vllm_computes_as_s
 
 
 @pytest.mark.interpreter
-def test_kimi_k3s_situ_runs_the_operator_in_vllms_own_layer():
+def test_kimi_k3s_situ_and_vllms_router_run_the_operators_as_vllm_computes():
     """SituAndMul as K3's serving code builds it (beta 4, linear_beta 25) is the plugin's class, loaded by vLLM's
     plugin loader, and computes vLLM's own forward on inputs past both clips; without linear_beta it hands the call
-    back to vLLM. (K3's MLPs run only on a GPU in vLLM: no CPU model builds the class.)"""
+    back to vLLM. (K3's MLPs run only on a GPU in vLLM: no CPU model builds the class.) The plugin's routing
+    (moe_topk) chooses vLLM's router's experts with its weights, K3's 16 of 896 included."""
     vllm_or_skip()
-    found = vllm_activations()
+    found = vllm_layers()
     layers = found["layers"]
     assert {name: layer["class"] for name, layer in layers.items()} == {
         "situ": "WorkbenchSituAndMul", "situ_unclipped": "WorkbenchSituAndMul", "silu": "WorkbenchSiluAndMul"}
     assert layers["situ"]["deviation"] < 1e-6 and layers["silu"]["deviation"] < 1e-6 and found["past_clips"] > 0.3
     assert layers["situ_unclipped"]["deviation"] == 0.0  # vLLM's own forward
-    assert found["op_runs"] == {"situ": 1, "swiglu": 1} and found["fallbacks"] == {"SituAndMul": 1}
+    routing = found["routing"]
+    assert set(routing) == {"kimi_k3", "deepseek_v3", "qwen3_moe", "deepseek_v2_lite"}
+    assert all(r["same_experts"] and r["deviation"] < 1e-6 for r in routing.values()), routing
+    assert found["op_runs"] == {"situ": 1, "swiglu": 1, "moe_topk": 4} and found["fallbacks"] == {"SituAndMul": 1}

@@ -11,8 +11,9 @@ project's): ``python -m workbench.integrations.vllm_child`` with a job (JSON) on
   of its token, the workbench ops that ran (workbench.kernels._ops.RUNS), the classes the plugin replaced, the
   instances of each vLLM built and the calls it handed back to vLLM. Whether the plugin is on is the environment's
   WORKBENCH_VLLM.
-- ``{"mode": "activations"}``: vLLM's activation layers as Kimi K3's serving code builds them (``activations``), the
-  plugins loaded by vLLM's own loader.
+- ``{"mode": "layers"}``: what the plugin replaces outside a model, the plugins loaded by vLLM's own loader: vLLM's
+  activation layers as Kimi K3's serving code builds them, and vLLM's router beside the plugin's routing
+  (``layers``).
 """
 
 from __future__ import annotations
@@ -106,17 +107,35 @@ def serve(job: dict) -> dict:
             "built": dict(vllm_plugin.BUILT), "fallbacks": dict(vllm_plugin.FALLBACKS), "plugin": vllm_plugin.enabled()}
 
 
-def activations(job: dict) -> dict:
-    """vLLM's SituAndMul at Kimi K3's betas (4, and 25 for the up half; once without it, as a model whose config
-    leaves it unset builds it) and SiluAndMul, built under an eager engine's config (custom ops on), each called on
-    x [9, 256] float32 whose gate and up halves reach past both clips: per layer its class and its largest deviation
-    from vLLM's own forward_native relative to that output's largest value; the ops that ran and the calls handed
-    back. Kimi K3's MLPs run only on a GPU in vLLM (its attention's CUDA ops), so this is where SiTU is held."""
+ROUTERS = {
+    # name: (experts, top_k, scoring_func, renormalize, use_grouped_topk, num_expert_group, topk_group,
+    #        routed_scaling_factor, correction bias)
+    "kimi_k3": (896, 16, "sigmoid", True, True, 1, 1, 2.827, True),
+    "deepseek_v3": (256, 8, "sigmoid", True, True, 8, 4, 2.5, True),
+    "qwen3_moe": (128, 8, "softmax", True, False, None, None, 1.0, False),
+    "deepseek_v2_lite": (64, 6, "softmax", False, False, None, None, 1.0, False),
+}
+"""The routings held to vLLM's router: the configs' own settings as vLLM's model code hands them to FusedMoE."""
+
+
+def layers(job: dict) -> dict:
+    """What the plugin replaces outside a model. vLLM's SituAndMul at Kimi K3's betas (4, and 25 for the up half;
+    once without it, as a model whose config leaves it unset builds it) and SiluAndMul, built under an eager
+    engine's config (custom ops on), each called on x [9, 256] float32 whose gate and up halves reach past both
+    clips: per layer its class and its largest deviation from vLLM's own forward_native relative to that output's
+    largest value. vLLM's router (``select_experts``, the CPU router's math) beside the plugin's routing
+    (``topk_like_vllm``) on 33 tokens of tie-free float32 logits for each of ROUTERS: whether every token chose the
+    same experts, and the weights' largest deviation. The ops that ran and the calls handed back. Kimi K3's MLPs run
+    only on a GPU in vLLM (its attention's CUDA ops), so this is where SiTU is held."""
+    from types import SimpleNamespace
+
     import torch
     from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
+    from vllm.model_executor.layers.fused_moe.router.cpu_router import select_experts
     from vllm.plugins import load_general_plugins
 
+    from workbench.blocks.moe_topk import make_inputs
     from workbench.integrations import vllm_plugin
     from workbench.kernels._ops import RUNS
 
@@ -130,15 +149,31 @@ def activations(job: dict) -> dict:
             native = layer.forward_native(x)
             found[name] = {"class": type(layer).__name__,
                            "deviation": float((layer(x) - native).abs().max() / native.abs().max())}
-    return {"layers": found, "op_runs": dict(sorted(RUNS.items())), "fallbacks": dict(vllm_plugin.FALLBACKS),
-            "past_clips": float((x[:, 128:].abs() > 25.0).float().mean())}
+    routing = {}
+    for name, (e, k, func, renorm, grouped, groups, kept, scale, biased) in ROUTERS.items():
+        drawn = make_inputs({"N": 33, "E": e, "k": k, "mode": 0 if func == "sigmoid" else 1 if renorm else 3,
+                             "G": groups or 1, "kg": kept or 1}, torch.float32, 5)
+        layer = SimpleNamespace(top_k=k, scoring_func=func, renormalize=renorm, use_grouped_topk=grouped,
+                                num_expert_group=groups, topk_group=kept, routed_scaling_factor=scale,
+                                e_score_correction_bias=drawn["bias"] if biased else None)
+        theirs_w, theirs_ids = select_experts(drawn["logits"], drawn["logits"], k, grouped, renorm, kept, groups,
+                                              scoring_func=func, routed_scaling_factor=scale,
+                                              e_score_correction_bias=layer.e_score_correction_bias)
+        ours_w, ours_ids = vllm_plugin.topk_like_vllm(layer, drawn["logits"])
+        order, theirs_order = ours_ids.argsort(-1), theirs_ids.long().argsort(-1)
+        routing[name] = {
+            "same_experts": bool(torch.equal(ours_ids.gather(-1, order), theirs_ids.long().gather(-1, theirs_order))),
+            "deviation": float((ours_w.gather(-1, order) - theirs_w.gather(-1, theirs_order)).abs().max()
+                               / theirs_w.abs().max())}
+    return {"layers": found, "routing": routing, "op_runs": dict(sorted(RUNS.items())),
+            "fallbacks": dict(vllm_plugin.FALLBACKS), "past_clips": float((x[:, 128:].abs() > 25.0).float().mean())}
 
 
 def main() -> None:
     from workbench.integrations.parity_child import reply
 
     job = json.loads(sys.stdin.read())
-    reply(MARK, lambda: {"build": build, "serve": serve, "activations": activations}[job["mode"]](job))
+    reply(MARK, lambda: {"build": build, "serve": serve, "layers": layers}[job["mode"]](job))
 
 
 if __name__ == "__main__":

@@ -141,12 +141,12 @@ def child_env(scratch: str, operators_dir: Path | None) -> dict[str, str]:
             "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
 
 
-def vllm_activations(operators_dir: Path | None = None, timeout_s: float = 300.0) -> dict[str, Any]:
-    """vLLM's activation layers as Kimi K3's serving code builds them, with the plugin on (vllm_child's
-    ``activations``): their classes, deviations from vLLM's own math, the ops that ran and the calls handed back."""
-    with tempfile.TemporaryDirectory(prefix="vllm-activations-") as scratch:
-        return child({"mode": "activations"}, {**child_env(scratch, operators_dir), "WORKBENCH_VLLM": "1"},
-                     timeout_s)
+def vllm_layers(operators_dir: Path | None = None, timeout_s: float = 300.0) -> dict[str, Any]:
+    """What the plugin replaces outside a model, with the plugin on (vllm_child's ``layers``): vLLM's activation
+    layers as Kimi K3's serving code builds them (their classes, deviations from vLLM's own math) and vLLM's router
+    beside the plugin's routing (same experts, weights' deviation); the ops that ran and the calls handed back."""
+    with tempfile.TemporaryDirectory(prefix="vllm-layers-") as scratch:
+        return child({"mode": "layers"}, {**child_env(scratch, operators_dir), "WORKBENCH_VLLM": "1"}, timeout_s)
 
 
 def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32", seed: int = 0,

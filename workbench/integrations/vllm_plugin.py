@@ -14,23 +14,26 @@ attention is an attention backend (``vllm_attention``), registered under a name 
     SiluAndMul    CustomOp.register_oot        swiglu    silu(x[..., :d]) * x[..., d:]
     SituAndMul    CustomOp.register_oot        situ      K3's SiTU: beta tanh(gate / beta) sigmoid(gate) * the up half
                                                          soft-clipped at linear_beta
-    UnquantizedFusedMoEMethod                  moe_permute, moe_grouped_gemm (SwiGLU experts), moe_combine: the
-                  CustomOp.register_oot                  routed experts of vLLM's own routing (its top-k ids and
-                                                         weights); vLLM's w13 split into w1, w3 once at load
-    CompressedTensorsW4A4Mxfp4MoEMethod        moe_permute, moe_grouped_gemm_mxfp4, moe_combine: the same over a
-                  register_quantization_config  compressed-tensors MXFP4 checkpoint's packed codes and scales
-                  ("compressed-tensors")
+    UnquantizedFusedMoEMethod                  moe_topk (routing from vLLM's gate logits: the method declares
+                  CustomOp.register_oot                  itself monolithic, vLLM's plug point for experts that
+                                                         route), moe_permute, moe_grouped_gemm (SwiGLU experts),
+                                                         moe_combine; vLLM's w13 split into w1, w3 once at load
+    CompressedTensorsW4A4Mxfp4MoEMethod        moe_topk, moe_permute, moe_grouped_gemm_mxfp4, moe_combine: the same
+                  register_quantization_config  over a compressed-tensors MXFP4 checkpoint's packed codes and
+                  ("compressed-tensors")         scales
     CPU_ATTN      register_backend             attention_prefill, attention_decode: softmax attention over
     (CUSTOM off CPU, an attention backend)     vLLM's paged KV cache as vLLM lays it out (vllm_attention)
     CPU_MLA       register_backend (CPU only)  mla_prefill, mla_decode: MLA's absorbed prefill and decode over
                                                vLLM's paged latent cache (vLLM writes the latents)
 
 A call the operator does not cover (RMSNorm's ``var_hidden_size``, no weight; SiTU without linear_beta; experts
-with biases, another activation, an expert map or the router weight on the input) runs vLLM's own forward and is
-counted as such (``FALLBACKS``), so a parity run can say what did not run the operator. The attention backends have
-no such way back (vLLM's cache is laid out for them): what they do not compute is refused when vLLM builds the layer.
-vLLM only logs a plugin that fails to import and goes on: ``REPLACED`` (filled at registration) and the ops' run
-counts are what proves the swap happened.
+with biases, another activation, an expert map or the router weight on the input; routing by a custom function, a
+token hash, expert load balancing, or expert groups scored by their best alone, which stays vLLM's router's) runs
+vLLM's own forward and is counted as such (``FALLBACKS``), so a parity run can say what did not run the operator.
+The attention backends have no such way back (vLLM's cache is laid out for them): what they do not compute is
+refused when vLLM builds the layer. With moe_topk routing, vLLM's routed-experts capture refuses the layer (it
+captures only its own monolithic kernels). vLLM only logs a plugin that fails to import and goes on: ``REPLACED``
+(filled at registration) and the ops' run counts are what proves the swap happened.
 """
 
 from __future__ import annotations
@@ -60,11 +63,31 @@ def attention_replaced() -> str:
     return "CPU_ATTN" if current_platform.is_cpu() else "CUSTOM"
 
 
+def topk_like_vllm(layer, router_logits):
+    """moe_topk routing the gate's logits [T, E] as vLLM's router routes them for ``layer`` (its top_k, scoring_func,
+    renormalize, use_grouped_topk, num_expert_group, topk_group, routed_scaling_factor, e_score_correction_bias):
+    the route scale only where vLLM's grouped or biased routers apply it (its plain top-k leaves it to the model).
+    Returns (weights [T, k] float32, ids [T, k] int64)."""
+    import torch
+
+    import workbench.kernels as wk
+
+    grouped = layer.use_grouped_topk and (layer.num_expert_group or 1) > 1
+    bias = layer.e_score_correction_bias
+    scaled = layer.use_grouped_topk or bias is not None
+    bias = bias.float() if bias is not None else torch.zeros(router_logits.shape[-1], device=router_logits.device)
+    weights, ids, _ = wk.moe_topk(router_logits, bias, layer.top_k, layer.scoring_func, layer.renormalize,
+                                  float(layer.routed_scaling_factor) if scaled else 1.0,
+                                  layer.num_expert_group if grouped else 1, layer.topk_group if grouped else 1)
+    return weights, ids
+
+
 def register() -> None:
     """The entry point: vLLM calls it once per process, before any model is built."""
     if not enabled() or REPLACED:
         return
     import torch
+    import vllm.envs as vllm_envs
     from vllm.model_executor.layers.activation import SiluAndMul, SituAndMul
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
@@ -126,25 +149,65 @@ def register() -> None:
         forward_cuda = forward_cpu
 
     class RoutedExperts:
-        """The routed experts on vLLM's own routing (its top-k ids and weights): rows permuted by expert
-        (moe_permute), the SwiGLU experts as a grouped GEMM, the weighted combine (moe_combine)."""
+        """The routed experts: vLLM's gate logits routed by moe_topk (the method then is monolithic: vLLM hands it
+        the logits, not its router's choice), rows permuted by expert (moe_permute), the experts' SwiGLU MLPs as a
+        grouped GEMM (``experts``), the weighted combine (moe_combine). Routing moe_topk does not compute stays
+        vLLM's router's, whose top-k ids and weights ``apply`` takes."""
+
+        workbench_routes = False
 
         def covers(self, layer) -> bool:
             return (layer.activation == MoEActivation.SILU and not self.moe.has_bias and layer.expert_map is None
                     and not layer.apply_router_weight_on_input)
 
-        def routed(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input, grouped_gemm):
-            """grouped_gemm(rows [M, D], offsets [E + 1]) -> [M, D]: the experts' SwiGLU MLPs."""
+        def routes(self, layer) -> bool:
+            """vLLM's router computes moe_topk's math: sigmoid or softmax scores, no custom function, token hash,
+            expert load balancing or simulated routing; expert groups scored by their two best (vLLM's grouped
+            top-k with a correction bias; without one it takes their best)."""
+            grouped = layer.use_grouped_topk and (layer.num_expert_group or 1) > 1
+            return (layer.custom_routing_function is None and layer.scoring_func in ("sigmoid", "softmax")
+                    and not self.moe.moe_parallel_config.enable_eplb and not self.moe.has_hash_routing
+                    and not vllm_envs.VLLM_MOE_ROUTING_SIMULATION_STRATEGY
+                    and (layer.e_score_correction_bias is not None or not grouped))
+
+        def take_routing(self, layer) -> None:
+            """At load, for experts this covers: route with moe_topk where ``routes``, else count vLLM's router."""
+            self.workbench_routes = self.routes(layer)
+            if not self.workbench_routes:
+                FALLBACKS["FusedMoERouter"] += 1
+
+        @property
+        def is_monolithic(self) -> bool:
+            return self.workbench_routes or super().is_monolithic
+
+        @property
+        def mk_can_overlap_shared_experts(self) -> bool:  # routing itself, the method never sees the shared experts
+            return not self.workbench_routes and super().mk_can_overlap_shared_experts
+
+        def apply_monolithic(self, layer, x, router_logits, input_ids=None):
+            """x [T, D], vLLM's gate logits [T, E] -> [T, D]: routed by moe_topk (``topk_like_vllm``), then the
+            experts."""
+            if not self.workbench_routes:
+                return super().apply_monolithic(layer, x, router_logits, input_ids)
+            weights, ids = topk_like_vllm(layer, router_logits)
+            return self.routed(layer, x, weights, ids, None, None)
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+            if not self.experts_loaded(layer):
+                return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+            return self.routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+
+        def routed(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
             rows, _, row_of_slot, _, offsets = wk.moe_permute(x, topk_ids.long(), layer.global_num_experts)
-            y = grouped_gemm(rows, offsets)
+            y = self.experts(layer, rows, offsets)
             if shared_experts is not None:  # as vLLM's modular kernel runs them (their output is the runner's)
                 shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
             return wk.moe_combine(y, topk_weights, row_of_slot)
 
     class WorkbenchFusedMoEMethod(Built, RoutedExperts, UnquantizedFusedMoEMethod):
-        """vLLM's unquantized experts through moe_permute, moe_grouped_gemm and moe_combine: x [T, D], top-k ids and
-        weights [T, k] (vLLM's router) -> [T, D]. w13 [E, 2F, D] (gate rows, then up rows) is split once at load
-        into w1, w3 [E, F, D]; w2 [E, D, F] is read as loaded."""
+        """vLLM's unquantized experts through moe_topk, moe_permute, moe_grouped_gemm and moe_combine: x [T, D],
+        the gate's logits [T, E] (or vLLM's top-k ids and weights) -> [T, D]. w13 [E, 2F, D] (gate rows, then up
+        rows) is split once at load into w1, w3 [E, F, D]; w2 [E, D, F] is read as loaded."""
 
         def process_weights_after_loading(self, layer) -> None:
             if not self.covers(layer):  # vLLM's own kernel (it lays the weights out for itself)
@@ -154,21 +217,22 @@ def register() -> None:
             half = layer.w13_weight.shape[1] // 2
             layer.workbench_w1 = layer.w13_weight.data[:, :half].contiguous()
             layer.workbench_w3 = layer.w13_weight.data[:, half:].contiguous()
+            self.take_routing(layer)
 
-        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-            if not hasattr(layer, "workbench_w1"):
-                return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-            return self.routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input,
-                               lambda rows, offsets: wk.moe_grouped_gemm(
-                                   rows, offsets, layer.workbench_w1, layer.workbench_w3, layer.w2_weight, "swiglu",
-                                   4.0, 25.0))
+        def experts_loaded(self, layer) -> bool:
+            return hasattr(layer, "workbench_w1")
+
+        def experts(self, layer, rows, offsets):
+            """rows [M, D] grouped by expert (offsets [E + 1]) -> [M, D]: the SwiGLU MLPs."""
+            return wk.moe_grouped_gemm(rows, offsets, layer.workbench_w1, layer.workbench_w3, layer.w2_weight,
+                                       "swiglu", 4.0, 25.0)
 
     class WorkbenchMxfp4MoEMethod(Built, RoutedExperts, mxfp4_moe.CompressedTensorsW4A4Mxfp4MoEMethod):
-        """compressed-tensors' MXFP4 experts (weight-only, Kimi K3's published format) through moe_permute,
-        moe_grouped_gemm_mxfp4 and moe_combine, on the packed codes and e8m0 scales as loaded: w13 [E, 2F, D / 2]
-        uint8 and its scales [E, 2F, D / 32] split once at load into w1, w3 (gate rows, then up rows); w2
-        [E, D, F / 2] and its scales [E, D, F / 32] read as loaded. A case this does not cover runs vLLM's own kernel
-        (Marlin, CUTLASS: a GPU's)."""
+        """compressed-tensors' MXFP4 experts (weight-only, Kimi K3's published format) through moe_topk,
+        moe_permute, moe_grouped_gemm_mxfp4 and moe_combine, on the packed codes and e8m0 scales as loaded: w13
+        [E, 2F, D / 2] uint8 and its scales [E, 2F, D / 32] split once at load into w1, w3 (gate rows, then up
+        rows); w2 [E, D, F / 2] and its scales [E, D, F / 32] read as loaded. A case this does not cover runs vLLM's
+        own kernel (Marlin, CUTLASS: a GPU's)."""
 
         def process_weights_after_loading(self, layer) -> None:
             if not self.covers(layer):
@@ -180,13 +244,13 @@ def register() -> None:
             layer.workbench_mxfp4 = tuple(t.contiguous() for t in (
                 packed[:, :half], scale[:, :half], packed[:, half:], scale[:, half:], layer.w2_weight_packed.data,
                 layer.w2_weight_scale.data))
+            self.take_routing(layer)
 
-        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-            if not hasattr(layer, "workbench_mxfp4"):
-                return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-            return self.routed(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input,
-                               lambda rows, offsets: wk.moe_grouped_gemm_mxfp4(
-                                   rows, offsets, *layer.workbench_mxfp4, "swiglu", 4.0, 25.0))
+        def experts_loaded(self, layer) -> bool:
+            return hasattr(layer, "workbench_mxfp4")
+
+        def experts(self, layer, rows, offsets):
+            return wk.moe_grouped_gemm_mxfp4(rows, offsets, *layer.workbench_mxfp4, "swiglu", 4.0, 25.0)
 
     class WorkbenchCompressedTensorsConfig(CompressedTensorsConfig):
         """compressed-tensors' quantization config, its MXFP4 experts through WorkbenchMxfp4MoEMethod."""
@@ -201,13 +265,14 @@ def register() -> None:
                                      (SiluAndMul, WorkbenchSiluAndMul, ["swiglu"]),
                                      (SituAndMul, WorkbenchSituAndMul, ["situ"]),
                                      (UnquantizedFusedMoEMethod, WorkbenchFusedMoEMethod,
-                                      ["moe_permute", "moe_grouped_gemm", "moe_combine"])):
+                                      ["moe_topk", "moe_permute", "moe_grouped_gemm", "moe_combine"])):
         ours.replaces = vllm_class.__name__
         vllm_class.register_oot(ours)
         REPLACED[vllm_class.__name__] = blocks
     WorkbenchMxfp4MoEMethod.replaces = "CompressedTensorsW4A4Mxfp4MoEMethod"
     register_quantization_config("compressed-tensors")(WorkbenchCompressedTensorsConfig)
-    REPLACED["CompressedTensorsW4A4Mxfp4MoEMethod"] = ["moe_permute", "moe_grouped_gemm_mxfp4", "moe_combine"]
+    REPLACED["CompressedTensorsW4A4Mxfp4MoEMethod"] = ["moe_topk", "moe_permute", "moe_grouped_gemm_mxfp4",
+                                                       "moe_combine"]
     backend = attention_replaced()
     register_backend(AttentionBackendEnum[backend], "workbench.integrations.vllm_attention.WorkbenchAttentionBackend")
     REPLACED[backend] = ["attention_prefill", "attention_decode"]
