@@ -4,7 +4,8 @@
 # then time each verified operator against the eager reference, torch.compile of it and installed peers
 # (BENCH_SECONDS, default 300); the decode step of the serving forms at batch 1, 32 and 128 (bench/decode.py);
 # the MXFP4 grouped GEMM's TFLOP/s at prefill and decode densities (bench/mxfp4.py);
-# parity of each registered transformers family in bfloat16 and float32; with two GPUs
+# parity of each registered transformers family in bfloat16 and float32; vLLM parity with its CUDA build where one is
+# installed; with two GPUs
 # or more, a 2-step replay on 2 ranks (NCCL, FSDP2 + expert parallel).
 # Under 10 minutes on one H200.
 #
@@ -149,6 +150,23 @@ if "$PY" -c "import transformers, workbench.cli" 2>/dev/null; then
   done
 else
   echo "parity: skipped, transformers or the workbench's CLI dependencies are not installed here"
+fi
+# Parity in the serving engine: each tiny model vLLM serves (llama, GPT-OSS, DeepSeek-V3 and its MXFP4 experts, and
+# the KDA-only Kimi Linear vLLM's CPU build cannot start) served by vLLM's CUDA build as shipped and with the plugin,
+# the operators compiled (softmax attention as vLLM's CUSTOM backend; MLA and KDA stay vLLM's on a GPU). Needs a vLLM
+# interpreter with the project installed in it (its plugin entry point: `$VLLM_PY -m pip install --no-deps -e .`):
+# $WORKBENCH_VLLM_PYTHON, else this python where it imports vllm; said and skipped otherwise.
+VLLM_PY=${WORKBENCH_VLLM_PYTHON:-}
+if [ -z "$VLLM_PY" ] && "$PY" -c "import vllm" 2>/dev/null; then VLLM_PY=$(command -v "$PY"); fi
+if [ -n "$VLLM_PY" ] && "$VLLM_PY" -c "import sys; from importlib.metadata import entry_points
+sys.exit(0 if any(e.name == 'workbench' for e in entry_points(group='vllm.general_plugins')) else 1)" 2>/dev/null \
+    && "$PY" -c "import workbench.cli" 2>/dev/null; then
+  for source in llama gpt_oss deepseek_v3 deepseek_v3-mxfp4 kimi_linear; do
+    WORKBENCH_VLLM_PYTHON="$VLLM_PY" "$PY" -c "from workbench.cli import main; main()" parity "$source" \
+      --engine vllm --backend cuda --db "sqlite:///$OUT_DIR/parity.db" || verified=1
+  done
+else
+  echo "vLLM parity: skipped, no vLLM with the workbench's plugin installed (WORKBENCH_VLLM_PYTHON names one)"
 fi
 # The parallel layout on the device: 2 ranks (NCCL), dense parameters sharded with FSDP2, experts split across the
 # ranks, every promoted operator, 2 steps of the small preset. Needs two GPUs and the workbench's own dependencies

@@ -13,7 +13,9 @@ from workbench.integrations.vllm_parity import (
     MXFP4,
     PROMPTS,
     TINY,
+    child_env,
     compare,
+    engine_args,
     judge_served,
     run_vllm_parity,
     vllm_layers,
@@ -89,6 +91,24 @@ def test_an_unknown_model_or_dtype_is_one_clear_error():
         run_vllm_parity("llama" + MXFP4)  # no routed experts to publish in MXFP4
     with pytest.raises(WorkbenchError, match="float32"):
         run_vllm_parity("llama", dtype="bfloat16")
+    with pytest.raises(WorkbenchError, match="runs on cpu or cuda, not 'rocm'"):
+        run_vllm_parity("llama", device="rocm")
+    # KDA through vLLM is a GPU's: refused on CPU in one line that names where vLLM's CPU build stops
+    with pytest.raises(WorkbenchError, match=r"kimi_linear: vLLM's CPU build .*platforms/cpu.py:685.*--backend cuda"):
+        run_vllm_parity("kimi_linear")
+
+
+def test_on_a_gpu_the_operators_compile_and_softmax_attention_takes_vllms_custom_backend(tmp_path, monkeypatch):
+    """What a GPU run changes (bench/gpu_check.sh runs it where vLLM's CUDA build is installed): no Triton
+    interpreter in the children, softmax attention through the plugin's backend under the name CUSTOM, MLA and KDA
+    on vLLM's own GPU backends; on CPU, DeepSeek-V3's MLA on the CPU_MLA backend the plugin replaces."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the suite's own environment may have it
+    assert child_env(str(tmp_path), tmp_path, "cpu")["TRITON_INTERPRET"] == "1"
+    assert "TRITON_INTERPRET" not in child_env(str(tmp_path), tmp_path, "cuda")
+    assert engine_args("llama", "cuda") == engine_args("gpt_oss", "cuda") == {"attention_config": {"backend": "CUSTOM"}}
+    assert engine_args("deepseek_v3", "cuda") == engine_args("kimi_linear", "cuda") == {}
+    assert engine_args("deepseek_v3", "cpu") == {"attention_config": {"backend": "CPU_MLA"}}
+    assert engine_args("llama", "cpu") == {}
 
 
 def test_the_cli_names_an_unknown_engine_in_one_line(settings):

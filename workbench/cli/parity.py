@@ -31,8 +31,9 @@ def parity(
     = 0,
     engine: Annotated[str, typer.Option(help="transformers (the model's modeling code) or vllm (its serving code, "
                                              "with the workbench's vLLM plugin; source: a model_type of "
-                                             "workbench.integrations.vllm_parity.TINY, -mxfp4 after one with "
-                                             "routed experts; --generate tokens, 8 if 0)")]
+                                             "workbench.integrations.vllm_parity.TINY (GPU_ONLY with --backend "
+                                             "cuda), -mxfp4 after one with routed experts; --generate tokens, 8 if "
+                                             "0)")]
     = "transformers",
     db: DbOption = None, operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
@@ -50,7 +51,8 @@ def parity(
     settings = Settings.load(db, operators)
     if engine == "vllm":
         result = run_vllm_parity(source, new_tokens=generate or 8, dtype=dtype, seed=seed,
-                                 operators_dir=settings.operators_dir)
+                                 operators_dir=settings.operators_dir,
+                                 device="cuda" if get_backend(backend).name == "cuda" else "cpu")
     elif engine == "transformers":
         chosen = [b.strip() for b in blocks.split(",") if b.strip()] if blocks else None
         result = run_parity(source, layers=layers, tokens=tokens, blocks=chosen, dtype=dtype, seed=seed,

