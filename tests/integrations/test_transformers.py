@@ -429,3 +429,52 @@ def test_an_empty_cache_is_a_prefill_and_a_filled_one_is_not():
     cache.update(torch.zeros(1, 1, 3, 8), torch.zeros(1, 1, 3, 4), attention)
     cache.update_conv_state(torch.zeros(1, 6, 3), linear, conv_kernel_size=4)
     assert not empty_cache(cache, attention) and not empty_cache(cache, linear)
+
+
+def test_rotary_as_op_holds_in_its_own_thread_whatever_the_order_of_entry_and_exit():
+    """workbench::rotary runs for a module's apply_rotary_pos_emb calls inside rotary_as_op, in that thread only:
+    another thread meanwhile runs the shipped rotation, and when the blocks of two threads exit in the other order
+    than they entered, the file's function still computes the shipped rotation after (a swap of the module
+    attribute for the block's length put its own function back in the first exit and left the patched one in the
+    second)."""
+    import threading
+
+    from transformers import LlamaConfig
+    from transformers.models.llama import modeling_llama
+
+    from workbench.integrations.families._common import rotary_as_op
+    from workbench.integrations.ops import computing_with, references
+
+    module = modeling_llama.LlamaAttention(LlamaConfig(hidden_size=32, num_attention_heads=2, head_dim=16), 0)
+    module.workbench_blocks = ("rotary",)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 5, 16, generator=g)
+    angles = torch.randn(1, 5, 8, generator=g).repeat(1, 1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    shipped_q, _ = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    calls = []
+    table = {**references(), "rotary": lambda *args: calls.append(threading.get_ident()) or
+             references()["rotary"](*args)}
+    inside, leave_first = threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with computing_with(table), rotary_as_op(module):
+            inside.set()
+            leave_first.wait(10)
+            seen["first"] = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)[0]
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with computing_with(table):
+        outside, _ = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)  # this thread is outside the block
+        assert calls == [] and torch.equal(outside, shipped_q)
+        with rotary_as_op(module):
+            leave_first.set()
+            thread.join(10)  # the first block exits while this one is open
+            ours, _ = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    assert calls == [thread.ident, thread.ident, threading.get_ident(), threading.get_ident()]  # q and k each
+    torch.testing.assert_close(ours, shipped_q) and torch.testing.assert_close(seen["first"], shipped_q)
+    after, _ = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.equal(after, shipped_q) and len(calls) == 4

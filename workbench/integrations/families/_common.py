@@ -6,6 +6,7 @@ calls run as shipped."""
 
 from __future__ import annotations
 
+import contextvars
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -427,28 +428,49 @@ half-width table, one angle a pair: GPT-OSS). ERNIE-4.5 rotates interleaved pair
 no table gives (workbench::rotary returns interleaved pairs in the half layout): it keeps its own rotation."""
 
 
-@contextmanager
-def rotary_as_op(module: nn.Module, table: str = "as given") -> Iterator[None]:
-    """Within the block, the ``apply_rotary_pos_emb`` of ``module``'s modeling file (transformers' rotate-half form:
-    q, k [B, H, T, D] with unsqueeze_dim 1 or [B, T, H, D] with 2, cos and sin [B, T, W] read as ``table`` says
-    (ROTARY_TABLES) into R channels, the channels past R passed) is workbench::rotary, as ``rotation`` applies it;
-    the shipped function is given back after. A call of another form (position ids, cos without its batch) runs the
-    shipped function. The probe holds the module to its shipped forward with this in place: a family whose function
-    of that name computes another rotation fails there."""
-    modeling = sys.modules[type(module).__module__]
-    shipped_apply = modeling.apply_rotary_pos_emb
-    read = ROTARY_TABLES[table]
+_ROTATING: contextvars.ContextVar[tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]] | None] = \
+    contextvars.ContextVar("workbench_rotary_as_op", default=None)
+"""The module whose forward runs inside ``rotary_as_op`` in this thread (context), and how it reads its table."""
+_SHIPPED_ROTATIONS: dict[str, Callable] = {}
+"""Modeling module name -> its shipped apply_rotary_pos_emb, where ``rotary_as_op`` put its dispatcher."""
+
+
+def _dispatch_rotation(modeling) -> Callable:
+    """The shipped ``apply_rotary_pos_emb`` of ``modeling``, its module attribute made (once, for the process) a
+    dispatcher: workbench::rotary inside ``rotary_as_op`` for a module of that file, in that thread only; the shipped
+    function everywhere else, and for a call of another form (position ids, cos without its batch)."""
+    if modeling.__name__ in _SHIPPED_ROTATIONS:
+        return _SHIPPED_ROTATIONS[modeling.__name__]
+    shipped_apply = _SHIPPED_ROTATIONS[modeling.__name__] = modeling.apply_rotary_pos_emb
 
     def apply(q, k, cos, sin, *rest, unsqueeze_dim=1, **more):
-        if rest or more or cos.dim() != 3 or unsqueeze_dim not in (1, 2):
+        active = _ROTATING.get()
+        if active is None or sys.modules[type(active[0]).__module__] is not modeling or rest or more \
+                or cos.dim() != 3 or unsqueeze_dim not in (1, 2):
             return shipped_apply(q, k, cos, sin, *rest, unsqueeze_dim=unsqueeze_dim, **more)
+        module, read = active
         return rotation(module, (read(cos), read(sin)), shipped_apply, False, unsqueeze_dim)(q, k)
 
+    apply.__wrapped__ = shipped_apply
     modeling.apply_rotary_pos_emb = apply
+    return shipped_apply
+
+
+@contextmanager
+def rotary_as_op(module: nn.Module, table: str = "as given") -> Iterator[None]:
+    """Within the block, in this thread, the ``apply_rotary_pos_emb`` of ``module``'s modeling file (transformers'
+    rotate-half form: q, k [B, H, T, D] with unsqueeze_dim 1 or [B, T, H, D] with 2, cos and sin [B, T, W] read as
+    ``table`` says (ROTARY_TABLES) into R channels, the channels past R passed) is workbench::rotary, as ``rotation``
+    applies it. The file's function is a dispatcher from the first use on (``_dispatch_rotation``): other threads,
+    and this one outside the block, run the shipped function, whatever the blocks' order of entry and exit. A call
+    of another form runs the shipped function. The probe holds the module to its shipped forward with this in place:
+    a family whose function of that name computes another rotation fails there."""
+    _dispatch_rotation(sys.modules[type(module).__module__])
+    token = _ROTATING.set((module, ROTARY_TABLES[table]))
     try:
         yield
     finally:
-        modeling.apply_rotary_pos_emb = shipped_apply
+        _ROTATING.reset(token)
 
 
 def takes_rotary_as_op(module: nn.Module) -> bool:
