@@ -227,10 +227,14 @@ def test_an_unknown_family_gives_a_card_with_gaps(tmp_path):
 
 
 def test_a_router_no_mode_computes_is_marked_as_a_different_variant(tmp_path):
-    router = onboard(write(tmp_path, {**DEEPSEEK_V3, "scoring_func": "sqrtsoftplus"}))["blocks"]["moe_router"]
+    router = onboard(write(tmp_path, {**DEEPSEEK_V3, "scoring_func": "sqrtsoftplus", "norm_topk_prob": False})
+                     )["blocks"]["moe_router"]
     assert router["shapes"] == [] and router["layers"] == 58
-    assert router["differs"] == "the catalog's router scores with sigmoid or softmax; the config's uses sqrtsoftplus " \
-                                "scores (renormalize=True)"
+    assert router["differs"] == "the catalog's router scores with sigmoid, softmax or sqrtsoftplus; the config's " \
+                                "uses sqrtsoftplus scores (renormalize=False)"
+    # DeepSeek-V4's own: sqrt(softplus) scores, renormalized (mode 4)
+    router = onboard(write(tmp_path, {**DEEPSEEK_V3, "scoring_func": "sqrtsoftplus"}))["blocks"]["moe_router"]
+    assert "differs" not in router and {shape["mode"] for shape in router["shapes"]} == {4}
 
 
 def test_a_new_block_module_onboards_through_its_own_rule(tmp_path, monkeypatch):

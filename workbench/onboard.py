@@ -236,9 +236,9 @@ SERVING_FORMS = {"kda_decode": "kda", "kda_prefill": "kda", "kda_short_conv_deco
                  "dsa_decode": "dsa_sparse_attention", "dsa_prefill": "dsa_sparse_attention",
                  "dsa_indexer_decode": "dsa_indexer", "dsa_indexer_prefill": "dsa_indexer",
                  "attention_decode": "attention", "attention_prefill": "attention",
-                 "moe_grouped_gemm_mxfp4": "moe_grouped_gemm"}
+                 "moe_grouped_gemm_mxfp4": "moe_grouped_gemm", "moe_topk": "moe_router"}
 """The serving and quantized forms of a block: proven where the block they serve is (the probe runs a training
-forward)."""
+forward; moe_topk is moe_router's routing on the logits the serving engine's gate computed)."""
 NOT_MODULES = {"seq_chunked_ce": "the loss (the logits head and cross-entropy): not a module the probe runs",
                "vocab_blockwise_ce": "the loss (the logits head and cross-entropy): not a module the probe runs",
                "lora_linear": "the fine-tuning recipe's adapters: not a module of the published model",

@@ -45,6 +45,8 @@ def per_token_router(x, weight, bias, topk, score_func, norm_lambda, renormalize
             z = [(v - mu) / sd * norm_lambda for v in z]
         if score_func == "sigmoid":
             s = [1 / (1 + math.exp(-v)) for v in z]
+        elif score_func == "sqrtsoftplus":
+            s = [math.sqrt(math.log1p(math.exp(v))) for v in z]
         else:
             mx = max(z)
             p = [math.exp(v - mx) for v in z]

@@ -84,7 +84,9 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
         assert v4[cls]["status"] == "covered" and v4[cls]["params"]["limit"] == {"value": 10.0,
                                                                                  "source": f"module {cls}.limit"}
         assert max(v4[cls]["error"].values()) < 1e-10
-    assert v4["DeepseekV4TopKRouter"]["status"] == "differs" and "sqrtsoftplus" in v4["DeepseekV4TopKRouter"]["differs"]
+    router = v4["DeepseekV4TopKRouter"]  # sqrt(softplus) scores: moe_router's mode 4, read from the config
+    assert router["status"] == "covered" and router["params"]["score"]["value"] == "sqrtsoftplus"
+    assert max(router["error"].values()) < 1e-10
     assert v4["DeepseekV4HashRouter"]["status"] == "no spec" and "gap" in cards["deepseek_v4"]["blocks"]["hash_router"]
     # mHC (Sinkhorn-normalised comb) through hyper_connection; HY-V4's pre/post-only form is another variant
     hc = v4["DeepseekV4HyperConnection"]

@@ -1,10 +1,10 @@
 """moe_router: token-choice top-k routing of a Mixture-of-Experts layer (DeepSeek-V3 / Kimi K2 sigmoid routing with
-an aux-loss-free selection bias; softmax routing of Mixtral / Qwen3 / DeepSeek-V2; Skywork-MoE gating-logit
-normalization).
+an aux-loss-free selection bias; DeepSeek-V4's sqrt(softplus) scores; softmax routing of Mixtral / Qwen3 /
+DeepSeek-V2; Skywork-MoE gating-logit normalization).
 
     logits = x.float() @ W.T                                   # [N, E], float32 always (float64 for float64 inputs)
     z      = (logits - mean_e) / std_e * lambda                # Skywork normalization, only when norm_lambda is set
-    s      = sigmoid(z)   or   softmax(z, over e)              # score_func
+    s      = sigmoid(z)   or   softmax(z, over e)   or   sqrt(softplus(z))   # score_func
     sel    = s + bias                                          # the bias steers selection only
     sel    = -inf outside the topk_group best of n_group groups   # group-limited, only when n_group > 1
     ids    = topk(sel, k)                                      # sorted descending
@@ -29,8 +29,9 @@ Discrete outputs are verified exactly, so inputs are tie-free by construction: r
 scores come closer than 1e-4 of their scale are redrawn (the role of TransformerEngine's arange-based logits).
 Modes (shape dim ``mode``): 0 sigmoid + renormalize, scale 2.827 (Kimi K2 / DeepSeek-V3); 1 softmax + renormalize
 (Mixtral, Qwen3); 2 softmax with Skywork normalization, lambda 1, renormalize (Skywork-MoE); 3 softmax without
-renormalization, scale 16 (DeepSeek-V2). Optional shape dims: ``scale`` (the route scale, replacing the mode's),
-``G`` and ``kg`` (n_group and topk_group, default 1).
+renormalization, scale 16 (DeepSeek-V2); 4 sqrt(softplus) + renormalize, scale 1.5 (DeepSeek-V4's learned router;
+its hash-routed first layers choose by token id, another variant). Optional shape dims: ``scale`` (the route scale,
+replacing the mode's), ``G`` and ``kg`` (n_group and topk_group, default 1).
 
 The balancing statistics a trainer needs around the router are plain torch functions here: the Switch
 auxiliary loss, the router z-loss, the aux-loss-free bias update and Skywork-MoE's adaptive aux-loss coefficient.
@@ -55,6 +56,7 @@ MODES: dict[int, tuple[str, float | None, bool, float]] = {
     1: ("softmax", None, True, 1.0),
     2: ("softmax", 1.0, True, 1.0),
     3: ("softmax", None, False, 16.0),
+    4: ("sqrtsoftplus", None, True, 1.5),
 }
 TIE_GAP = 1e-4
 """Tie-free inputs: consecutive top-(k+1) selection scores differ by at least TIE_GAP * max|score| of the row."""
@@ -69,7 +71,9 @@ def scores(logits: torch.Tensor, score_func: str, norm_lambda: float | None) -> 
         return torch.sigmoid(z)
     if score_func == "softmax":
         return torch.softmax(z, dim=-1)
-    raise ValueError(f"score_func must be 'sigmoid' or 'softmax', got {score_func!r}")
+    if score_func == "sqrtsoftplus":
+        return torch.nn.functional.softplus(z).sqrt()
+    raise ValueError(f"score_func must be 'sigmoid', 'softmax' or 'sqrtsoftplus', got {score_func!r}")
 
 
 def check_groups(experts: int, topk: int, n_group: int, topk_group: int) -> None:
@@ -176,7 +180,7 @@ def routing_args(shape: Shape) -> dict:
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """x [N, D] ~ N(0, 1) plus a shared mean direction (hidden states are not centred: it skews expert popularity);
     weight [E, D] ~ N(0, 1/D) with row norms varying by up to 1.5x (some experts are hot); bias [E] float32,
-    N(0, 0.05^2) for sigmoid scores, scaled by 1/E for softmax scores. Near-tie rows are redrawn."""
+    N(0, 0.05^2), scaled by 1/E for softmax scores. Near-tie rows are redrawn."""
     g = torch.Generator().manual_seed(seed)
     n, d, e, k = shape["N"], shape["D"], shape["E"], shape["k"]
     args = routing_args(shape)
@@ -184,7 +188,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     check_groups(e, k, *groups)
     mean_dir = 0.5 * torch.randn(d, generator=g)
     weight = torch.randn(e, d, generator=g) / math.sqrt(d) * (1 + 0.5 * torch.rand(e, 1, generator=g))
-    bias = 0.05 * torch.randn(e, generator=g) / (1 if score_func == "sigmoid" else e)
+    bias = 0.05 * torch.randn(e, generator=g) / (e if score_func == "softmax" else 1)
     x = torch.randn(n, d, generator=g) + mean_dir
     wc = weight.to(dtype)
     redo = torch.arange(n)
@@ -252,6 +256,7 @@ SHAPES = {
         {"N": 13, "D": 20, "E": 12, "k": 6, "mode": 0, "G": 4, "kg": 2},
         {"N": 17, "D": 24, "E": 16, "k": 3, "mode": 1, "G": 8, "kg": 3},
         {"N": 9, "D": 16, "E": 12, "k": 2, "mode": 3, "G": 3, "kg": 1},
+        {"N": 11, "D": 24, "E": 16, "k": 4, "mode": 4},  # DeepSeek-V4's sqrt(softplus) scores
     ],
 }
 
@@ -309,7 +314,8 @@ def onboard(model: ModelConfig) -> list[Found]:
     role = f"{func} routing, {model.active} of {model.experts} experts"
     mode = next((m for m, (f, lam, r, _) in MODES.items() if (f, lam, r) == (func, None, renorm)), None)
     if mode is None:
-        computed = " or ".join(sorted({f for f, *_ in MODES.values()}))
+        *others, last = sorted({f for f, *_ in MODES.values()})
+        computed = f"{', '.join(others)} or {last}"
         return [Found(role, model.moe_layers, [], fields, differs=f"the catalog's router scores with {computed}; the "
                       f"config's uses {func} scores (renormalize={renorm})")]
     shape = {"D": model.hidden, "E": model.experts, "k": model.active, "mode": mode}

@@ -2,7 +2,7 @@
 granularity: the gate GEMM is the model's own linear layer, and the fused-MoE layer receives its logits). The
 routing half of moe_router, forward only:
 
-    s      = sigmoid(logits)   or   softmax(logits, over e)    # float32 (float64 for float64 logits)
+    s      = sigmoid(logits)   or   softmax(logits, over e)   or   sqrt(softplus(logits))   # float32 (float64 in)
     sel    = s + bias                                          # the bias steers selection only
     sel    = -inf outside the topk_group best of n_group groups   # group-limited, only when n_group > 1
     ids    = topk(sel, k)                                      # sorted descending, the lowest index wins a tie
@@ -19,8 +19,8 @@ the gate GEMM.
 
 Discrete outputs are verified exactly, so inputs are tie-free by construction (moe_router's rule). Modes (shape dim
 ``mode``) are moe_router's without its Skywork normalization, which no serving engine's router computes: 0 sigmoid
-+ renormalize, scale 2.827; 1 softmax + renormalize; 3 softmax without renormalization, scale 16. Optional shape
-dims: ``scale``, ``G`` and ``kg`` as moe_router's.
++ renormalize, scale 2.827; 1 softmax + renormalize; 3 softmax without renormalization, scale 16; 4 sqrt(softplus) +
+renormalize, scale 1.5 (DeepSeek-V4). Optional shape dims: ``scale``, ``G`` and ``kg`` as moe_router's.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int, device: str = "cpu"
     groups = (args["n_group"], args["topk_group"])
     moe_router.check_groups(e, k, *groups)
     offset = 0.5 * torch.randn(e, generator=g)
-    bias = 0.05 * torch.randn(e, generator=g) / (1 if args["score_func"] == "sigmoid" else e)
+    bias = 0.05 * torch.randn(e, generator=g) / (e if args["score_func"] == "softmax" else 1)
     logits = 1.5 * torch.randn(n, e, generator=g) + offset
     redo = torch.arange(n)
     for _ in range(200):
@@ -110,6 +110,7 @@ SHAPES = {
         {"N": 13, "E": 12, "k": 6, "mode": 0, "G": 4, "kg": 2},
         {"N": 17, "E": 16, "k": 3, "mode": 1, "G": 8, "kg": 3},
         {"N": 9, "E": 12, "k": 2, "mode": 3, "G": 3, "kg": 1},
+        {"N": 11, "E": 16, "k": 4, "mode": 4},  # DeepSeek-V4's sqrt(softplus) scores
     ],
 }
 

@@ -282,10 +282,15 @@ def _is_router(module: nn.Module) -> bool:
         "weight", "bias", "e_score_correction_bias"}
 
 
+ROUTER_SCORES = ("sigmoid", "softmax", "sqrtsoftplus")
+"""The score functions moe_router computes (its MODES), as configs name them."""
+
+
 def _router_variants(module: nn.Module, config: Any) -> list[Variant]:
-    """Every combination of the score functions and renormalization moe_router computes, the reading first: the
-    score function is sigmoid where the router carries a selection bias (its own, a child's, or an argument of its
-    forward), softmax otherwise; renormalization and scale as the module (else the config) sets them."""
+    """The score functions and renormalizations moe_router computes, the reading first: the score function the
+    module (else the config) names where moe_router computes it (sigmoid, softmax, DeepSeek-V4's sqrtsoftplus), else
+    sigmoid where the router carries a selection bias (its own, a child's, or an argument of its forward), softmax
+    otherwise, and one other; renormalization and scale as the module (else the config) sets them."""
     import inspect
 
     cls = type(module).__name__
@@ -314,11 +319,11 @@ def _router_variants(module: nn.Module, config: Any) -> list[Variant]:
     logit_bias = isinstance(getattr(module, "bias", None), torch.Tensor)
     differs = "; ".join(filter(None, [
         f"logits with a bias (module {cls}.bias): moe_router computes x W^T" if logit_bias else "",
-        f"score function {func} ({func_source}): moe_router scores with sigmoid or softmax"
-        if func is not None and str(func).lower() not in ("sigmoid", "softmax") else ""]))
-    reading = str(func).lower() if str(func).lower() in ("sigmoid", "softmax") else \
+        f"score function {func} ({func_source}): moe_router scores with sigmoid, softmax or sqrtsoftplus"
+        if func is not None and str(func).lower() not in ROUTER_SCORES else ""]))
+    reading = str(func).lower() if str(func).lower() in ROUTER_SCORES else \
         "sigmoid" if bias["value"] != "none" else "softmax"
-    scores = (reading, "softmax" if reading == "sigmoid" else "sigmoid")
+    scores = (reading, "softmax" if reading != "softmax" else "sigmoid")
     renorms = (bool(renorm), not renorm) if renorm is not None else (True, False)
     scales = [(float(scale), scale_source)] if scale is not None else []
     scales += [(1.0, "probe: no route scale")] if scale != 1.0 else []

@@ -757,6 +757,19 @@ def moe_router() -> list[Comparison]:
 
     rows.append(_compare("moe_router", "Inkling2TopKRouter (sigmoid, renormalized, route_scale 8)", inkling2_ours,
                          _routed(router, x), [x, router.weight]))
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4TopKRouter
+
+    router, x = _router(DeepseekV4Config, DeepseekV4TopKRouter, 19)
+
+    def deepseek_v4_ours():
+        weights, ids, _ = block.reference(x, router.weight, router.e_score_correction_bias, router.top_k,
+                                          "sqrtsoftplus", None, True, router.routed_scaling_factor)
+        order = ids.argsort(-1)
+        return weights.gather(-1, order), ids.gather(-1, order).to(F64)
+
+    rows.append(_compare("moe_router", "DeepseekV4TopKRouter (sqrt(softplus), renormalized, scale 1.5)",
+                         deepseek_v4_ours, _routed(router, x), [x, router.weight]))
     return rows
 
 

@@ -45,6 +45,34 @@ def target_settings(device) -> dict:
 LAUNCH_SETTINGS = {"default": {"num_warps": 4}}
 
 
+SCORES = ("sigmoid", "softmax", "sqrtsoftplus")  # the SCORE constexpr of the kernels: an index into these
+
+
+@triton.jit
+def _log1p(w):
+    """log(1 + w) for float32 w >= 0, accurate where 1 + w rounds (Goldberg's form)."""
+    u = 1.0 + w
+    return tl.where(u == 1.0, w, tl.log(u) * w / (u - 1.0))
+
+
+@triton.jit
+def _elementwise_score(z, SCORE: tl.constexpr):
+    """The score of float32 logits z, elementwise: sigmoid (SCORE 0) or DeepSeek-V4's sqrt(softplus(z)) (SCORE 2,
+    softplus as max(z, 0) + log1p(exp(-|z|)))."""
+    if SCORE == 2:
+        return tl.sqrt(tl.maximum(z, 0.0) + _log1p(tl.exp(-tl.abs(z))))
+    return 1.0 / (1.0 + tl.exp(-z))
+
+
+@triton.jit
+def _elementwise_score_grad(z, s, SCORE: tl.constexpr):
+    """ds/dz of an elementwise score s = _elementwise_score(z): s (1 - s) for sigmoid; sigmoid(z) / (2 s) for
+    sqrt(softplus), 0 where s underflowed to 0."""
+    if SCORE == 2:
+        return tl.where(s > 0, 1.0 / (1.0 + tl.exp(-z)) / (2.0 * tl.where(s > 0, s, 1.0)), 0.0)
+    return s * (1.0 - s)
+
+
 @triton.jit
 def _kept_groups(sel, e, emask, E, n_group, topk_group, ROUTE_T: tl.constexpr, E_PAD: tl.constexpr):
     """sel [ROUTE_T, E_PAD] float32 selection scores (columns past E masked out by emask) -> [ROUTE_T, E_PAD] bool:
@@ -79,33 +107,33 @@ def _order_key(v):
 
 
 @triton.jit
-def _scores(z, emask, SOFTMAX: tl.constexpr):
+def _scores(z, emask, SCORE: tl.constexpr):
     """z [R, E_PAD] float32 logits (columns past E masked out by emask) -> (s, shift, denom): the scores, and for
-    softmax the row max and the sum of exponentials (one score is exp(z - shift) / denom; sigmoid: 1 / (1 + e^-z))."""
+    softmax (SCORE 1) the row max and the sum of exponentials (one score is exp(z - shift) / denom)."""
     shift = tl.full((z.shape[0],), 0, tl.float32)
     denom = tl.full((z.shape[0],), 1.0, tl.float32)
-    if SOFTMAX:
+    if SCORE == 1:
         zz = tl.where(emask, z, float("-inf"))
         shift = tl.max(zz, axis=1)
         p = tl.exp(zz - shift[:, None])
         denom = tl.sum(p, axis=1)
         s = p / denom[:, None]
     else:
-        s = 1.0 / (1.0 + tl.exp(-z))
+        s = _elementwise_score(z, SCORE)
     return s, shift, denom
 
 
 @triton.jit
-def _score_of(z, shift, denom, SOFTMAX: tl.constexpr):
+def _score_of(z, shift, denom, SCORE: tl.constexpr):
     """One score per row from its float32 logit z [R] and the row's (shift, denom) from _scores."""
-    if SOFTMAX:
+    if SCORE == 1:
         return tl.exp(z - shift) / denom
-    return 1.0 / (1.0 + tl.exp(-z))
+    return _elementwise_score(z, SCORE)
 
 
 @triton.jit
 def moe_topk_rounds_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, stride_l, route_scale, n_group, topk_group,
-                               SOFTMAX: tl.constexpr, RENORM: tl.constexpr, GROUPED: tl.constexpr,
+                               SCORE: tl.constexpr, RENORM: tl.constexpr, GROUPED: tl.constexpr,
                                ROUTE_T: tl.constexpr, E_PAD: tl.constexpr, K_PAD: tl.constexpr):
     """ROUTE_T tokens per program, the whole expert row in registers: scores from the logits L [N, E] (upcast to
     float32), then k rounds of argmax over s + bias, each one int64 max over packed keys (order-preserving bits of
@@ -117,7 +145,7 @@ def moe_topk_rounds_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, stride_l, ro
     tmask = t < N
     emask = e[None, :] < E
     z = tl.load(L + t[:, None] * stride_l + e[None, :], mask=tmask[:, None] & emask, other=0.0).to(tl.float32)
-    s, shift, denom = _scores(z, emask, SOFTMAX)
+    s, shift, denom = _scores(z, emask, SCORE)
     b = tl.load(BIAS + e, mask=e < E, other=0.0).to(tl.float32)
     sel = s + b[None, :]
     allowed = emask
@@ -143,8 +171,8 @@ def moe_topk_rounds_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, stride_l, ro
 
 
 def _check(experts, topk, score_func, n_group, topk_group):
-    if score_func not in ("sigmoid", "softmax"):
-        raise ValueError(f"score_func must be 'sigmoid' or 'softmax', got {score_func!r}")
+    if score_func not in SCORES:
+        raise ValueError(f"score_func must be 'sigmoid', 'softmax' or 'sqrtsoftplus', got {score_func!r}")
     if not 1 <= topk <= experts:
         raise ValueError(f"topk must be in [1, E]; got topk={topk}, E={experts}")
     if n_group != 1 and (n_group < 1 or experts % n_group or experts // n_group < 2
@@ -169,7 +197,7 @@ def run(logits, bias, topk, score_func, renormalize, route_scale, n_group=1, top
     # at least one program, so that counts are produced by a kernel even without tokens (they stay zero)
     moe_topk_rounds_fwd_kernel[(max(1, triton.cdiv(n, ROUTE_T)),)](
         l_c, bias.contiguous(), weights, ids, counts, n, e, topk, l_c.stride(0), float(route_scale), n_group,
-        topk_group, SOFTMAX=score_func == "softmax", RENORM=bool(renormalize), GROUPED=n_group > 1,
+        topk_group, SCORE=SCORES.index(score_func), RENORM=bool(renormalize), GROUPED=n_group > 1,
         ROUTE_T=ROUTE_T, E_PAD=triton.next_power_of_2(e), K_PAD=triton.next_power_of_2(topk),
         num_warps=settings["num_warps"])
     return weights, ids, counts

@@ -54,6 +54,34 @@ LAUNCH_SETTINGS = {
 }
 
 
+SCORES = ("sigmoid", "softmax", "sqrtsoftplus")  # the SCORE constexpr of the kernels: an index into these
+
+
+@triton.jit
+def _log1p(w):
+    """log(1 + w) for float32 w >= 0, accurate where 1 + w rounds (Goldberg's form)."""
+    u = 1.0 + w
+    return tl.where(u == 1.0, w, tl.log(u) * w / (u - 1.0))
+
+
+@triton.jit
+def _elementwise_score(z, SCORE: tl.constexpr):
+    """The score of float32 logits z, elementwise: sigmoid (SCORE 0) or DeepSeek-V4's sqrt(softplus(z)) (SCORE 2,
+    softplus as max(z, 0) + log1p(exp(-|z|)))."""
+    if SCORE == 2:
+        return tl.sqrt(tl.maximum(z, 0.0) + _log1p(tl.exp(-tl.abs(z))))
+    return 1.0 / (1.0 + tl.exp(-z))
+
+
+@triton.jit
+def _elementwise_score_grad(z, s, SCORE: tl.constexpr):
+    """ds/dz of an elementwise score s = _elementwise_score(z): s (1 - s) for sigmoid; sigmoid(z) / (2 s) for
+    sqrt(softplus), 0 where s underflowed to 0."""
+    if SCORE == 2:
+        return tl.where(s > 0, 1.0 / (1.0 + tl.exp(-z)) / (2.0 * tl.where(s > 0, s, 1.0)), 0.0)
+    return s * (1.0 - s)
+
+
 @triton.jit
 def _kept_groups(sel, e, emask, E, n_group, topk_group, ROUTE_T: tl.constexpr, E_PAD: tl.constexpr):
     """sel [ROUTE_T, E_PAD] float32 selection scores (columns past E masked out by emask) -> [ROUTE_T, E_PAD] bool:
@@ -105,7 +133,7 @@ def moe_router_logits_fwd_kernel(X, W, L, N, E, D, stride_x, stride_w,
 
 
 @triton.jit
-def _route_scores(z, emask, E, norm_lambda, SOFTMAX: tl.constexpr, NORM: tl.constexpr):
+def _route_scores(z, emask, E, norm_lambda, SCORE: tl.constexpr, NORM: tl.constexpr):
     """z [R, E_PAD] float32 logits (columns past E masked out by emask) -> (s, u, std, shift, denom): the scores s;
     for the Skywork normalization the standardized logits u = (z - mean) / std and the unbiased std per row; for
     softmax the row max and the sum of exponentials, so that any single score can be recomputed from its logit."""
@@ -121,20 +149,20 @@ def _route_scores(z, emask, E, norm_lambda, SOFTMAX: tl.constexpr, NORM: tl.cons
         z = u * norm_lambda
     shift = tl.full((z.shape[0],), 0, tl.float32)
     denom = tl.full((z.shape[0],), 1.0, tl.float32)
-    if SOFTMAX:
+    if SCORE == 1:
         zz = tl.where(emask, z, float("-inf"))
         shift = tl.max(zz, axis=1)
         p = tl.exp(zz - shift[:, None])
         denom = tl.sum(p, axis=1)
         s = p / denom[:, None]
     else:
-        s = 1.0 / (1.0 + tl.exp(-z))
+        s = _elementwise_score(z, SCORE)
     return s, u, mean, std, shift, denom
 
 
 @triton.jit
 def moe_router_route_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, norm_lambda, route_scale, n_group, topk_group,
-                                SOFTMAX: tl.constexpr, NORM: tl.constexpr, RENORM: tl.constexpr,
+                                SCORE: tl.constexpr, NORM: tl.constexpr, RENORM: tl.constexpr,
                                 GROUPED: tl.constexpr, ROUTE_T: tl.constexpr, E_PAD: tl.constexpr,
                                 K_PAD: tl.constexpr):
     """ROUTE_T tokens per program, the whole expert row in registers: scores from the float32 logits L [N, E],
@@ -148,7 +176,7 @@ def moe_router_route_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, norm_lambda
     tmask = t < N
     emask = e[None, :] < E
     z = tl.load(L + t[:, None] * E + e[None, :], mask=tmask[:, None] & emask, other=0.0)
-    s, u, mean, std, shift, denom = _route_scores(z, emask, E, norm_lambda, SOFTMAX, NORM)
+    s, u, mean, std, shift, denom = _route_scores(z, emask, E, norm_lambda, SCORE, NORM)
     b = tl.load(BIAS + e, mask=e < E, other=0.0).to(tl.float32)
     sel = s + b[None, :]
     allowed = emask
@@ -165,10 +193,10 @@ def moe_router_route_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, norm_lambda
         zj = tl.load(L + t * E + idx, mask=tmask, other=0.0)
         if NORM:
             zj = (zj - mean) / std * norm_lambda
-        if SOFTMAX:
+        if SCORE == 1:
             sj = tl.exp(zj - shift) / denom
         else:
-            sj = 1.0 / (1.0 + tl.exp(-zj))
+            sj = _elementwise_score(zj, SCORE)
         picked = tl.where(kcol == j, sj[:, None], picked)
         ids = tl.where(kcol == j, idx[:, None], ids)
         tl.atomic_add(COUNTS + idx, 1, mask=tmask)
@@ -181,18 +209,19 @@ def moe_router_route_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, norm_lambda
 
 @triton.jit
 def moe_router_route_bwd_kernel(L, IDS, DW, DL, N, E, k, norm_lambda, route_scale,
-                                SOFTMAX: tl.constexpr, NORM: tl.constexpr, RENORM: tl.constexpr,
+                                SCORE: tl.constexpr, NORM: tl.constexpr, RENORM: tl.constexpr,
                                 ROUTE_T: tl.constexpr, E_PAD: tl.constexpr):
     """Gradient of the logits DL [N, E] float32 from DW [N, k] (gradient of the routing weights): through the
     renormalization (g_j = c * (dw_j - sum_i dw_i s_i / S) / S, S = sum_i s_i + eps), the score function
-    (sigmoid: g s (1 - s); softmax: s (g - sum g s)) and the Skywork normalization
+    (sigmoid: g s (1 - s); softmax: s (g - sum g s); sqrt(softplus): g sigmoid(z) / (2 s)) and the Skywork
+    normalization
     (lambda / std * (dz - mean dz - u sum(dz u) / (E - 1)))."""
     t = tl.program_id(0).to(tl.int64) * ROUTE_T + tl.arange(0, ROUTE_T)
     e = tl.arange(0, E_PAD)
     tmask = t < N
     emask = e[None, :] < E
     z = tl.load(L + t[:, None] * E + e[None, :], mask=tmask[:, None] & emask, other=0.0)
-    s, u, mean, std, shift, denom = _route_scores(z, emask, E, norm_lambda, SOFTMAX, NORM)
+    s, u, mean, std, shift, denom = _route_scores(z, emask, E, norm_lambda, SCORE, NORM)
     chosen = tl.full((ROUTE_T, E_PAD), 0, tl.int1)
     dw_dense = tl.full((ROUTE_T, E_PAD), 0, tl.float32)  # dw scattered to the chosen experts
     for j in range(0, k):
@@ -207,10 +236,10 @@ def moe_router_route_bwd_kernel(L, IDS, DW, DL, N, E, k, norm_lambda, route_scal
         g = tl.where(chosen, route_scale * (dw_dense / den[:, None] - (dot / (den * den))[:, None]), 0.0)
     else:
         g = route_scale * dw_dense
-    if SOFTMAX:
+    if SCORE == 1:
         dz = s * (g - tl.sum(g * s, axis=1)[:, None])
-    else:
-        dz = g * s * (1.0 - s)
+    else:  # the score's own input: the logits, standardized and scaled where NORM
+        dz = g * _elementwise_score_grad(u * norm_lambda if NORM else z, s, SCORE)
     if NORM:
         dz = tl.where(emask, dz, 0.0)
         mean_dz = tl.sum(dz, axis=1) / E
@@ -253,9 +282,9 @@ def moe_router_dw_bwd_kernel(DL, X, DWT, N, E, D, stride_x, stride_dw,
 
 
 def _mode(score_func, norm_lambda, renormalize):
-    if score_func not in ("sigmoid", "softmax"):
-        raise ValueError(f"score_func must be 'sigmoid' or 'softmax', got {score_func!r}")
-    return {"SOFTMAX": score_func == "softmax", "NORM": norm_lambda is not None, "RENORM": bool(renormalize)}
+    if score_func not in SCORES:
+        raise ValueError(f"score_func must be 'sigmoid', 'softmax' or 'sqrtsoftplus', got {score_func!r}")
+    return {"SCORE": SCORES.index(score_func), "NORM": norm_lambda is not None, "RENORM": bool(renormalize)}
 
 
 def _check_groups(experts, topk, n_group, topk_group):
