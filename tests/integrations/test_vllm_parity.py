@@ -192,7 +192,8 @@ def test_kimi_k3s_situ_and_vllms_router_run_the_operators_as_vllm_computes():
     """SituAndMul as K3's serving code builds it (beta 4, linear_beta 25) is the plugin's class, loaded by vLLM's
     plugin loader, and computes vLLM's own forward on inputs past both clips; without linear_beta it hands the call
     back to vLLM. (K3's MLPs run only on a GPU in vLLM: no CPU model builds the class.) The plugin's routing
-    (moe_topk) chooses vLLM's router's experts with its weights, K3's 16 of 896 included."""
+    (moe_topk) chooses vLLM's router's experts with its weights, K3's 16 of 896 and DeepSeek-V4's sqrt(softplus)
+    scores included."""
     vllm_or_skip()
     found = vllm_layers()
     layers = found["layers"]
@@ -201,6 +202,6 @@ def test_kimi_k3s_situ_and_vllms_router_run_the_operators_as_vllm_computes():
     assert layers["situ"]["deviation"] < 1e-6 and layers["silu"]["deviation"] < 1e-6 and found["past_clips"] > 0.3
     assert layers["situ_unclipped"]["deviation"] == 0.0  # vLLM's own forward
     routing = found["routing"]
-    assert set(routing) == {"kimi_k3", "deepseek_v3", "qwen3_moe", "deepseek_v2_lite"}
+    assert set(routing) == {"kimi_k3", "deepseek_v3", "qwen3_moe", "deepseek_v2_lite", "deepseek_v4"}
     assert all(r["same_experts"] and r["deviation"] < 1e-6 for r in routing.values()), routing
-    assert found["op_runs"] == {"situ": 1, "swiglu": 1, "moe_topk": 4} and found["fallbacks"] == {"SituAndMul": 1}
+    assert found["op_runs"] == {"situ": 1, "swiglu": 1, "moe_topk": 5} and found["fallbacks"] == {"SituAndMul": 1}

@@ -114,6 +114,7 @@ ROUTERS = {
     "deepseek_v3": (256, 8, "sigmoid", True, True, 8, 4, 2.5, True),
     "qwen3_moe": (128, 8, "softmax", True, False, None, None, 1.0, False),
     "deepseek_v2_lite": (64, 6, "softmax", False, False, None, None, 1.0, False),
+    "deepseek_v4": (256, 6, "sqrtsoftplus", True, False, None, None, 1.5, True),  # its learned (not hashed) layers
 }
 """The routings held to vLLM's router: the configs' own settings as vLLM's model code hands them to FusedMoE."""
 
@@ -151,8 +152,9 @@ def layers(job: dict) -> dict:
                            "deviation": float((layer(x) - native).abs().max() / native.abs().max())}
     routing = {}
     for name, (e, k, func, renorm, grouped, groups, kept, scale, biased) in ROUTERS.items():
-        drawn = make_inputs({"N": 33, "E": e, "k": k, "mode": 0 if func == "sigmoid" else 1 if renorm else 3,
-                             "G": groups or 1, "kg": kept or 1}, torch.float32, 5)
+        mode = {"sigmoid": 0, "softmax": 1 if renorm else 3, "sqrtsoftplus": 4}[func]
+        drawn = make_inputs({"N": 33, "E": e, "k": k, "mode": mode, "G": groups or 1, "kg": kept or 1},
+                            torch.float32, 5)
         layer = SimpleNamespace(top_k=k, scoring_func=func, renormalize=renorm, use_grouped_topk=grouped,
                                 num_expert_group=groups, topk_group=kept, routed_scaling_factor=scale,
                                 e_score_correction_bias=drawn["bias"] if biased else None)

@@ -161,11 +161,12 @@ def register() -> None:
                     and not layer.apply_router_weight_on_input)
 
         def routes(self, layer) -> bool:
-            """vLLM's router computes moe_topk's math: sigmoid or softmax scores, no custom function, token hash,
-            expert load balancing or simulated routing; expert groups scored by their two best (vLLM's grouped
-            top-k with a correction bias; without one it takes their best)."""
+            """vLLM's router computes moe_topk's math: sigmoid, softmax or DeepSeek-V4's sqrt(softplus) scores, no
+            custom function, token hash, expert load balancing or simulated routing; expert groups scored by their
+            two best (vLLM's grouped top-k with a correction bias; without one it takes their best)."""
             grouped = layer.use_grouped_topk and (layer.num_expert_group or 1) > 1
-            return (layer.custom_routing_function is None and layer.scoring_func in ("sigmoid", "softmax")
+            return (layer.custom_routing_function is None
+                    and layer.scoring_func in ("sigmoid", "softmax", "sqrtsoftplus")
                     and not self.moe.moe_parallel_config.enable_eplb and not self.moe.has_hash_routing
                     and not vllm_envs.VLLM_MOE_ROUTING_SIMULATION_STRATEGY
                     and (layer.e_score_correction_bias is not None or not grouped))
