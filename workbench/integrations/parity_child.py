@@ -286,6 +286,25 @@ def grad_metrics(shipped, patched) -> dict[str, Any]:
             "grad_params": len(errors)}
 
 
+def drawn_hash_tables(model, seed: int) -> int:
+    """Token -> expert hash tables (DeepSeek-V4's hash routers, ``tid2eid`` [vocab, k] beside ``num_experts``) drawn
+    as k distinct experts per token, in place. At init they are zeros: every token on expert 0 k times, whose
+    renormalized weights are constants, so the gate's gradient there is rounding noise that no parity can hold (a
+    trained table never repeats an expert). Returns the tables drawn."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    drawn = 0
+    for module in model.modules():
+        table = getattr(module, "tid2eid", None)
+        if isinstance(table, torch.Tensor) and table.dim() == 2 and hasattr(module, "num_experts"):
+            picks = torch.rand(table.shape[0], module.num_experts, generator=g).argsort(-1)[:, :table.shape[1]]
+            with torch.no_grad():
+                table.copy_(picks.to(table))
+            drawn += 1
+    return drawn
+
+
 def with_lora(model, rank: int, targets: tuple[str, ...], seed: int):
     """The model wrapped by PEFT's LoRA (rank, alpha 2 * rank, no dropout) on ``targets``, initialised from
     ``seed`` (so the shipped and the patched copy start with the same adapters)."""
@@ -335,13 +354,17 @@ def run(job: dict) -> dict:
     dtype = getattr(torch, job["dtype"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = config_class(job["model_type"])(**job["config"])
+    notes: list[str] = []
     torch.manual_seed(job["seed"])
     model_cls = getattr(fam.shipped, job["model_class"])
     shipped = model_cls(config).to(device=device, dtype=dtype)
+    if drawn_hash_tables(shipped, job["seed"] + 4):
+        notes.append("the token-hash routing tables (tid2eid) drawn: distinct experts per token (zeros at init)")
     patched = copy.deepcopy(shipped)
     if job["lora"]:
         shipped, patched = (with_lora(m, job["lora"], fam.LORA_TARGETS, job["seed"]) for m in (shipped, patched))
     report = apply_workbench_kernels(patched, job["blocks"])
+    report.notes.extend(notes)
     if rebound:
         report.notes.append(f"no GPU driver: {', '.join(rebound)} ran their torch path (fla's kernels need one) "
                             "in the shipped model")
