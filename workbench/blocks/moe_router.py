@@ -270,12 +270,19 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
         shape = draw_routing_shape(rng)
         e, k = shape["E"], shape["k"]
         modes = [m for m, (_, lam, renorm, _) in MODES.items() if (e >= 2 or lam is None) and (k >= 2 or not renorm)]
-        draw = {"N": shape["N"], "D": rng.randint(16, 64), "E": e, "k": k, "mode": rng.choice(modes)}
-        groups = [(g, kg) for g in range(2, e // 2 + 1) if e % g == 0 for kg in range(1, g + 1) if k <= kg * e // g]
-        if groups and rng.random() < 0.5:
-            draw["G"], draw["kg"] = rng.choice(groups)
-        out.append(draw)
+        out.append(with_groups(rng, {"N": shape["N"], "D": rng.randint(16, 64), "E": e, "k": k,
+                                     "mode": rng.choice(modes)}))
     return out
+
+
+def with_groups(rng: random.Random, draw: Shape) -> Shape:
+    """``draw`` routed group-limited half the time where its E splits into groups of at least 2 that can hold k:
+    ``G`` and ``kg`` drawn among those."""
+    e, k = draw["E"], draw["k"]
+    groups = [(g, kg) for g in range(2, e // 2 + 1) if e % g == 0 for kg in range(1, g + 1) if k <= kg * e // g]
+    if groups and rng.random() < 0.5:
+        draw["G"], draw["kg"] = rng.choice(groups)
+    return draw
 
 
 # --- work (the cost model) ---------------------------------------------------------------------------------

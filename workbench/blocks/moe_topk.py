@@ -121,12 +121,8 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
     out = []
     for _ in range(4):
         shape = draw_routing_shape(rng)
-        e, k = shape["E"], shape["k"]
-        draw = {"N": shape["N"], "E": e, "k": k, "mode": rng.choice(sorted(MODES))}
-        groups = [(g, kg) for g in range(2, e // 2 + 1) if e % g == 0 for kg in range(1, g + 1) if k <= kg * e // g]
-        if groups and rng.random() < 0.5:
-            draw["G"], draw["kg"] = rng.choice(groups)
-        out.append(draw)
+        out.append(moe_router.with_groups(rng, {"N": shape["N"], "E": shape["E"], "k": shape["k"],
+                                                "mode": rng.choice(sorted(MODES))}))
     return out
 
 
