@@ -170,11 +170,13 @@ def moe_topk_rounds_fwd_kernel(L, BIAS, WOUT, IDS, COUNTS, N, E, k, stride_l, ro
     tl.store(IDS + t[:, None] * k + kcol, ids, mask=out_mask)
 
 
-def _check(experts, topk, score_func, n_group, topk_group):
+def _mode(score_func, norm_lambda, renormalize):
     if score_func not in SCORES:
         raise ValueError(f"score_func must be 'sigmoid', 'softmax' or 'sqrtsoftplus', got {score_func!r}")
-    if not 1 <= topk <= experts:
-        raise ValueError(f"topk must be in [1, E]; got topk={topk}, E={experts}")
+    return {"SCORE": SCORES.index(score_func), "NORM": norm_lambda is not None, "RENORM": bool(renormalize)}
+
+
+def _check_groups(experts, topk, n_group, topk_group):
     if n_group != 1 and (n_group < 1 or experts % n_group or experts // n_group < 2
                          or not 1 <= topk_group <= n_group or topk > topk_group * (experts // n_group)):
         raise ValueError(f"group-limited routing needs E % n_group == 0, E / n_group >= 2, 1 <= topk_group <= "
@@ -187,7 +189,10 @@ def run(logits, bias, topk, score_func, renormalize, route_scale, n_group=1, top
     [N, topk] float32 (float64 for float64 logits), ids [N, topk] int64 in descending s + bias order, counts [E]
     int64)."""
     n, e = logits.shape
-    _check(e, topk, score_func, n_group, topk_group)
+    if not 1 <= topk <= e:
+        raise ValueError(f"topk must be in [1, E]; got topk={topk}, E={e}")
+    _check_groups(e, topk, n_group, topk_group)
+    mode = _mode(score_func, None, renormalize)
     l_c = logits if logits.stride(-1) == 1 else logits.contiguous()
     out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     weights = torch.empty(n, topk, dtype=out_dtype, device=logits.device)
@@ -197,7 +202,7 @@ def run(logits, bias, topk, score_func, renormalize, route_scale, n_group=1, top
     # at least one program, so that counts are produced by a kernel even without tokens (they stay zero)
     moe_topk_rounds_fwd_kernel[(max(1, triton.cdiv(n, ROUTE_T)),)](
         l_c, bias.contiguous(), weights, ids, counts, n, e, topk, l_c.stride(0), float(route_scale), n_group,
-        topk_group, SCORE=SCORES.index(score_func), RENORM=bool(renormalize), GROUPED=n_group > 1,
+        topk_group, SCORE=mode["SCORE"], RENORM=mode["RENORM"], GROUPED=n_group > 1,
         ROUTE_T=ROUTE_T, E_PAD=triton.next_power_of_2(e), K_PAD=triton.next_power_of_2(topk),
         num_warps=settings["num_warps"])
     return weights, ids, counts
