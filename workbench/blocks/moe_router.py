@@ -58,8 +58,15 @@ MODES: dict[int, tuple[str, float | None, bool, float]] = {
     3: ("softmax", None, False, 16.0),
     4: ("sqrtsoftplus", None, True, 1.5),
 }
+SCORE_FUNCS = tuple(dict.fromkeys(func for func, *_ in MODES.values()))
+"""The score functions the modes compute, as configs name them: sigmoid, softmax, sqrtsoftplus."""
 TIE_GAP = 1e-4
 """Tie-free inputs: consecutive top-(k+1) selection scores differ by at least TIE_GAP * max|score| of the row."""
+
+
+def mode_of(score_func: str, renormalize: bool) -> int | None:
+    """The mode (no logit normalization) that scores with ``score_func`` and renormalizes as asked; None if none."""
+    return next((m for m, (f, lam, r, _) in MODES.items() if (f, lam, r) == (score_func, None, renormalize)), None)
 
 
 def scores(logits: torch.Tensor, score_func: str, norm_lambda: float | None) -> torch.Tensor:
@@ -319,9 +326,9 @@ def onboard(model: ModelConfig) -> list[Found]:
     kept, kept_field = model.integer("topk_group")
     fields = [model.experts_field, model.active_field, func_field, renorm_field, scale_field, groups_field, kept_field]
     role = f"{func} routing, {model.active} of {model.experts} experts"
-    mode = next((m for m, (f, lam, r, _) in MODES.items() if (f, lam, r) == (func, None, renorm)), None)
+    mode = mode_of(func, renorm)
     if mode is None:
-        *others, last = sorted({f for f, *_ in MODES.values()})
+        *others, last = SCORE_FUNCS
         computed = f"{', '.join(others)} or {last}"
         return [Found(role, model.moe_layers, [], fields, differs=f"the catalog's router scores with {computed}; the "
                       f"config's uses {func} scores (renormalize={renorm})")]

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.blocks.moe_router import SCORE_FUNCS
 from workbench.integrations.families import _common
 from workbench.integrations.ops import ops
 
@@ -282,10 +283,6 @@ def _is_router(module: nn.Module) -> bool:
         "weight", "bias", "e_score_correction_bias"}
 
 
-ROUTER_SCORES = ("sigmoid", "softmax", "sqrtsoftplus")
-"""The score functions moe_router computes (its MODES), as configs name them."""
-
-
 def _router_variants(module: nn.Module, config: Any) -> list[Variant]:
     """The score functions and renormalizations moe_router computes, the reading first: the score function the
     module (else the config) names where moe_router computes it (sigmoid, softmax, DeepSeek-V4's sqrtsoftplus), else
@@ -320,8 +317,8 @@ def _router_variants(module: nn.Module, config: Any) -> list[Variant]:
     differs = "; ".join(filter(None, [
         f"logits with a bias (module {cls}.bias): moe_router computes x W^T" if logit_bias else "",
         f"score function {func} ({func_source}): moe_router scores with sigmoid, softmax or sqrtsoftplus"
-        if func is not None and str(func).lower() not in ROUTER_SCORES else ""]))
-    reading = str(func).lower() if str(func).lower() in ROUTER_SCORES else \
+        if func is not None and str(func).lower() not in SCORE_FUNCS else ""]))
+    reading = str(func).lower() if str(func).lower() in SCORE_FUNCS else \
         "sigmoid" if bias["value"] != "none" else "softmax"
     scores = (reading, "softmax" if reading != "softmax" else "sigmoid")
     renorms = (bool(renorm), not renorm) if renorm is not None else (True, False)

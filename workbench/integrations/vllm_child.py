@@ -136,6 +136,7 @@ def layers(job: dict) -> dict:
     from vllm.model_executor.layers.fused_moe.router.cpu_router import select_experts
     from vllm.plugins import load_general_plugins
 
+    from workbench.blocks.moe_router import mode_of
     from workbench.blocks.moe_topk import make_inputs
     from workbench.integrations import vllm_plugin
     from workbench.kernels._ops import RUNS
@@ -152,9 +153,8 @@ def layers(job: dict) -> dict:
                            "deviation": float((layer(x) - native).abs().max() / native.abs().max())}
     routing = {}
     for name, (e, k, func, renorm, grouped, groups, kept, scale, biased) in ROUTERS.items():
-        mode = {"sigmoid": 0, "softmax": 1 if renorm else 3, "sqrtsoftplus": 4}[func]
-        drawn = make_inputs({"N": 33, "E": e, "k": k, "mode": mode, "G": groups or 1, "kg": kept or 1},
-                            torch.float32, 5)
+        drawn = make_inputs({"N": 33, "E": e, "k": k, "mode": mode_of(func, renorm), "G": groups or 1,
+                             "kg": kept or 1}, torch.float32, 5)
         layer = SimpleNamespace(top_k=k, scoring_func=func, renormalize=renorm, use_grouped_topk=grouped,
                                 num_expert_group=groups, topk_group=kept, routed_scaling_factor=scale,
                                 e_score_correction_bias=drawn["bias"] if biased else None)

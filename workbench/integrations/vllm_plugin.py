@@ -63,6 +63,11 @@ def attention_replaced() -> str:
     return "CPU_ATTN" if current_platform.is_cpu() else "CUSTOM"
 
 
+def routes_in_groups(layer) -> bool:
+    """Whether vLLM routes ``layer`` group-limited: its grouped top-k over more than one group."""
+    return layer.use_grouped_topk and (layer.num_expert_group or 1) > 1
+
+
 def topk_like_vllm(layer, router_logits):
     """moe_topk routing the gate's logits [T, E] as vLLM's router routes them for ``layer`` (its top_k, scoring_func,
     renormalize, use_grouped_topk, num_expert_group, topk_group, routed_scaling_factor, e_score_correction_bias):
@@ -72,7 +77,7 @@ def topk_like_vllm(layer, router_logits):
 
     import workbench.kernels as wk
 
-    grouped = layer.use_grouped_topk and (layer.num_expert_group or 1) > 1
+    grouped = routes_in_groups(layer)
     bias = layer.e_score_correction_bias
     scaled = layer.use_grouped_topk or bias is not None
     bias = bias.float() if bias is not None else torch.zeros(router_logits.shape[-1], device=router_logits.device)
@@ -101,6 +106,7 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     import workbench.kernels as wk
+    from workbench.blocks.moe_router import SCORE_FUNCS
 
     class Built:
         """Counts the instances vLLM builds of a replacement (BUILT, by the vLLM class it replaces)."""
@@ -164,12 +170,10 @@ def register() -> None:
             """vLLM's router computes moe_topk's math: sigmoid, softmax or DeepSeek-V4's sqrt(softplus) scores, no
             custom function, token hash, expert load balancing or simulated routing; expert groups scored by their
             two best (vLLM's grouped top-k with a correction bias; without one it takes their best)."""
-            grouped = layer.use_grouped_topk and (layer.num_expert_group or 1) > 1
-            return (layer.custom_routing_function is None
-                    and layer.scoring_func in ("sigmoid", "softmax", "sqrtsoftplus")
+            return (layer.custom_routing_function is None and layer.scoring_func in SCORE_FUNCS
                     and not self.moe.moe_parallel_config.enable_eplb and not self.moe.has_hash_routing
                     and not vllm_envs.VLLM_MOE_ROUTING_SIMULATION_STRATEGY
-                    and (layer.e_score_correction_bias is not None or not grouped))
+                    and (layer.e_score_correction_bias is not None or not routes_in_groups(layer)))
 
         def take_routing(self, layer) -> None:
             """At load, for experts this covers: route with moe_topk where ``routes``, else count vLLM's router."""
