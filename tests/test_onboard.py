@@ -226,6 +226,23 @@ def test_an_unknown_family_gives_a_card_with_gaps(tmp_path):
 
 
 
+def test_experts_without_an_active_count_are_a_gap_not_null_shapes(tmp_path):
+    """A config naming its routed experts but not how many a token runs (DeepSeek-V2's class defaults): no
+    routed-expert block is sized with k None; the card names the missing fields as a gap, and still counts the
+    experts' weights and the shared experts."""
+    config = {**{k: v for k, v in DEEPSEEK_V3.items() if k != "num_experts_per_tok"},
+              "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"}  # its class default: None
+    card = onboard(write(tmp_path, config))
+    assert not {"moe_router", "moe_topk", "moe_permute", "moe_grouped_gemm", "moe_combine"} & set(card["blocks"])
+    assert gaps(card) == {"mtp_head", "routed_experts"}
+    assert card["blocks"]["routed_experts"]["gap"] == (
+        "no spec: routed experts with no active-expert count (the config sets none of num_experts_per_token, "
+        "num_experts_per_tok, moe_topk)")
+    assert card["blocks"]["routed_experts"]["layers"] == 58 and "active_experts" not in card["facts"]
+    assert "routed_experts" in card["weights"]["parts"]
+    assert {"rows": 8192, "N": 2048} in card["blocks"]["swiglu"]["shapes"]  # the shared expert
+
+
 def test_a_router_no_mode_computes_is_marked_as_a_different_variant(tmp_path):
     router = onboard(write(tmp_path, {**DEEPSEEK_V3, "scoring_func": "sqrtsoftplus", "norm_topk_prob": False})
                      )["blocks"]["moe_router"]

@@ -406,12 +406,16 @@ def _layer_list(cfg: Config, group: str, key: str) -> tuple[list[int] | None, st
     return value, f"{field}.{key}"
 
 
+ACTIVE = ("num_experts_per_token", "num_experts_per_tok", "moe_topk")
+"""The config fields that name how many routed experts each token runs, in the order they are read."""
+
+
 def _experts(cfg: Config, card: _Card, model: ModelConfig) -> None:
     """The MoE part of ``model`` (experts, active experts, MoE layers, the experts' sizes) and its facts."""
     experts, e_field = cfg.integer("num_experts", "n_routed_experts", "num_local_experts")
     if not experts:
         return
-    k, k_field = cfg.integer("num_experts_per_token", "num_experts_per_tok", "moe_topk")
+    k, k_field = cfg.integer(*ACTIVE)
     first_dense, fd_field = cfg.integer("first_k_dense_replace")
     freq, _ = cfg.integer("moe_layer_freq")
     moe_layers = len([i for i in range(first_dense or 0, model.layers)
@@ -432,6 +436,9 @@ def _experts(cfg: Config, card: _Card, model: ModelConfig) -> None:
         card.fact("latent_moe_norm", bool(norm), norm_field, "the RMSNorm of the combined routed output, before the "
                   "up projection (rmsnorm's shape at the expert width)")
     card.fact("shared_experts", *cfg.integer("num_shared_experts", "n_shared_experts"))
+    if k is None:  # the routed experts cannot be sized (ModelConfig.routed): a gap
+        card.block("routed_experts", Found(f"routing over {experts} experts", moe_layers, [], [e_field]),
+                   gap=f"routed experts with no active-expert count (the config sets none of {', '.join(ACTIVE)})")
     model.experts, model.experts_field, model.active, model.active_field = experts, e_field, k, k_field
     model.moe_layers, model.expert_ffn, model.expert_ffn_field = moe_layers, width, width_field
     model.expert_width, model.expert_width_field = latent, latent_field

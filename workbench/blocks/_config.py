@@ -126,6 +126,12 @@ class ModelConfig:
         return self.tokens, self.decode_batch
 
     @property
+    def routed(self) -> bool:
+        """Whether the routed experts can be sized: the config names both their count and how many a token runs
+        (the routed-expert blocks' rules read nothing otherwise; onboarding names the missing count as a gap)."""
+        return bool(self.experts and self.active)
+
+    @property
     def dense_layers(self) -> int:
         return self.layers - self.moe_layers
 

@@ -176,7 +176,7 @@ def routed_rows_hidden_shapes(rng: random.Random) -> list[dict[str, int]]:
 def routed_rows_found(model: ModelConfig, role: str) -> list[Found]:
     """moe_permute's and moe_combine's entry: every MoE layer moves each token's k rows at the experts' width, for a
     training step's tokens and for a decode step's (a handful of rows per expert)."""
-    if not model.experts:
+    if not model.routed:
         return []
     return [Found(role, model.moe_layers, [{"N": n, "D": model.expert_width or model.hidden, "E": model.experts,
                                              "k": model.active, "hot": 0, "drop": 0} for n in model.step_tokens],

@@ -147,7 +147,7 @@ def onboard(model: ModelConfig) -> list[Found]:
     config's hidden_act, at a training step's tokens and a decode step's (most experts then get no row or one); an
     activation the grouped GEMM does not compute is marked ``differs``; SwiGLU's swiglu_limit and swiglu_alpha are
     the shapes' ``limit`` and ``alpha_milli`` (as the swiglu block's)."""
-    if not model.experts:
+    if not model.routed:
         return []
     act, act_field = model.field("hidden_act")
     activation = GATED_ACTIVATIONS.get(str(act).lower()) if act else "swiglu"

@@ -315,7 +315,7 @@ def onboard(model: ModelConfig) -> list[Found]:
     softmax) and renormalization (moe_renormalize or norm_topk_prob, default on) the config names, with its route
     scale and expert groups, at a training step's and a decode step's tokens; a score function no mode computes is
     marked ``differs``."""
-    if not model.experts:
+    if not model.routed:
         return []
     func, func_field = model.field("moe_router_activation_func", "scoring_func")
     func = str(func or "softmax").lower()
