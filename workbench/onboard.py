@@ -235,6 +235,7 @@ SERVING_FORMS = {"kda_decode": "kda", "kda_prefill": "kda", "kda_short_conv_deco
                  "kda_short_conv_prefill": "kda_short_conv", "mla_decode": "mla", "mla_prefill": "mla",
                  "dsa_decode": "dsa_sparse_attention", "dsa_prefill": "dsa_sparse_attention",
                  "dsa_indexer_decode": "dsa_indexer", "dsa_indexer_prefill": "dsa_indexer",
+                 "dsa_kpool_indexer_decode": "dsa_kpool_indexer",
                  "attention_decode": "attention", "attention_prefill": "attention",
                  "moe_grouped_gemm_mxfp4": "moe_grouped_gemm", "moe_topk": "moe_router"}
 """The serving and quantized forms of a block: proven where the block they serve is (the probe runs a training

@@ -68,7 +68,8 @@ def test_reference_matches_loop_formulation(shape):
     want_scores, want_indices = loop_kpool(*(inputs[n] for n in SPEC.arg_names))
     torch.testing.assert_close(scores, want_scores, rtol=1e-12, atol=1e-12)
     assert torch.equal(indices, want_indices)
-    assert torch.equal(indices, expand(pools, shape["T"], shape["P"], indices.shape[-1], bool(shape["tail"])))
+    assert torch.equal(indices, expand(pools, torch.arange(shape["T"]), shape["P"], indices.shape[-1],
+                                       bool(shape["tail"])))
 
 
 def test_hand_computed_case():

@@ -86,8 +86,8 @@ class BlockSpec:
         copies (which every block may use): anything else during ``run`` or its backward is a torch fallback.
     comparators: custom comparison per quantity, keyed "forward:<output>" or "grad:<input>", with the signature
         of ``workbench.numerics.compare``, optionally with the keywords ``truth_outputs`` and ``lowp_outputs``
-        (every output by name), e.g. set overlap for top-k indices judged against the true scores; default:
-        that compare.
+        (every output by name) and ``inputs`` (the trial's, by name), e.g. set overlap for top-k indices judged
+        against the true scores; default: that compare.
     hidden_shapes: draws extra shapes at verification time (never shown to the candidate's author) from an rng;
         default: random sizes within the ranges of the smoke and edge suites.
     training_reference: an exact, faster form of ``reference`` with the same signature (tested against it), which

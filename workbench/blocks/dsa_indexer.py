@@ -137,6 +137,13 @@ def _membership(indices: torch.Tensor, S: int) -> torch.Tensor:
     return counts[..., :S]
 
 
+def missed_fraction(selected: torch.Tensor, want: torch.Tensor) -> float:
+    """The fraction of the truth's (query, key) pairs (``want``, _membership counts) that ``selected`` misses; 0 where
+    the truth selects none (no row has a key: a decode step shorter than a k-pool)."""
+    kept = int((want > 0).sum())
+    return 1.0 - float(((selected > 0) & (want > 0)).sum()) / kept if kept else 0.0
+
+
 def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Tolerance,
                     expect_dtype: torch.dtype, *, truth_outputs: Mapping[str, torch.Tensor] | None = None,
                     lowp_outputs: Mapping[str, torch.Tensor] | None = None) -> dict:
@@ -171,13 +178,12 @@ def compare_indices(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: tor
     bad_key = int((~pad & ((o < 0) | (o > query[..., None]))).sum())  # not a causal key
     got, want = _membership(o, S), _membership(t, S)
     repeats = int((got > 1).sum())
-    missed = 1.0 - float(((got > 0) & (want > 0)).sum()) / max(1, int((want > 0).sum()))
-    ref_missed = 1.0 - float(((_membership(r, S) > 0) & (want > 0)).sum()) / max(1, int((want > 0).sum()))
+    missed, ref_missed = missed_fraction(got, want), missed_fraction(_membership(r, S), want)
     figures = {"max_abs": missed, "max_rel": 0.0, "err_ratio": missed, "ref_err": ref_missed, "bound": bound,
                "nonfinite": 0}
 
     deficit_reason = ""
-    if s is not None:
+    if s is not None and S > 0:  # S = 0: no query has a key (a decode step shorter than a k-pool)
         finite = torch.isfinite(s)
         scale = float(s[finite].abs().max()) if finite.any() else 0.0
         ref_err = 0.0

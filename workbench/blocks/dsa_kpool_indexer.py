@@ -18,7 +18,7 @@ indices [B,T,W] int64. transformers' module folds its softmax scale DI^-0.5 and 
 dsa_indexer (relu(s a) = s relu(a), s > 0). The pooled keys are computed in float32 (float64 for float64 inputs);
 the module rounds the softmax weights and the pooled keys to the keys' dtype (no rounding in float32). The module
 runs under no_grad: the block is forward only. Padding of a batch (a first key after slot 0) is the module's own
-step, outside the block: its forward runs as shipped there.
+step, outside the block: its forward runs as shipped there. A decode step is dsa_kpool_indexer_decode.
 
 Inputs (make_inputs): q_idx and k_idx on dsa_indexer's 1/16 grid, w ~ N(0, 1) / sqrt(HI * DI), gate ~ N(0, 1) and ape
 ~ N(0, 0.5^2) (the pool's softmax neither flat nor one-hot). Pool scores are not exact in float32 (the pooled keys
@@ -29,6 +29,7 @@ truth's pool scores) and the expanded indices by their padding pattern, causalit
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 import torch
 
@@ -48,18 +49,19 @@ def pooled_keys(k_idx: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor) -> t
     return (logits.softmax(dim=2) * k_idx[:, :n * P].to(ct).view(B, n, P, DI)).sum(dim=2)
 
 
-def expand(pools: torch.Tensor, T: int, P: int, width: int, tail: bool) -> torch.Tensor:
-    """pools [B,T,SK] (-1 padded) -> the key indices [B,T,width]: each pool's P keys, the tail, -1 padding."""
-    B, _, SK = pools.shape
+def expand(pools: torch.Tensor, positions: torch.Tensor, P: int, width: int, tail: bool) -> torch.Tensor:
+    """pools [..., SK] (-1 padded) of the queries at ``positions`` (broadcast to pools.shape[:-1]) -> the key
+    indices [..., width]: each pool's P keys, the tail (the keys of the query's incomplete pool), -1 padding."""
+    rows = pools.shape[:-1]
     keys = pools[..., None] * P + torch.arange(P, device=pools.device)
-    parts = [torch.where(pools[..., None] >= 0, keys, -1).reshape(B, T, SK * P)]
+    parts = [torch.where(pools[..., None] >= 0, keys, -1).flatten(-2)]
     if tail:
-        n = torch.arange(1, T + 1, device=pools.device)[:, None]  # [T, 1]: keys visible to query t
+        n = positions.to(pools.device)[..., None] + 1  # keys visible to each query
         count = n % P
         slot = torch.arange(P - 1, device=pools.device)
-        parts.append(torch.where(slot < count, n - count + slot, -1).expand(B, T, P - 1))
+        parts.append(torch.where(slot < count, n - count + slot, -1).expand(*rows, P - 1))
     out = torch.cat(parts, dim=-1)
-    return torch.cat([out, out.new_full((B, T, width - out.shape[-1]), -1)], dim=-1)
+    return torch.cat([out, out.new_full((*rows, width - out.shape[-1]), -1)], dim=-1)
 
 
 def reference(q_idx: torch.Tensor, k_idx: torch.Tensor, w: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor,
@@ -73,7 +75,8 @@ def reference(q_idx: torch.Tensor, k_idx: torch.Tensor, w: torch.Tensor, gate: t
     visible = torch.arange(scores.shape[-1], device=q_idx.device) <= last_pool[:, None]
     scores = scores.masked_fill(~visible, float("-inf"))
     pools = topk_upto(scores, last_pool, min(topk // P, scores.shape[-1]))
-    return scores, pools, expand(pools, T, P, topk + (P - 1 if tail else 0), tail)
+    return scores, pools, expand(pools, torch.arange(T, device=q_idx.device), P, topk + (P - 1 if tail else 0),
+                                 tail)
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------
@@ -124,11 +127,13 @@ def hidden_shapes(rng: random.Random) -> list[Shape]:
 
 
 def compare_expanded(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: torch.Tensor, tol: Tolerance,
-                     expect_dtype: torch.dtype) -> dict:
+                     expect_dtype: torch.dtype, *, inputs: Mapping | None = None) -> dict:
     """Verdict and figures for the ``indices`` output: the -1 pattern exact (it depends on t, P and topk only),
     every other entry a causal key (0 <= s <= t) without repeats in its row, and the selected (query, key) pairs
     overlapping the truth's by at least dsa_indexer.MIN_OVERLAP (a near tie of two pools swaps P keys; the pools
-    themselves are judged against the truth's scores by compare_indices). Figures as compare_indices'."""
+    themselves are judged against the truth's scores by compare_indices). Each row's query t: its position in the
+    [B, T, W] rows of a prefill, or, where the trial's ``inputs`` hold ``seq_lens`` (a decode step's [N, W] rows),
+    its sequence's length. Figures as compare_indices'."""
     problem = contract_problem(out, truth, expect_dtype, missing="no indices returned")
     if problem:
         return {"passed": False, "reason": problem}
@@ -136,18 +141,16 @@ def compare_expanded(out: torch.Tensor | None, truth: torch.Tensor, ref_lowp: to
     if truth.numel() == 0:
         return {"passed": True, "max_abs": 0.0, "max_rel": 0.0, "err_ratio": 0.0, "ref_err": 0.0, "bound": bound}
     o, t, r = (x.detach().to("cpu", torch.int64) for x in (out, truth, ref_lowp))
-    T = t.shape[-2]
-    query = torch.arange(T).expand(t.shape[:-1])  # [B, T]: each row's query position
+    lengths = None if inputs is None else inputs.get("seq_lens")
+    query = lengths.detach().to("cpu", torch.int64) if lengths is not None else \
+        torch.arange(t.shape[-2]).expand(t.shape[:-1])  # [...]: each row's query position
+    T = int(query.max()) + 1
     pad_wrong = int(((o == -1) != (t == -1)).sum())
     bad_key = int(((t != -1) & ((o < 0) | (o > query[..., None]))).sum())
     got, want = dsa_indexer._membership(o, T), dsa_indexer._membership(t, T)
     repeats = int((got > 1).sum())
-    kept = int((want > 0).sum())  # none where no query has a complete pool or a tail: nothing to overlap
-
-    def missing(selected: torch.Tensor) -> float:
-        return 1.0 - float(((selected > 0) & (want > 0)).sum()) / kept if kept else 0.0
-
-    missed, ref_missed = missing(got), missing(dsa_indexer._membership(r, T))
+    missed = dsa_indexer.missed_fraction(got, want)
+    ref_missed = dsa_indexer.missed_fraction(dsa_indexer._membership(r, T), want)
     figures = {"max_abs": missed, "max_rel": 0.0, "err_ratio": missed, "ref_err": ref_missed, "bound": bound,
                "nonfinite": 0}
     return dsa_indexer.selection_verdict(figures, pad_wrong, bad_key, repeats)
@@ -169,7 +172,8 @@ def work(s: Shape) -> tuple[Work, Work]:
 
 def onboard(model: ModelConfig) -> list[Found]:
     """The full-attention layers of a config whose indexer scores k-pools (index_kpool > 1): they replace
-    dsa_indexer's entries and its serving forms' (no k-pool decode or packed-prefill form is in the catalog)."""
+    dsa_indexer's entries and its serving forms' (the decode form is dsa_kpool_indexer_decode; no packed-prefill
+    form is in the catalog)."""
     if not model.full_layers:
         return []
     pool, pool_field = model.integer("index_kpool")

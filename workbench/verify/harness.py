@@ -137,7 +137,7 @@ def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: l
         meta = {"id": len(trials), "kind": kind, "suite": suite, "shape": shape_label(shape), "dtype": dtype_name,
                 "seed": seed, "replica": replica}
         trials.append({"id": meta["id"], "suite": suite, "inputs": inputs, "grad_outputs": grad_outputs})
-        expected.append({**meta, "lowp": lowp, "truth": truth, "torch_dtype": dtype})
+        expected.append({**meta, "lowp": lowp, "truth": truth, "torch_dtype": dtype, "inputs": inputs})
 
     for suite in suites:
         for shape in suite_shapes(spec, suite):
@@ -207,7 +207,7 @@ def check_trial(spec: BlockSpec, exp: dict, got: dict) -> list[Check]:
     tol = spec.tolerance(exp["torch_dtype"])
     checks = []
     context = {"truth_outputs": dict(zip(spec.outputs, true_out, strict=True)),
-               "lowp_outputs": dict(zip(spec.outputs, low_out, strict=True))}
+               "lowp_outputs": dict(zip(spec.outputs, low_out, strict=True)), "inputs": exp.get("inputs")}
 
     def judge(direction: str, o, t, r) -> Check:
         custom = spec.comparators.get(direction)
