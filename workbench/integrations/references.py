@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from workbench.blocks import get_block
@@ -689,6 +690,39 @@ def dsa_kpool_indexer() -> list[Comparison]:
                                    (shared, "a shared layer after it: dsa_sparse_attention over its selection")))]
 
 
+def dsa_kpool_indexer_decode() -> Comparison:
+    """GLM-5-Next's k-pool indexer decoding with a cache: the full layer's Glm5NextTextIndexer fed one token per step
+    through a DynamicCache (the layer's key cache grown as its attention grows it), against dsa_kpool_indexer_decode
+    over a paged cache of 4-row pages; output_rel: the fraction of (sequence, step) rows whose key sets differ. The
+    sets, not the rows: the shipped decode puts the tail right after the pools the cache can fill (at min(topk // P,
+    complete pools) * P), the block at (topk // P) * P, as both do in a prefill; the -1 padding moves, not a key."""
+    from transformers.cache_utils import DynamicCache
+
+    (full, _), x, mask = _glm5_next_dsa_layers(31)
+    indexer, (b, t) = full.indexer, x.shape[:2]
+    pool, page, width = indexer.index_kpool, 4, 2 * indexer.head_dim
+    cache, table = DynamicCache(config=full.config), torch.arange(b * -(-t // page)).view(b, -1).int()
+    pages = torch.zeros(table.numel() + 1, page, width, dtype=F64)
+    rows_differ = 0
+    with torch.no_grad(), Float64Casts():
+        q_resid = full.q_a_layernorm(full.q_a_proj(x))
+        for step in range(t):
+            token, resid = x[:, step:step + 1], q_resid[:, step:step + 1]
+            cache.layers[full.layer_idx].update(token.new_zeros(b, 1, 1, 1), token.new_zeros(b, 1, 1, 1))
+            theirs = indexer(token, resid, mask[:, step:step + 1], cache)[:, 0]
+            q = indexer.wq_b(resid[:, 0]).view(b, indexer.n_heads, indexer.head_dim)
+            w = indexer.weights_proj(token[:, 0]) * (indexer.n_heads ** -0.5 * indexer.softmax_scale)
+            _, _, ours, pages = get_block("dsa_kpool_indexer_decode").reference(
+                q, indexer.k_norm(indexer.wk(token[:, 0])), w,
+                F.linear(token[:, 0], indexer.index_kpool_compress_gate), indexer.index_kpool_compress_ape, pages,
+                table, torch.full((b,), step, dtype=torch.int32), indexer.index_topk,
+                bool(indexer.index_kpool_always_select_tail))
+            rows_differ += int((ours.sort(dim=-1).values != theirs.sort(dim=-1).values).any(dim=-1).sum())
+    return Comparison("dsa_kpool_indexer_decode", f"Glm5NextTextIndexer with a DynamicCache ({t} decode steps, "
+                                                  f"pools of {pool}, top 8 keys and the tail; no grad)", True,
+                      rows_differ / (b * t), 0.0, "selection sets compared; the shipped indexer has no backward")
+
+
 def _router(config_cls, router_cls, seed: int, **config):
     g = torch.Generator().manual_seed(seed)
     cfg = config_cls(hidden_size=16, num_local_experts=16, num_experts_per_tok=4, **config)
@@ -902,7 +936,8 @@ def attention() -> list[Comparison]:
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, layernorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda_prologue, kda,
     gated_delta_rule, kda_gate, mla, mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix,
-    dsa_indexer, dsa_kpool_indexer, dsa_sparse_attention, moe_router, moe_experts, lora_linear)
+    dsa_indexer, dsa_kpool_indexer, dsa_kpool_indexer_decode, dsa_sparse_attention, moe_router, moe_experts,
+    lora_linear)
 """Every block with a published counterpart (transformers 5.23, PEFT 0.21)."""
 
 
