@@ -1,7 +1,10 @@
 """dsa_kpool_indexer candidate rendered from templates/dsa_kpool_indexer/pooled.py.j2.
 
 pooled keys once into a float32 scratch, tiled pool scores (tl.dot per index head), a sort-free selection pass that expands the pools
-params: BLOCK_T=64, BLOCK_S=32, SEL_ROWS=4, SEL_BLOCK=32, num_warps=4
+params: BLOCK_T=32, BLOCK_S=16, SEL_ROWS=4, SEL_BLOCK=32, num_warps=4
+launch on sm_100a: num_stages=3, pool_warps=8, sel_rows=1
+launch on sm_80: num_stages=3, pool_warps=8, sel_rows=1
+launch on sm_90a: num_stages=3, pool_warps=8, sel_rows=1
 """
 import torch
 import triton
@@ -9,8 +12,8 @@ import triton.language as tl
 
 BLOCK = "dsa_kpool_indexer"
 TEMPLATE = "pooled"
-BLOCK_T = 64
-BLOCK_S = 32
+BLOCK_T = 32
+BLOCK_S = 16
 SEL_BLOCK = 32
 NUM_WARPS = 4
 # Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
@@ -18,7 +21,7 @@ NUM_WARPS = 4
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {}
+TUNED_SETTINGS = {'sm_100a': {'num_stages': 3, 'pool_warps': 8, 'sel_rows': 1}, 'sm_80': {'num_stages': 3, 'pool_warps': 8, 'sel_rows': 1}, 'sm_90a': {'num_stages': 3, 'pool_warps': 8, 'sel_rows': 1}}
 
 
 def launch_target(device) -> str:
