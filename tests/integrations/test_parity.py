@@ -211,8 +211,8 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
     sigmoid-gated output norm as rmsnorm_gated, the norms and the group-limited router, the MLPs' and the experts'
     clamped SwiGLU as swiglu's and moe_grouped_gemm's clamped variant, the hyper-connections' weights and collapse
     as hyper_connection before both sub-layers and their expand and mix as hyper_connection_mix after; the DSA
-    layer's k-pool indexer as dsa_kpool_indexer and its attention as dsa_sparse_attention (its decode steps as
-    shipped)."""
+    layer's k-pool indexer as dsa_kpool_indexer and its attention as dsa_sparse_attention, its decode steps as
+    dsa_kpool_indexer_decode and dsa_decode over paged caches."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "glm5_next", "--layers", "2", "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -227,7 +227,10 @@ def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(se
     assert m["op_runs"]["moe_grouped_gemm"] == 1 and m["op_runs"]["hyper_connection"] == 2 * 2
     assert m["op_runs"]["hyper_connection_mix"] == 2 * 2
     assert m["op_runs"]["dsa_kpool_indexer"] == 1 and m["op_runs"]["dsa_sparse_attention"] == 1
-    assert m["decode_kl"] < 1e-8  # the KDA decode steps through kda_short_conv_decode and kda_decode
+    assert m["decode_kl"] < 1e-8 and m["decode_top1"] == 1.0
+    decode = m["decode_op_runs"]  # the prompt, then 4 steps: the KDA layer's and the DSA layer's serving forms
+    assert decode["kda_short_conv_decode"] == decode["kda_decode"] == 4
+    assert decode["dsa_kpool_indexer_decode"] == decode["dsa_decode"] == 4 and decode["dsa_kpool_indexer"] == 1
 
 
 @pytest.mark.parametrize("model_type, swapped", [

@@ -296,7 +296,8 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_clamped_mlps_experts_and_hy
     assert found["Glm5NextTextRMSNormGated"] == ("rmsnorm_gated",)  # Kimi Linear's output norm: sigmoid gate
     assert found["Glm5NextTextMLP"] == ("swiglu",)
     assert found["Glm5NextTextExperts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
-    assert found["Glm5NextTextAttention"] == ("dsa_kpool_indexer", "dsa_sparse_attention", "layernorm")
+    assert found["Glm5NextTextAttention"] == ("dsa_kpool_indexer", "dsa_sparse_attention", "dsa_kpool_indexer_decode",
+                                              "dsa_decode", "layernorm")
     assert found["Glm5NextTextHyperConnection"] == ("hyper_connection",)
     assert found["Glm5NextTextDecoderLayer"] == ("hyper_connection_mix",)  # the expand and mix after each sub-layer
     assert not any(row.path.startswith("model.visual") for row in report.rows)
@@ -304,6 +305,55 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_clamped_mlps_experts_and_hy
     assert model.config._experts_implementation == "workbench"
     experts = next(m for m in model.modules() if isinstance(m, glm.Glm5NextTextExperts))
     assert experts.workbench_activation == ("swiglu", 4.0, 25.0, config.get_text_config().swiglu_limit)
+
+
+def test_glm5_next_decode_steps_take_the_serving_forms_unless_the_batch_is_padded(promoted):
+    """GLM-5-Next's DSA layers (one full, one shared) greedily decoding 6 tokens after a 7-token prompt, the ops as
+    their float64 references: an unpadded batch decodes through dsa_kpool_indexer_decode (the full layer) and
+    dsa_decode (both); in a left-padded one the full layer runs the shipped attention (its indexer pools a row from
+    its first real key) and the shared one dsa_decode over the selection handed down (cache positions, the padding
+    never selected); both compute the shipped model's logits."""
+    from collections import Counter
+
+    from transformers.models.glm5_next import modeling_glm5_next as glm
+
+    from workbench.integrations.ops import computing_with, references
+    from workbench.integrations.references import Float64Casts
+
+    full, _ = load_config({"model_type": "glm5_next"})
+    fields, _ = tiny_config(full, 2)
+    fields.update(layer_types=["indexed_attention"] * 2, mlp_layer_types=["dense"] * 2,
+                  indexer_types=["full", "shared"])
+    torch.manual_seed(0)
+    shipped = glm.Glm5NextForConditionalGeneration(glm.Glm5NextConfig(**fields)).to(torch.float64).eval()
+    patched = glm.Glm5NextForConditionalGeneration(glm.Glm5NextConfig(**fields)).to(torch.float64).eval()
+    patched.load_state_dict(shipped.state_dict())
+    apply_workbench_kernels(patched, blocks=["dsa_kpool_indexer", "dsa_sparse_attention", "dsa_kpool_indexer_decode",
+                                             "dsa_decode"])
+    calls: Counter = Counter()
+
+    def counted(name, op):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return op(*args, **kwargs)
+        return run
+
+    table = {name: counted(name, op) for name, op in references().items()}
+    ids = torch.randint(0, fields["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(1))
+    padded = torch.tensor([[0, 0] + [1] * 5, [1] * 7])
+    for mask, full_steps, shared_steps in ((torch.ones(2, 7, dtype=torch.long), 5, 5), (padded, 0, 5)):
+        calls.clear()
+        settings = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "output_logits": True,
+                    "return_dict_in_generate": True}
+        with torch.no_grad(), Float64Casts():
+            with computing_with(table):
+                got = patched.generate(ids, **settings)
+            want = shipped.generate(ids, **settings)
+        assert torch.equal(got.sequences, want.sequences)
+        for a, b in zip(got.logits, want.logits, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        # 6 tokens: the prompt's prefill gives the first, 5 decode steps the others
+        assert calls["dsa_kpool_indexer_decode"] == full_steps and calls["dsa_decode"] == full_steps + shared_steps
 
 
 def test_glm5_next_text_model_loaded_alone_is_named_and_run_through_the_vision_language_class():

@@ -19,7 +19,9 @@ inputs, RMSNorm.
                                       its projections in torch, its key LayerNorm by layernorm where promoted) and
                                       dsa_sparse_attention over the
                                       decompressed heads (no rotary embedding; shared layers over the selection
-                                      handed down); decode steps, padded batches and continued prefills as shipped
+                                      handed down); a decode step as dsa_kpool_indexer_decode and dsa_decode over
+                                      paged caches where both are promoted; padded batches (the full layers'
+                                      decode steps too) and continued prefills as shipped
     Glm5NextTextRMSNormGated          rmsnorm_gated, sigmoid gate (Kimi Linear's output norm: plain weight, float32
                                       math, one rounding)
     Glm5NextTextHyperConnection       hyper_connection (the weights: pre, post and the Sinkhorn-normalised comb;
@@ -40,12 +42,15 @@ from workbench.integrations.families._common import (
     EXPERT_BLOCKS,
     SWIGLU,
     SharedModules,
+    absorbed,
     clamped_mlp_forward,
+    decode_pages,
     empty_cache,
     finish_shared,
     forget_gate_forward,
     hyper_connection_forward,
     hyper_connection_mix,
+    mla_latents,
     patch_gated_rmsnorm,
     patch_kda_layer,
     patch_shared,
@@ -69,8 +74,11 @@ SHARED = SharedModules(rmsnorm=shipped.Glm5NextTextRMSNorm, rmsnorm_forward=rmsn
 """The MLPs and experts are not shared: the class always clamps their SwiGLU's inputs (swiglu_limit, a float)."""
 
 DSA_BLOCKS = ("dsa_kpool_indexer", "dsa_sparse_attention")
+DECODE_BLOCKS = ("dsa_kpool_indexer_decode", "dsa_decode")
 IN_TORCH = ("inside each DSA layer the projections, the latents' RMSNorm and kv_b_proj's decompression stay in torch; "
-            "decode steps, padded batches and continued prefills run the shipped attention")
+            "padded batches (the full layers' decode steps too) and continued prefills run the shipped attention")
+DECODES_IN_TORCH = "the DSA layers' decode steps run the shipped attention (dsa_kpool_indexer_decode or dsa_decode " \
+                   "not promoted)"
 
 
 def select_pools(self: nn.Module, hidden_states: torch.Tensor, q_resid: torch.Tensor, cache=None) -> torch.Tensor:
@@ -110,6 +118,66 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_ma
     return out, None, indices.to(torch.int32) if self.next_skip_topk else None
 
 
+def attention_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                                  past_key_values=None, prev_topk_indices: torch.Tensor | None = None, **kwargs):
+    """``attention_forward``, and its decode steps (``decodes``) as ``decode_attention``."""
+    if decodes(self, hidden_states, past_key_values) and (self.indexer is not None or prev_topk_indices is not None):
+        out, indices = decode_attention(self, hidden_states, past_key_values,
+                                        None if self.indexer is not None else prev_topk_indices)
+        return out, None, indices if self.next_skip_topk else None
+    return attention_forward(self, hidden_states, attention_mask, past_key_values, prev_topk_indices, **kwargs)
+
+
+def decodes(self: nn.Module, hidden_states: torch.Tensor, cache) -> bool:
+    """Whether a Glm5NextTextAttention call is a decode step the serving forms compute: one token per sequence over a
+    cache holding this layer's past, kv_b_proj a plain weight, no attention dropout in training, and (a layer with an
+    indexer) every cached key valid: the shipped indexer pools a padded row from its first real key, a serving
+    engine's cache holds no padding."""
+    if hidden_states.shape[1] != 1 or empty_cache(cache, self.layer_idx) or type(self.kv_b_proj) is not nn.Linear \
+            or (self.training and self.attention_dropout):
+        return False
+    return self.indexer is None or bool(cache.layers[self.indexer.layer_idx].indexer_keys[..., -1].all())
+
+
+def decode_attention(self: nn.Module, hidden_states: torch.Tensor, cache, given: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step (``decodes``) as workbench::dsa_kpool_indexer_decode and workbench::dsa_decode: the latents and
+    (a layer with an indexer) the packed index states [key | gate | valid] written to the cache as shipped, the cached
+    latents and [key | gate] rows laid out in pages with one block table (``decode_pages``), the token's keys
+    selected by the k-pool indexer (float32, as shipped) or ``given`` (a shared layer's: the previous layer's), then
+    the sparse MQA over the selected latents, W_uk absorbed into the query and W_uv applied in torch. Positions are
+    the cache's (no padding: nothing to skip). -> (out [B, 1, D], the selection [B, 1, W] int32, -1 padded, as the
+    shipped layer hands it on)."""
+    b = hidden_states.shape[0]
+    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+    q, c_kv, k_rope = mla_latents(self, hidden_states, None, q_resid)
+    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
+                                self.layer_idx)
+    past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L, R + DR]
+    every = past.new_ones(past.shape[:2], dtype=torch.bool)
+    pool, table, lengths = decode_pages(past, every)
+    if given is None:
+        indexer = self.indexer
+        with torch.no_grad():
+            q_i = indexer.wq_b(q_resid[:, 0]).view(b, indexer.n_heads, indexer.head_dim)
+            k_i = key_norm(self, indexer.wk(hidden_states[:, 0]))
+            gate = F.linear(hidden_states[:, 0], indexer.index_kpool_compress_gate)
+            packed = cache.update_indexer(torch.cat([k_i, gate, k_i.new_ones(b, 1)], dim=-1)[:, None],
+                                          indexer.layer_idx)  # [B, L + 1, 2 DI + 1]
+            index_pool, _, _ = decode_pages(packed[:, :-1, :-1].float(), every)
+            w = indexer.weights_proj(hidden_states[:, 0].to(indexer.weights_proj.weight.dtype)).float()
+            _, _, indices, _ = ops.dsa_kpool_indexer_decode(
+                q_i.float().contiguous(), k_i.float().contiguous(), w * indexer.n_heads ** -0.5 * indexer.softmax_scale,
+                gate.float().contiguous(), indexer.index_kpool_compress_ape.float(), index_pool, table, lengths,
+                indexer.index_topk, bool(indexer.index_kpool_always_select_tail))
+    else:
+        indices = given[:, 0].to(torch.int32).contiguous()
+    q_abs, w_uv = absorbed(self, q)
+    o_lat, _ = ops.dsa_decode(q_abs, c_kv[:, 0].contiguous(), k_rope[:, 0].contiguous(), pool, table, lengths, indices,
+                              self.scaling)
+    return self.o_proj(torch.einsum("bhr,hdr->bhd", o_lat, w_uv).reshape(b, 1, -1)), indices[:, None]
+
+
 def unrotated(q_rope: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GLM-5-Next's DSA layers use no rotary embedding (NoPE): the rope channels pass as they are."""
     return q_rope, k_rope
@@ -144,7 +212,7 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every GLM-5-Next text module they compute; report each module."""
     report = patcher.report
-    norm_in_torch = False
+    norm_in_torch = decodes_in_torch = False
     for path, module in patcher.model.named_modules():
         if path == "model.visual" or path.startswith("model.visual."):
             continue  # the vision tower: no block computes its modules
@@ -173,13 +241,20 @@ def apply(patcher: Patcher) -> None:
         elif isinstance(module, shipped.Glm5NextTextAttention):
             if patcher.wants(path, module, *DSA_BLOCKS):
                 norm = ("layernorm",) if module.indexer is not None and patcher.may("layernorm") else ()
-                patcher.set_forward(path, module, attention_forward, *DSA_BLOCKS, *norm)
+                if patcher.may(*DECODE_BLOCKS):
+                    patcher.set_forward(path, module, attention_forward_with_decode, *DSA_BLOCKS, *DECODE_BLOCKS,
+                                        *norm)
+                else:
+                    patcher.set_forward(path, module, attention_forward, *DSA_BLOCKS, *norm)
+                    decodes_in_torch = True
                 norm_in_torch = norm_in_torch or (module.indexer is not None and not norm)
     finish_shared(patcher)
     if any(r.cls == "Glm5NextTextAttention" and r.replaced for r in report.rows):
         report.notes.append(IN_TORCH)
     if norm_in_torch:
         report.notes.append(KEY_NORM_IN_TORCH)
+    if decodes_in_torch:
+        report.notes.append(DECODES_IN_TORCH)
     report.notes.append("the vision tower (model.visual) runs as shipped; plain projections (nn.Linear) run in "
                         "torch")
 
