@@ -244,8 +244,9 @@ NOT_MODULES = {"seq_chunked_ce": "the loss (the logits head and cross-entropy): 
                "vocab_blockwise_ce": "the loss (the logits head and cross-entropy): not a module the probe runs",
                "lora_linear": "the fine-tuning recipe's adapters: not a module of the published model",
                "hyper_connection_mix": "a step of the decoder layer's forward (post * y + comb^T @ residual), not a "
-                                       "module: the probe proves it only where a family's patch replaces the layer "
-                                       "(GLM-5-Next's); not checked against this code"}
+                                       "module: the probe proves it where the layer is replaced (GLM-5-Next's "
+                                       "family patch; the hyper_connected_layer kind, DeepSeek-V4's layout); not "
+                                       "checked against this code"}
 
 
 def _evidence(card: _Card, result: ProbeResult) -> None:

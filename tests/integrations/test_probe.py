@@ -94,8 +94,13 @@ def test_variants_the_catalog_lacks_are_named_with_their_measured_distance(cards
     assert hc["params"]["sinkhorn_iters"] == {"value": 20,
                                               "source": "module DeepseekV4HyperConnection.hc_sinkhorn_iters"}
     assert "evidence" in cards["deepseek_v4"]["blocks"]["hyper_connection"]
-    mix = cards["deepseek_v4"]["blocks"]["hyper_connection_mix"]  # a step of the layer's forward: claimed, unchecked
-    assert "not a module" in mix["evidence"] and "differs" not in mix
+    # each sub-layer's expand and mix, a step of the decoder layer's forward: proven by the hyper_connected_layer kind,
+    # which computes the layer with that step swapped
+    layer = v4["DeepseekV4DecoderLayer"]
+    assert layer["status"] == "covered" and layer["blocks"] == ["hyper_connection_mix"]
+    assert max(layer["error"].values()) < 1e-10 and layer["params"]["mlp_input_ids"]["value"] is True  # hash routing
+    mix = cards["deepseek_v4"]["blocks"]["hyper_connection_mix"]
+    assert mix["evidence"].startswith("probe: DeepseekV4DecoderLayer") and "differs" not in mix
     glm5_mix = cards["glm5_next"]["blocks"]["hyper_connection_mix"]  # proven through the family's layer patch
     assert glm5_mix["evidence"].startswith("probe: Glm5NextTextDecoderLayer")
     assert rows(cards["hy_v4"])["HYV4HyperConnection"]["status"] == "no spec"

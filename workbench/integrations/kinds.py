@@ -22,6 +22,9 @@ swaps the proven one in (workbench.integrations.families.generic). A module no k
                         with or without a scaled residual
     hyper_connection    mHC's weights and collapse (fn, base,     hyper_connection
                         scale; Sinkhorn-normalised comb)
+    hyper_connected_    a decoder layer of mHC streams: each     hyper_connection_mix
+    layer               sub-layer's expand and mix (post * y +
+                        comb^T @ residual), DeepSeek-V4's layout
     mla                 MLA attention (DeepSeek's layout)        mla (and rotary)
     attention           softmax attention (the attention registry) attention (and rotary)
 
@@ -32,6 +35,7 @@ patch uses it where it is promoted and requested, and the forward computes that 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import re
 import sys
@@ -488,6 +492,42 @@ def _hyper_connection_variants(module: nn.Module, config: Any) -> list[Variant]:
                      "norm_eps": param(module.input_norm.eps, f"module {name}.input_norm.eps")})]
 
 
+def hyper_connected_layer_forward(self: nn.Module, hidden_states: torch.Tensor, input_ids=None, **kwargs):
+    """A decoder layer of hc_mult residual streams in DeepSeek-V4's layout (``DeepseekV4DecoderLayer.forward``,
+    transformers 5.23) with each sub-layer's expand and mix as workbench::hyper_connection_mix: hidden_states
+    [B, S, N, D] -> [B, S, N, D]. The rest is the shipped layer's, step for step: attn_hc, the input norm, the
+    attention (the call's keywords), ffn_hc, the post-attention norm and the MLP (given the token ids where its
+    forward takes them: hash routing) are called as they are (each patched where a kind computes it)."""
+    post, comb, collapsed = self.attn_hc(hidden_states)
+    attn_output = self.self_attn(self.input_layernorm(collapsed), **kwargs)[0]
+    hidden_states = _common.hyper_connection_mix(attn_output, hidden_states, post, comb)
+    post, comb, collapsed = self.ffn_hc(hidden_states)
+    by_token = {"input_ids": input_ids} if self.workbench_variant["mlp_input_ids"]["value"] else {}
+    return _common.hyper_connection_mix(self.mlp(self.post_attention_layernorm(collapsed), **by_token), hidden_states,
+                                        post, comb)
+
+
+LAYER_PARTS = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+
+
+def _is_hyper_connected_layer(module: nn.Module) -> bool:
+    """A decoder layer whose attention and MLP each sit between an mHC module the hyper_connection kind reads
+    (attn_hc, ffn_hc) and its norm, with no parameters of its own (DeepSeek-V4's; GLM-5-Next's family patches its
+    own layer)."""
+    hcs = [getattr(module, name, None) for name in ("attn_hc", "ffn_hc")]
+    return all(isinstance(hc, nn.Module) and _is_hyper_connection(hc) for hc in hcs) and \
+        all(hasattr(module, name) for name in LAYER_PARTS) and not _own(module)
+
+
+def _hyper_connected_layer_variants(module: nn.Module, config: Any) -> list[Variant]:
+    name = type(module).__name__
+    takes_ids = "input_ids" in inspect.signature(module.mlp.forward).parameters
+    return [Variant("each sub-layer's output expanded into the streams and the streams mixed",
+                    hyper_connected_layer_forward,
+                    {"streams": param(module.attn_hc.hc_mult, f"module {name}.attn_hc.hc_mult"),
+                     "mlp_input_ids": param(takes_ids, f"module {name}.mlp.forward's signature")})]
+
+
 # --- MLA ---------------------------------------------------------------------------------------------------------
 
 
@@ -598,8 +638,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("kda_layer", "KDA linear attention (projections in torch)", ("kda_short_conv", "kda"),
          _is_kda_layer, _kda_layer_variants),
     Kind("short_conv", "short convolution", ("kda_short_conv",), _is_short_conv, _short_conv_variants),
-    Kind("hyper_connection", "hyper-connections (the layer's expand and mix in torch)", ("hyper_connection",),
+    Kind("hyper_connection", "hyper-connections (the weights and the collapse)", ("hyper_connection",),
          _is_hyper_connection, _hyper_connection_variants),
+    Kind("hyper_connected_layer", "hyper-connected decoder layer (its expand and mix; the sub-layers by their kinds)",
+         ("hyper_connection_mix",), _is_hyper_connected_layer, _hyper_connected_layer_variants),
     Kind("mla", "MLA attention (projections in torch)", ("mla",), _is_mla, _mla_variants),
     Kind("attention", "softmax attention (projections, q/k norms and gates in torch)",
          ("attention",), _is_attention, _attention_variants),
