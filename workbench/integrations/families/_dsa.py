@@ -120,6 +120,19 @@ def dsa_attention(self: nn.Module, hidden_states: torch.Tensor, rotate, rotate_i
     return self.o_proj(out.reshape(b, t, -1)), indices
 
 
+def decode_latents(self: nn.Module, hidden_states: torch.Tensor, cache, rotate=None):
+    """A DSA attention's decode step (hidden_states [B, 1, D]) up to its cache: q_resid [B, 1, q_lora_rank], q
+    [B, 1, H, DN + DR], this step's latent c_kv [B, 1, R] and k_rope [B, 1, DR] (``rotate``: as ``mla_latents``
+    takes it) written to ``cache`` as the shipped forward writes them, and the rows cached before this step, past
+    [B, L_cache, R + DR]."""
+    b = hidden_states.shape[0]
+    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate, q_resid)
+    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
+                                self.layer_idx)
+    return q_resid, q, c_kv, k_rope, torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)
+
+
 def dsa_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache,
                          rotate, rotate_index, given: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,11 +144,7 @@ def dsa_decode_attention(self: nn.Module, hidden_states: torch.Tensor, attention
     latents. ``rotate`` / ``rotate_index``: the attention's and the indexer's rotary embeddings.
     -> (out [B, 1, D], the selection in cache positions as transformers hands it on: ``to_cache_positions``)."""
     b = hidden_states.shape[0]
-    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
-    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate, q_resid)
-    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
-                                self.layer_idx)
-    past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L_cache, R + DR]
+    q_resid, q, c_kv, k_rope, past = decode_latents(self, hidden_states, cache, rotate)
     visible = decode_visible(attention_mask, past.shape[1], b, past.device)
     pool, table, lengths = decode_pages(past, visible)
     if given is None:

@@ -50,14 +50,13 @@ from workbench.integrations.families._common import (
     forget_gate_forward,
     hyper_connection_forward,
     hyper_connection_mix,
-    mla_latents,
     patch_gated_rmsnorm,
     patch_kda_layer,
     patch_shared,
     rmsnorm_forward,
     sigmoid_router_forward,
 )
-from workbench.integrations.families._dsa import KEY_NORM_IN_TORCH, dsa_attention, key_norm
+from workbench.integrations.families._dsa import KEY_NORM_IN_TORCH, decode_latents, dsa_attention, key_norm
 from workbench.integrations.ops import ops
 from workbench.integrations.transformers import Patcher
 
@@ -149,11 +148,7 @@ def decode_attention(self: nn.Module, hidden_states: torch.Tensor, cache, given:
     the cache's (no padding: nothing to skip). -> (out [B, 1, D], the selection [B, 1, W] int32, -1 padded, as the
     shipped layer hands it on)."""
     b = hidden_states.shape[0]
-    q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
-    q, c_kv, k_rope = mla_latents(self, hidden_states, None, q_resid)
-    keys, values = cache.update(c_kv.view(b, 1, 1, self.kv_lora_rank), k_rope.view(b, 1, 1, self.qk_rope_head_dim),
-                                self.layer_idx)
-    past = torch.cat([keys[:, 0, :-1], values[:, 0, :-1]], dim=-1)  # [B, L, R + DR]
+    q_resid, q, c_kv, k_rope, past = decode_latents(self, hidden_states, cache)
     every = past.new_ones(past.shape[:2], dtype=torch.bool)
     pool, table, lengths = decode_pages(past, every)
     if given is None:
