@@ -347,3 +347,25 @@ def test_the_compile_cache_key_ignores_only_the_literal_table_of_tuned_settings(
     assert compile_key(base.replace("{}\n", "dict(a=1)\n", 1)) != compile_key(base)
     assert compile_key(base.replace("pass", "return")) != compile_key(base)
     assert compile_key("def broken(:\n") == hashlib.sha256(b"def broken(:\n").hexdigest()
+
+
+def test_the_target_matrix_at_another_suite_compiles_each_of_its_shapes():
+    """`workbench targets --suite edge` compiles the edge shapes' launches (dsa_kpool_indexer_decode's 20 index heads
+    pad to 32, which no smoke shape reaches); an unknown suite is one line."""
+    from typer.testing import CliRunner
+
+    from workbench.cli import app
+
+    operator = next(Path(__file__).parents[2].glob("operators/dsa_kpool_indexer_decode/*.py"))
+    runner = CliRunner()
+
+    def pads(suite: str) -> set[int]:
+        result = runner.invoke(app, ["targets", str(operator), "--suite", suite, "--targets", "sm_90a", "--json"])
+        assert result.exit_code == 0, result.output
+        builds = json.loads(result.stdout[result.stdout.index("["):])[0]["builds"]
+        assert builds and all(b["ok"] for b in builds)
+        return {b["specialization"]["constexprs"]["HI_PAD"] for b in builds}
+
+    assert pads("edge") == {16, 32} and pads("smoke") == {16}
+    refused = runner.invoke(app, ["targets", str(operator), "--suite", "hidden"])
+    assert refused.exit_code == 2 and "unknown suite 'hidden': model, smoke or edge" in refused.output

@@ -132,13 +132,18 @@ def targets(
     forward_only: Annotated[bool, typer.Option(
         "--forward-only", help="the named files' forward launches only (inference kernels without a backward)")]
     = False,
+    suite: Annotated[str, typer.Option(help="shape suite: model (the model cards' sizes), smoke or edge")] = "model",
     operators: OpsOption = None, as_json: JsonOption = False,
 ) -> None:
-    """The target matrix: each kernel's launches at the model card's sizes, compiled for every GPU target (no GPU
-    needed): registers, spilled bytes, shared memory, occupancy, tensor cores, or the compiler's error. Exit 1 when
-    a kernel fails to compile for a target."""
+    """The target matrix: each kernel's launches at the model card's sizes (or every shape of another suite),
+    compiled for every GPU target (no GPU needed): registers, spilled bytes, shared memory, occupancy, tensor cores,
+    or the compiler's error. Exit 1 when a kernel fails to compile for a target."""
+    from workbench.blocks import get_block
     from workbench.operators import is_forward_only, newest_promoted
-    from workbench.verify.harness import target_report
+    from workbench.verify.harness import read_candidate, suite_shapes, target_report
+
+    if suite not in ("model", "smoke", "edge"):
+        raise WorkbenchError(f"unknown suite '{suite}': model, smoke or edge")
 
     settings = Settings.load(None, operators)
     files = [(None, p, forward_only) for p in paths] if paths else \
@@ -147,14 +152,16 @@ def targets(
         raise WorkbenchError(f"no candidates: name files, or promote operators into {settings.operators_dir}")
     results = []
     for block, path, forward in files:
+        shapes = None if suite == "model" else suite_shapes(get_block(block or read_candidate(path)[0]), suite)
         with console.status(f"capturing and compiling {path.name}...") if not as_json else nullcontext():
-            results.append(target_report(path, block=block, targets=_targets(targets), forward_only=forward))
+            results.append(target_report(path, block=block, targets=_targets(targets), forward_only=forward,
+                                         shapes=shapes))
     builds = [{**b, "operator": r.block} for r in results for b in r.builds]
     if as_json:
         _emit_json([{"block": r.block, "candidate": r.candidate, "verdict": r.verdict, "message": r.message,
                      "findings": r.findings, "builds": r.builds, **r.target_report()} for r in results])
     else:
-        console.print(_builds_table("target matrix at the model suite (compiled ahead of time, no GPU)", builds))
+        console.print(_builds_table(f"target matrix at the {suite} suite (compiled ahead of time, no GPU)", builds))
         for r in results:
             for finding in r.findings:
                 console.print(f"[yellow]finding[/] {r.block}: {escape(finding)}")
