@@ -51,45 +51,6 @@ LAUNCH_SETTINGS = {
 
 
 @triton.jit
-def _pool_tile(K, G, A, b, rp, T, DI, P, BLOCK_S: tl.constexpr, DI_PAD: tl.constexpr):
-    """Pooled keys [BLOCK_S, DI_PAD] float32 of the pools rp of batch b: per channel, an online softmax of gate + ape
-    over the pool's P keys weights the keys; zero for pools past the complete ones. K, G [B,T,DI], A [P,DI]."""
-    rd = tl.arange(0, DI_PAD)
-    mask = (rp[:, None] < T // P) & (rd[None, :] < DI)
-    peak = tl.full([BLOCK_S, DI_PAD], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_S, DI_PAD], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_S, DI_PAD], dtype=tl.float32)
-    for j in range(P):
-        rows = (b * T + rp[:, None] * P + j) * DI + rd[None, :]
-        logit = tl.load(G + rows, mask=mask, other=0.0).to(tl.float32) + \
-            tl.load(A + j * DI + rd[None, :], mask=rd[None, :] < DI, other=0.0).to(tl.float32)
-        key = tl.load(K + rows, mask=mask, other=0.0).to(tl.float32)
-        top = tl.maximum(peak, logit)
-        decay = tl.exp(peak - top)
-        weight = tl.exp(logit - top)
-        total = total * decay + weight
-        acc = acc * decay + weight * key
-        peak = top
-    return tl.where(mask, acc / total, 0.0)
-
-
-@triton.jit
-def _pool_scores(Q, W, kp, b, rt, rp, T, HI, DI, P, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
-                 DI_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Scores [BLOCK_T, BLOCK_S] float32 of queries rt against pooled keys kp [BLOCK_S, DI_PAD] (pools rp):
-    sum_h w[:, h] * relu(q_h kp^T), -inf where the pool's last key (p + 1) P - 1 is past the query."""
-    rd = tl.arange(0, DI_PAD)
-    acc = tl.zeros([BLOCK_T, BLOCK_S], dtype=tl.float32)
-    qmask = (rt[:, None] < T) & (rd[None, :] < DI)
-    for h in range(HI):
-        q = tl.load(Q + ((b * T + rt[:, None]) * HI + h) * DI + rd[None, :], mask=qmask, other=0.0)
-        wh = tl.load(W + (b * T + rt) * HI + h, mask=rt < T, other=0.0).to(tl.float32)
-        d = tl.dot(q.to(tl.float32), tl.trans(kp), input_precision=DOT_PRECISION)
-        acc += wh[:, None] * tl.maximum(d, 0.0)
-    return tl.where((rp[None, :] + 1) * P - 1 <= rt[:, None], acc, float("-inf"))
-
-
-@triton.jit
 def _pack_keys(score, pos, valid):
     """int64 keys ordered like (score, -pos), all distinct: the high half holds the float32 score's bits made
     monotone (-0 read as +0), the low half 2^31 - 1 - pos so that equal scores favour the smaller position;
