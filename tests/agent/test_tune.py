@@ -440,7 +440,8 @@ def test_neighbours_step_along_value_order_whatever_the_preference_order(warps_a
 
 def test_a_probe_fails_only_the_target_whose_compile_failed_and_a_sandbox_verdict_fails_every_target():
     """A launch that does not compile in time on sm_80 is sm_80's figure, not gfx942's (the report's verdict is
-    the target compile error of one of them); a candidate the sandbox refused has no figure anywhere."""
+    the target compile error of one of them); a spill at the smoke suite captured for gfx942 is gfx942's; a
+    candidate the sandbox refused has no figure anywhere."""
     from workbench.agent.tune import probe_figures
     from workbench.verify.result import VerificationResult
     from workbench.vocabulary import Verdict
@@ -448,13 +449,16 @@ def test_a_probe_fails_only_the_target_whose_compile_failed_and_a_sandbox_verdic
     def build(target, ok=True, spilled=0, suite="model"):
         return {"target": target, "suite": suite, "ok": ok, "spilled_bytes": spilled if ok else None,
                 "registers": 128 if ok else None, "error": "" if ok else "compiler did not finish within 60 s"}
-    builds = [build("sm_80"), build("sm_80", ok=False), build("gfx942", spilled=8), build("gfx942"),
-              build("sm_90a", ok=False, suite="edge"), build("sm_90a")]
+    builds = [build("sm_80"), build("sm_80", ok=False), build("gfx942", spilled=8, suite="capture:smoke"),
+              build("gfx942"), build("sm_90a", ok=False, suite="edge"), build("sm_90a", spilled=24, suite="smoke"),
+              build("sm_90a")]
     report = VerificationResult(block="b", candidate="c", source_hash="h", backend="capture",
                                 verdict=Verdict.TARGET_COMPILE_ERROR, message="sm_80: k: did not finish", builds=builds)
     figures = probe_figures(report, ["sm_80", "sm_90a", "gfx942", "gfx950"], {"gfx942": {"time_ms": 2.0}})
     assert not figures["sm_80"].ok and figures["sm_80"].error == "compiler did not finish within 60 s"
-    assert figures["sm_90a"].ok and figures["sm_90a"].spilled_bytes == 0  # another suite's failure is not its
+    # the interpreter's launches (suites smoke, edge) are not the target's: neither their failure nor their spill
+    assert figures["sm_90a"].ok and figures["sm_90a"].spilled_bytes == 0
+    # the smoke suite captured for the target counts: its spill is the target's, its time the model suite's
     assert (figures["gfx942"].ok, figures["gfx942"].spilled_bytes, figures["gfx942"].time_ms) == (True, 8, 2.0)
     assert figures["gfx950"].error == "no model-suite launch captured"
     report.verdict, report.message = Verdict.TIMEOUT, "the capture did not finish"

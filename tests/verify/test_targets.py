@@ -28,6 +28,7 @@ from workbench.verify.aot import (
     compile_key,
     select_launches,
     spill_counted,
+    suite_phrase,
 )
 from workbench.verify.harness import target_report, verify_candidate
 from workbench.verify.worker import PROBE
@@ -138,6 +139,19 @@ def test_a_kernel_the_model_suite_never_ran_is_compiled_at_the_targets_own_smoke
     assert select_launches([interpreter, own], "sm_80") == [interpreter]
 
 
+def test_a_kernel_is_compiled_at_every_suite_captured_for_the_target_and_not_at_the_interpreters_launches():
+    """Small sizes bind other tiles than the model's: the smoke suite captured for sm_90a (its own 8 warps) is
+    compiled beside the model suite's launch, a launch both make once; the interpreter's smoke launch, another
+    target's capture and the probe of a kernel captured elsewhere are not."""
+    model = {**_launch("k", "model", 8192, "*bf16"), "target": "sm_90a"}
+    small = {**_launch("k", "capture:smoke", 64, "*bf16"), "target": "sm_90a", "options": {"num_warps": 8}}
+    same = {**_launch("k", "capture:smoke", 8192, "*bf16"), "target": "sm_90a"}
+    elsewhere = {**small, "target": "gfx942"}
+    probe = {**_launch("k", "probe:meta:T=8", 64, "*bf16"), "target": "sm_90a"}
+    assert select_launches([model, _launch("k", "smoke", 64), small, same, elsewhere, probe], "sm_90a") == \
+        [model, small]
+
+
 def test_spills_count_at_the_model_suite_and_at_the_targets_own_smoke_launch_only():
     def build(suite, spilled):
         return KernelBuild(kernel="k", target="sm_90a", suite=suite, specialization={}, ok=True,
@@ -147,8 +161,10 @@ def test_spills_count_at_the_model_suite_and_at_the_targets_own_smoke_launch_onl
     assert [b.suite for b in report.spills()] == ["probe:meta:T=8"] and report.spill_free_on() == []
     interpreter_only = TargetReport(builds=[build("model", 0), build("smoke", 16)])
     assert interpreter_only.spills() == [] and interpreter_only.spill_free_on() == ["sm_90a"]
-    assert spill_counted("model") and spill_counted("probe:meta:T=8")
+    assert spill_counted("model") and spill_counted("probe:meta:T=8") and spill_counted("capture:smoke")
     assert not spill_counted("smoke") and not spill_counted("probe:real:T=8")
+    assert [suite_phrase(s) for s in ("model", "capture:edge", "probe:meta:T=8", "smoke")] == \
+        ["model suite", "edge suite", "first smoke shape", "smoke suite on the interpreter"]
 
 
 KERNEL_FILE = '''
@@ -274,9 +290,10 @@ def test_a_kernel_only_the_interpreter_accepts_is_a_target_compile_error(global_
 
 
 @pytest.mark.interpreter
-def test_verification_captures_the_model_suite_launches_without_running_them():
-    """rmsnorm's model suite (8192 x 7168 and 8192 x 128) is captured on meta tensors: its launches are compiled
-    with the tiles the host code picks for those widths, forward and backward."""
+def test_verification_captures_the_model_and_smoke_suite_launches_without_running_them():
+    """rmsnorm's model suite (8192 x 7168 and 8192 x 128) and its smoke suite are captured on meta tensors for the
+    target: their launches are compiled with the tiles the host code picks for those widths, forward and backward;
+    the interpreter's launches of the verified suite are not."""
     template = load_template("rmsnorm", "row_block")
     operator = Path("operators/rmsnorm")
     path = next(operator.glob("*.py"), None) if operator.is_dir() else None
@@ -287,7 +304,10 @@ def test_verification_captures_the_model_suite_launches_without_running_them():
     model = [b for b in result.builds if b["suite"] == "model"]
     assert {b["kernel"] for b in model} == {"rmsnorm_fwd_kernel", "rmsnorm_bwd_kernel"}
     assert {b["specialization"]["signature"]["X"] for b in model} == {"*bf16"}
-    assert all(b["ok"] for b in result.builds)
+    smoke = [b for b in result.builds if b["suite"] == "capture:smoke"]
+    widths = {b["specialization"]["constexprs"]["BLOCK_N"] for b in smoke}
+    assert {b["kernel"] for b in smoke} == {"rmsnorm_fwd_kernel", "rmsnorm_bwd_kernel"} and max(widths) < 8192
+    assert all(spill_counted(b["suite"]) for b in result.builds) and all(b["ok"] for b in result.builds)
     assert template.name in path.name
     assert json.dumps(result.builds)  # plain data, recorded as it is
 

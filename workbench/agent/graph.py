@@ -395,7 +395,8 @@ def compile_probe(ctx: PortContext, template: Template, folder: Path):
         path = folder / candidate_filename(ctx.spec.name, template.name, source)
         path.write_text(source)
         report = target_report(path, block=ctx.spec.name, targets=targets, forward_only=ctx.options.forward_only,
-                               timeout_s=ctx.options.timeout_s, probe_limit_s=PROBE_COMPILE_S)
+                               suites=("model", "smoke"), timeout_s=ctx.options.timeout_s,
+                               probe_limit_s=PROBE_COMPILE_S)
         modelled = modelled_summary(ctx.spec.name, shapes, report.builds, targets,
                                     backward=not ctx.options.forward_only)
         figures = probe_figures(report, targets, modelled)

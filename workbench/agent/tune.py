@@ -2,9 +2,10 @@
 where a target still spills, for a neighbouring template point) by compile-only probes.
 
 A probe renders the template at a point with a per-target table of launch settings (the template's declared
-``launch`` space, templates/_launch.j2's TUNED_SETTINGS), captures its model-suite launches in the sandbox and
-compiles them for the targets being searched (seconds; no numerics run). Each target's figure is the builds' worst
-spill, most registers and the cost model's time at the model suite; on the target of a GPU backend that measures,
+``launch`` space, templates/_launch.j2's TUNED_SETTINGS), captures its launches at the model and smoke suites in
+the sandbox and compiles them for the targets being searched (seconds; no numerics run). Each target's figure is
+the builds' worst spill and most registers at both suites (small sizes bind other tiles than the model's) and the
+cost model's time at the model suite; on the target of a GPU backend that measures,
 where the probe compiled it spill-free, the measured time instead (the probe timed on that GPU at the model suite,
 its outputs checked; a move there must be faster past both spreads of the trials). A launch whose compile runs
 past workbench.verify.aot.PROBE_COMPILE_S fails that target (minutes of ptxas on a spilling extreme are a finding,
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.templating import Template, format_point
+from workbench.verify.aot import spill_counted
 from workbench.vocabulary import Verdict
 
 TIE = 0.01
@@ -223,15 +225,17 @@ def neighbours(template: Template, settings: Settings, relieve: bool) -> Iterato
 
 
 def probe_figures(report, targets: list[str], modelled: dict[str, dict]) -> dict[str, Figure]:
-    """Each target's figure from a probe's target report (workbench.verify.harness.target_report) and its modelled
-    summary ({target: {"time_ms": ...}}): a target's own failed model-suite compile fails that target alone; any
-    other verdict (the sandbox's: the candidate crashed, hung, was refused) fails every target."""
+    """Each target's figure from a probe's target report (workbench.verify.harness.target_report, at the model and
+    smoke suites) and its modelled summary ({target: {"time_ms": ...}}): the spill and registers are the worst over
+    the launches captured for the target (workbench.verify.aot.spill_counted), the time the model suite's; a
+    target's own failed compile fails that target alone; any other verdict (the sandbox's: the candidate crashed,
+    hung, was refused) fails every target."""
     whole = report.verdict not in (Verdict.PASS, Verdict.TARGET_COMPILE_ERROR)
     figures = {}
     for target in targets:
-        builds = [b for b in report.builds if b["target"] == target and b["suite"] == "model"]
+        builds = [b for b in report.builds if b["target"] == target and spill_counted(b["suite"])]
         failed = next((b for b in builds if not b["ok"]), None)
-        if whole or not builds or failed:
+        if whole or not any(b["suite"] == "model" for b in builds) or failed:
             why = report.message if whole else failed["error"] if failed else "no model-suite launch captured"
             figures[target] = Figure(ok=False, error=why)
         else:

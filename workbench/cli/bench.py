@@ -111,7 +111,7 @@ def bench(
         if on_gpu:
             rows += perf.measured_rows(spec, perf.load_operator(path), shapes, trials=trials)
         with console.status(f"compiling {path.name} for {', '.join(names)}...") if not as_json else nullcontext():
-            report = target_report(path, block=block, targets=names, forward_only=forward_only)
+            report = target_report(path, block=block, targets=names, forward_only=forward_only, shapes=shapes)
         rows += [r for r in perf.modelled_rows(block, shapes, names, report.builds,
                                                launches=report.launches_per_call)
                  if not (forward_only and r.passes != "fwd")]

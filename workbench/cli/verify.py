@@ -94,8 +94,11 @@ def _print_checks(result) -> None:
 
 def _builds_table(title: str, builds: list[dict]) -> Table:
     """Kernel x target: "ok" with registers / spilled bytes / shared KB / CTAs per SM / tensor cores, or the
-    compiler's error. Model-suite builds, and any build that failed."""
-    shown = [b for b in builds if b["suite"] == "model" or not b["ok"]] or builds
+    compiler's error. The builds of launches captured for their target (workbench.verify.aot.spill_counted; the
+    worst speaks for a kernel), and any build that failed."""
+    from workbench.verify.aot import spill_counted
+
+    shown = [b for b in builds if spill_counted(b["suite"]) or not b["ok"]] or builds
     targets = list(dict.fromkeys(b["target"] for b in builds))
     rows: dict[tuple[str, str], dict[str, dict]] = {}
     for b in shown:
@@ -138,9 +141,8 @@ def targets(
     """The target matrix: each kernel's launches at the model card's sizes (or every shape of another suite),
     compiled for every GPU target (no GPU needed): registers, spilled bytes, shared memory, occupancy, tensor cores,
     or the compiler's error. Exit 1 when a kernel fails to compile for a target."""
-    from workbench.blocks import get_block
     from workbench.operators import is_forward_only, newest_promoted
-    from workbench.verify.harness import read_candidate, suite_shapes, target_report
+    from workbench.verify.harness import target_report
 
     if suite not in ("model", "smoke", "edge"):
         raise WorkbenchError(f"unknown suite '{suite}': model, smoke or edge")
@@ -152,10 +154,9 @@ def targets(
         raise WorkbenchError(f"no candidates: name files, or promote operators into {settings.operators_dir}")
     results = []
     for block, path, forward in files:
-        shapes = None if suite == "model" else suite_shapes(get_block(block or read_candidate(path)[0]), suite)
         with console.status(f"capturing and compiling {path.name}...") if not as_json else nullcontext():
             results.append(target_report(path, block=block, targets=_targets(targets), forward_only=forward,
-                                         shapes=shapes))
+                                         suites=(suite,)))
     builds = [{**b, "operator": r.block} for r in results for b in r.builds]
     if as_json:
         _emit_json([{"block": r.block, "candidate": r.candidate, "verdict": r.verdict, "message": r.message,
@@ -163,8 +164,7 @@ def targets(
     else:
         console.print(_builds_table(f"target matrix at the {suite} suite (compiled ahead of time, no GPU)", builds))
         for r in results:
-            for finding in r.findings:  # another suite's shapes are compiled in the model suite's place
-                finding = finding.replace("at the model suite", f"at the {suite} suite")
+            for finding in r.findings:
                 console.print(f"[yellow]finding[/] {r.block}: {escape(finding)}")
             if not r.passed:
                 console.print(f"{_style(r.verdict)} {r.block}: {escape(r.message)}")

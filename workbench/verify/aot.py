@@ -6,9 +6,10 @@ Here those launches are compiled for each target in a child process (compile_wor
 compiler that crashes or hangs is a verdict on that launch, not a crash of the workbench), and what the compiler
 reported is kept per kernel x target x specialization, cached by source hash, specialization and target.
 
-Which launches: every launch of the model suite (the sizes and the bfloat16 the target runs); a kernel the model
-suite never launched (a tail path, or a block without model sizes) is compiled from the verified suites' launches,
-one per argument types x launch options.
+Which launches: every launch captured for the target with its own launch settings, at the model suite (the sizes
+and the bfloat16 the target runs) and at the smoke suite (small sizes, where other tiles bind); a kernel neither
+launched is compiled at the first smoke shape's probe for the target, else from the verified suites' launches on
+the interpreter, one per argument types x launch options.
 """
 
 from __future__ import annotations
@@ -37,14 +38,30 @@ SLOW_COMPILE_S = 60
 PROBE_COMPILE_S = SLOW_COMPILE_S
 SMOKE_PROBE = "probe:meta:"
 """The suite label of the first smoke shape's launches captured for each target with the target's own launch
-settings (workbench.verify.harness.build_captures): what a kernel the model suite does not launch is compiled at."""
+settings (workbench.verify.harness.build_captures): what a kernel no captured suite launches is compiled at."""
+CAPTURED = "capture:"
+"""The label prefix of a suite other than the model's captured for each target with the target's own launch settings
+(capture:smoke, capture:edge; workbench.verify.harness.build_captures), unlike the interpreter's launches of the
+suites it verified (labelled smoke, edge)."""
+
+
+def captured_label(suite: str) -> str:
+    """The label of ``suite``'s launches captured for a target: model, or capture:<suite>."""
+    return "model" if suite == "model" else f"{CAPTURED}{suite}"
 
 
 def spill_counted(suite: str) -> bool:
-    """Whether a build's spills count against its target: the model suite's, and, for a kernel the model suite
-    does not launch (a block no model card has, a path only small sizes take), the first smoke shape's at the
-    target's own launch settings."""
-    return suite == "model" or suite.startswith(SMOKE_PROBE)
+    """Whether a build's spills count against its target: a launch captured for it with its own launch settings
+    (the model suite's, another captured suite's, the first smoke shape's probe); not the interpreter's launches."""
+    return suite == "model" or suite.startswith((CAPTURED, SMOKE_PROBE))
+
+
+def suite_phrase(suite: str) -> str:
+    """Where a build's launch was made, for findings: "model suite", "smoke suite" (captured for the target),
+    "first smoke shape" (its probe), else "<suite> suite on the interpreter"."""
+    if suite == "model" or suite.startswith(CAPTURED):
+        return f"{suite.removeprefix(CAPTURED)} suite"
+    return "first smoke shape" if suite.startswith(SMOKE_PROBE) else f"{suite} suite on the interpreter"
 """A tuning probe's limit on one launch x target: a point whose compile runs past it is a finding (it does not
 compile in time), not minutes of ptxas the search waits for."""
 COMPILE_MEMORY_BYTES = 8 << 30
@@ -118,21 +135,26 @@ class TargetReport:
 
 
 def select_launches(launches: list[dict], target: str | None = None) -> list[dict]:
-    """The launches to compile for ``target``: every distinct model-suite launch recorded for it (or for no target
-    in particular); for a kernel with none, its first-smoke-shape launches captured for the target (its own launch
-    settings), else the first launch per argument types x options."""
+    """The launches to compile for ``target``: every distinct launch captured for it (the model suite's, recorded
+    for it or for no target in particular, and the other captured suites'); for a kernel with none, its
+    first-smoke-shape launches captured for the target (its own launch settings), else the interpreter's launches,
+    the first per argument types x options."""
     launches = [x for x in launches if x.get("target") in (None, target)]
-    at_model = {x["kernel"] for x in launches if x["suite"] == "model"}
-    at_smoke = {x["kernel"] for x in launches if x["suite"].startswith(SMOKE_PROBE) and x.get("target") == target}
+
+    def captured(x: dict) -> bool:
+        return x["suite"] == "model" or (x["suite"].startswith(CAPTURED) and x.get("target") == target)
+
+    at_suites = {x["kernel"] for x in launches if captured(x)}
+    at_probe = {x["kernel"] for x in launches if x["suite"].startswith(SMOKE_PROBE) and x.get("target") == target}
     chosen, seen = [], set()
     for launch in launches:
         types = json.dumps([launch["kernel"], launch["signature"], launch["options"], launch.get("autotune")],
                            sort_keys=True)
-        if launch["suite"] == "model":
+        if launch["kernel"] in at_suites:
+            if not captured(launch):
+                continue
             key = json.dumps([types, launch["constexprs"]], sort_keys=True)
-        elif launch["kernel"] in at_model:
-            continue
-        elif launch["kernel"] in at_smoke:
+        elif launch["kernel"] in at_probe:
             if not launch["suite"].startswith(SMOKE_PROBE):
                 continue  # the interpreter's launch: the target's own one is there
             key = json.dumps([types, launch["constexprs"]], sort_keys=True)

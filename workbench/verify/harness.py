@@ -25,7 +25,7 @@ from workbench.config import Settings
 from workbench.errors import NotACandidateError, WorkbenchError
 from workbench.models import model_shapes
 from workbench.numerics import compare
-from workbench.verify.aot import SMOKE_PROBE, compile_for_targets, compile_key
+from workbench.verify.aot import SMOKE_PROBE, captured_label, compile_for_targets, compile_key, suite_phrase
 from workbench.verify.contract import declared_block
 from workbench.verify.integrity import PRIORITY, evaluate, integrity_check
 from workbench.verify.result import Check, VerificationResult
@@ -161,23 +161,25 @@ def build_trials(spec: BlockSpec, backend: Backend, suites: list[str], dtypes: l
 CAPTURE_DTYPE = torch.bfloat16  # the model suite's dtype on the GPU targets
 
 
-def build_captures(spec: BlockSpec, targets: list[Target], shapes: list[dict] | None = None
-                   ) -> tuple[list[dict], list[str]]:
-    """(captures sent to the sandbox, problems): the model suite's shapes (``shapes`` where given, else the cards')
-    as meta inputs in CAPTURE_DTYPE, once per
-    target (the host code chooses its launch settings per target), whose launches the worker records without
-    running them; and per target two probes of the first smoke shape, on meta tensors and on real ones (zeros),
-    whose launches must be the same (workbench.verify.integrity: capture_divergence): host code that tells a
-    capture from a run would compile one thing for the targets and launch another."""
+def build_captures(spec: BlockSpec, targets: list[Target], shapes: list[dict] | None = None,
+                   suites: tuple[str, ...] = ("model", "smoke")) -> tuple[list[dict], list[str]]:
+    """(captures sent to the sandbox, problems): each of ``suites``' shapes (the model suite's: ``shapes`` where
+    given, else the cards') as meta inputs in CAPTURE_DTYPE, once per target (the host code chooses its launch
+    settings per target), whose launches the worker records without running them, labelled
+    workbench.verify.aot.captured_label(suite); and per target two probes of the first smoke shape, on meta tensors
+    and on real ones (zeros), whose launches must be the same (workbench.verify.integrity: capture_divergence): host
+    code that tells a capture from a run would compile one thing for the targets and launch another."""
     captures, problems = [], []
-    for shape in suite_shapes(spec, "model") if shapes is None else shapes:
-        try:
-            inputs = spec.meta_inputs(shape, CAPTURE_DTYPE)
-        except Exception as exc:  # noqa: BLE001 - a block whose inputs cannot be made abstract: said, not fatal
-            problems.append(f"model suite not captured at [{shape_label(shape)}]: {type(exc).__name__}: {exc}"[:300])
-            continue
-        captures += [{"id": len(captures) + i, "suite": "model", "shape": shape_label(shape), "target": t.name,
-                      "inputs": inputs} for i, t in enumerate(targets)]
+    for suite in suites:
+        for shape in shapes if shapes is not None and suite == "model" else suite_shapes(spec, suite):
+            try:
+                inputs = spec.meta_inputs(shape, CAPTURE_DTYPE)
+            except Exception as exc:  # noqa: BLE001 - a block whose inputs cannot be made abstract: said, not fatal
+                problems.append(f"{suite} suite not captured at [{shape_label(shape)}]: "
+                                f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            captures += [{"id": len(captures) + i, "suite": captured_label(suite), "shape": shape_label(shape),
+                          "target": t.name, "inputs": inputs} for i, t in enumerate(targets)]
     for shape in suite_shapes(spec, "smoke")[:1]:  # the probes: meta against real tensors, per target
         inputs = spec.meta_inputs(shape, CAPTURE_DTYPE)
         captures += [{"id": len(captures) + i, "suite": f"{PROBE}{kind}:{shape_label(shape)}", "probe": kind,
@@ -351,8 +353,9 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     probe's limit on one launch x target, a target's first failure ending its compiles."""
     started = time.monotonic()
     for capture in results.get("captures", []):
-        if capture.get("error") and capture.get("suite", "").startswith("model"):
-            result.findings.append(f"model suite launches incomplete: {capture['error']['message']}"[:300])
+        if capture.get("error") and not capture.get("suite", "").startswith(PROBE):
+            result.findings.append(f"{suite_phrase(capture['suite'])} launches incomplete: "
+                                   f"{capture['error']['message']}"[:300])
     settings = Settings.load()
     cache = cache or settings.compile_cache or settings.work_dir / "compile-cache"
     launches = [launch for launch in results.get("launches", [])  # a probe's real-tensor twin is the integrity's
@@ -361,13 +364,13 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
     report = compile_for_targets(path, compile_key(path.read_text()), launches, required, cache_dir=cache, **limits)
     result.compile_seconds = time.monotonic() - started
     result.builds = [b.to_dict() for b in report.builds]
-    result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the "
-                        f"{'model suite' if b.suite == 'model' else 'first smoke shape'}" for b in report.spills()]
-    result.findings += [f"slow compile: {b.target} {b.kernel} {b.seconds:.0f} s ({b.suite} suite)"
+    result.findings += [f"spills: {b.target} {b.kernel} {b.spilled_bytes} B/thread at the {suite_phrase(b.suite)}"
+                        for b in report.spills()]
+    result.findings += [f"slow compile: {b.target} {b.kernel} {b.seconds:.0f} s ({suite_phrase(b.suite)})"
                         for b in report.slow()]
     # compiles, but the target cannot hold one CTA of it (shared memory or registers past the SM's): a launch fails
     result.findings += [f"cannot be resident: {b.target} {b.kernel} needs {b.shared_bytes} B shared memory, "
-                        f"{b.registers} registers x {b.num_warps} warps ({b.suite} suite)"
+                        f"{b.registers} registers x {b.num_warps} warps ({suite_phrase(b.suite)})"
                         for b in report.builds if b.ok and b.ctas_per_sm == 0]
     refused = [integrity_check(Verdict(kind), f"in the compile child: {reason}") for kind, reason in report.integrity]
     if refused:  # nothing that child reported can be trusted: the builds say why they have no figures
@@ -384,13 +387,13 @@ def _compile_for_targets(path: Path, result: VerificationResult, results: dict, 
 def target_report(path: str | Path, *, block: str | None = None, targets: list[str] | None = None,
                   compile_cache: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                   forward_only: bool = False, shapes: list[dict] | None = None,
-                  probe_limit_s: float | None = None) -> VerificationResult:
-    """The model-suite launches of a candidate, captured in the sandbox without running anything, compiled for
-    ``targets``: a VerificationResult with builds and findings only (verdict pass, or target_compile_error, or the
-    sandbox's verdict). What ``workbench targets`` tabulates; no numerics are verified here. forward_only: the
-    forward's launches only (an inference kernel without a backward); shapes: the model suite to compile at in place
-    of the cards' (a benchmark's own sizes); probe_limit_s: a tuning probe's limit on one launch x target (a target's
-    first launch that fails or runs past it ends that target's compiles)."""
+                  suites: tuple[str, ...] = ("model",), probe_limit_s: float | None = None) -> VerificationResult:
+    """The launches of a candidate at ``suites`` (the model suite's: the cards' sizes), captured in the sandbox
+    without running anything, compiled for ``targets``: a VerificationResult with builds and findings only (verdict
+    pass, or target_compile_error, or the sandbox's verdict). What ``workbench targets`` tabulates; no numerics are
+    verified here. forward_only: the forward's launches only (an inference kernel without a backward); shapes: the
+    model suite to compile at in place of the cards' (a benchmark's own sizes); probe_limit_s: a tuning probe's
+    limit on one launch x target (a target's first launch that fails or runs past it ends that target's compiles)."""
     started = time.monotonic()
     path = Path(path).resolve()
     named_block, source = read_candidate(path)
@@ -400,7 +403,7 @@ def target_report(path: str | Path, *, block: str | None = None, targets: list[s
     result = VerificationResult(block=spec.name, candidate=str(path), source_hash=source_hash(source),
                                 backend="capture", verdict="pass", message="", targets=[t.name for t in required],
                                 forward_only=forward_only)
-    captures, result.findings = build_captures(spec, required, shapes)
+    captures, result.findings = build_captures(spec, required, shapes, suites)
     job = {"candidate": str(path), "arg_names": list(spec.arg_names), "grad_inputs": list(spec.grad_inputs),
            "in_place": spec.in_place_outputs, "trials": [], "captures": captures, "device": "cpu",
            "token": secrets.token_hex(16), "forward_only": forward_only}
