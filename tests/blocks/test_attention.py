@@ -18,7 +18,7 @@ ref = SPEC.reference
 SHAPE = {"B": 2, "TQ": 6, "TK": 9, "H": 4, "HKV": 2, "D": 5, "window": 0, "sinks": 0, "softcap": 0}
 
 
-def loop_reference(q, k, v, sinks, scale, window, softcap):
+def loop_reference(q, k, v, sinks, scale, window, softcap, rel):
     """The docstring's formula one (b, t, h) at a time, in float64."""
     b_, tq, h_, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
@@ -32,8 +32,12 @@ def loop_reference(q, k, v, sinks, scale, window, softcap):
                 s = torch.stack([scale * q[b, t, h] @ k[b, j, kv] for j in keys])
                 if softcap:
                     s = softcap * torch.tanh(s / softcap)
+                if rel is not None:
+                    s = s + torch.stack([rel[b, t, h, pos - j] if pos - j < rel.shape[-1] else rel.new_zeros(())
+                                         for j in keys])
                 e = torch.exp(s)
-                denominator = e.sum() + (torch.exp(sinks[h]) if sinks is not None else 0.0)
+                sink = None if sinks is None else sinks[h] if sinks.dim() == 1 else sinks[b, t, h]
+                denominator = e.sum() + (torch.exp(sink) if sink is not None else 0.0)
                 out[b, t, h] = sum(e[i] * v[b, j, kv] for i, j in enumerate(keys)) / denominator
     return out
 
@@ -46,6 +50,10 @@ VARIANTS = [
     {"window": 4, "sinks": 1, "softcap": 3, "TQ": 9},
     {"HKV": 1, "TQ": 1},
     {"HKV": 4, "window": 1},
+    {"sinks": 2},  # Inkling2's: per token
+    {"rel": 4},  # relative logits over the nearest 4 distances
+    {"rel": 3, "sinks": 2, "window": 3, "TQ": 9},  # Inkling2's sliding layers: the logits span the window
+    {"rel": 20, "softcap": 2},  # past every distance, after the cap
 ]
 
 
@@ -90,10 +98,12 @@ def test_window_and_cache_alignment():
         assert seen_pairs(tq, tk, window) == int(seen_keys(tq, tk, window).sum())
 
 
-def test_gradients_in_float64():
-    inputs = SPEC.make_inputs({"B": 1, "TQ": 4, "TK": 5, "H": 2, "HKV": 1, "D": 3, "window": 3, "sinks": 1,
-                               "softcap": 2}, torch.float64, 4)
-    names = SPEC.grad_inputs
+@pytest.mark.parametrize("variant", [{"sinks": 1, "softcap": 2}, {"sinks": 2, "rel": 3}], ids=["sinks,softcap",
+                                                                                           "token-sinks,rel"])
+def test_gradients_in_float64(variant):
+    inputs = SPEC.make_inputs({"B": 1, "TQ": 4, "TK": 5, "H": 2, "HKV": 1, "D": 3, "window": 3, **variant},
+                              torch.float64, 4)
+    names = [n for n in SPEC.grad_inputs if inputs[n] is not None]
     leaves = tuple(inputs[n].requires_grad_() for n in names)
 
     def f(*tensors):
@@ -136,10 +146,14 @@ def test_make_inputs_and_suites():
     assert inputs["q"].shape == (2, 6, 4, 5) and inputs["k"].shape == inputs["v"].shape == (2, 9, 2, 5)
     assert inputs["sinks"].shape == (4,) and inputs["scale"] == pytest.approx(5 ** -0.5)
     assert SPEC.make_inputs(SHAPE, torch.float32, 0)["sinks"] is None
+    assert SPEC.make_inputs(SHAPE, torch.float32, 0)["rel"] is None
+    inkling2 = SPEC.make_inputs({**SHAPE, "sinks": 2, "rel": 7}, torch.float32, 3)
+    assert inkling2["sinks"].shape == (2, 6, 4) and inkling2["rel"].shape == (2, 6, 4, 7)
     shapes = SPEC.shapes["smoke"] + SPEC.shapes["edge"]
     assert any(s["TQ"] < s["TK"] for s in shapes) and any(s["D"] & (s["D"] - 1) for s in shapes)
-    assert {"window", "sinks", "softcap"} <= {k for s in shapes for k, v in s.items() if v and k in
-                                              ("window", "sinks", "softcap")}
+    assert {"window", "sinks", "softcap", "rel"} <= {k for s in shapes for k, v in s.items() if v and k in
+                                                     ("window", "sinks", "softcap", "rel")}
+    assert {s.get("sinks") for s in SPEC.shapes["smoke"]} == {0, 1, 2}
 
 
 def test_templates_render_each_choice():
@@ -154,15 +168,15 @@ def test_the_templates_verify_with_their_backward(tmp_path, template):
 
 
 def test_the_peers_that_run_here_compute_the_block():
-    """torch SDPA (plain and windowed; no sinks or soft cap: a NotImplementedError names it) and FlexAttention
-    (every variant, eager on CPU) against the reference in float32."""
+    """torch SDPA (plain and windowed; no sinks, soft cap or relative logits: a NotImplementedError names it) and
+    FlexAttention (every variant, eager on CPU) against the reference in float32."""
     from workbench.blocks.attention import flex, sdpa
 
     for shape in SPEC.shapes["smoke"] + SPEC.shapes["edge"]:
         inputs = SPEC.make_inputs(shape, torch.float32, 0)
         want = ref(**inputs)
         torch.testing.assert_close(flex(**inputs), want, rtol=1e-5, atol=1e-5)
-        if shape["sinks"] or shape["softcap"]:
+        if shape["sinks"] or shape["softcap"] or shape.get("rel"):
             with pytest.raises(NotImplementedError, match="sinks"):
                 sdpa(**inputs)
         else:

@@ -27,6 +27,7 @@ import torch
 from workbench.blocks import attention_prefill, mla_decode
 from workbench.blocks._config import DECODE_CONTEXT, Found, ModelConfig
 from workbench.blocks.attention import onboard as attention_onboard
+from workbench.blocks.attention import serving_variant
 from workbench.blocks.base import BF16, I32, BlockSpec, Shape, Work
 
 
@@ -113,8 +114,9 @@ def onboard(model: ModelConfig) -> list[Found]:
     page = attention_prefill.PAGE
     return [Found(f"{entry.role}: decode over the paged KV cache (serving, {DECODE_CONTEXT} tokens cached)",
                   entry.layers, [_shape(model.decode_batch, shape["H"], shape["HKV"], shape["D"], page,
-                                        -(-(DECODE_CONTEXT + 1) // page), shape["window"], shape["sinks"],
-                                        shape["softcap"]) for shape in entry.shapes], entry.fields)
+                                        -(-(DECODE_CONTEXT + 1) // page), shape["window"], serving_variant(shape)[0],
+                                        shape["softcap"]) for shape in entry.shapes], entry.fields,
+                  next((why for shape in entry.shapes if (why := serving_variant(shape)[1])), ""))
             for entry in attention_onboard(model)]
 
 

@@ -37,7 +37,7 @@ from workbench.blocks import _packed, mla_decode
 from workbench.blocks._config import DECODE_CONTEXT, PREFILL_SEQUENCES, Found, ModelConfig
 from workbench.blocks.attention import onboard as attention_onboard
 from workbench.blocks.attention import reference as attention
-from workbench.blocks.attention import seen_pairs
+from workbench.blocks.attention import seen_pairs, serving_variant
 from workbench.blocks.base import BF16, I32, BlockSpec, Shape, Work
 from workbench.blocks.mla_prefill import layout
 from workbench.numerics import compute_dtype
@@ -172,9 +172,10 @@ def onboard(model: ModelConfig) -> list[Found]:
     vLLM's 16 rows."""
     rows = DECODE_CONTEXT + model.tokens
     return [Found(f"{entry.role} over packed prompts from the paged KV cache (serving prefill)", entry.layers,
-                  [{"TOTAL": model.tokens, "S": PREFILL_SEQUENCES, **{k: shape[k] for k in (
-                      "H", "HKV", "D", "window", "sinks", "softcap")}, "PAGE": PAGE, "MAXP": -(-rows // PAGE)}
-                   for shape in entry.shapes], entry.fields)
+                  [{"TOTAL": model.tokens, "S": PREFILL_SEQUENCES, **{k: shape[k] for k in ("H", "HKV", "D", "window")},
+                    "sinks": serving_variant(shape)[0], "softcap": shape["softcap"], "PAGE": PAGE,
+                    "MAXP": -(-rows // PAGE)} for shape in entry.shapes], entry.fields,
+                  next((why for shape in entry.shapes if (why := serving_variant(shape)[1])), ""))
             for entry in attention_onboard(model)]
 
 
