@@ -30,8 +30,9 @@ def _counting():
     table = references()
     calls = []
 
-    def attention(q, k, v, sinks, scale, window, softcap):
+    def attention(q, k, v, sinks, scale, window, softcap, rel=None):
         calls.append((q.shape[1], k.shape[1], window, sinks is not None, softcap))
+        assert rel is None  # the registry's families have no relative logits
         return table["attention"](q, k, v, sinks, scale, window, softcap)
     return {**table, "attention": attention}, calls
 
@@ -130,7 +131,9 @@ def test_what_the_block_does_not_compute_is_a_clear_error():
         attention_forward(module, q, kv, kv, None, dropout=0.1)
 
 
-def test_inkling2s_attention_is_named_as_another_variant():
+def test_inkling2s_attention_through_the_registry_is_named_as_another_variant():
+    """Per-token sinks and a dense bias have no form through the registry (attention_forward): Inkling2's own forward
+    hands the block its per-token sinks and per-distance relative logits (families/inkling2.py)."""
     from transformers.models.inkling2 import modeling_inkling2 as ink
 
     from workbench.integrations.families import inkling2
@@ -144,9 +147,10 @@ def test_inkling2s_attention_is_named_as_another_variant():
     assert len(found) == 1 and "per-token sinks" in found.pop()
 
 
-def test_a_look_alike_window_or_sink_is_told_apart(monkeypatch):
+def test_a_look_alike_window_sink_or_relative_logit_is_told_apart(monkeypatch):
     """The comparisons can fail: a reference with a window one key wider and no sinks differs from the families'
-    eager attention by far more than the float64 bound."""
+    eager attention by far more than the float64 bound, and one whose relative logits are one distance off from
+    Inkling2's."""
     import dataclasses
 
     from workbench.integrations import references as R
@@ -154,9 +158,14 @@ def test_a_look_alike_window_or_sink_is_told_apart(monkeypatch):
     assert all(max(r.output_rel, r.grad_rel) < 1e-12 for r in R.attention())
     spec = R.get_block("attention")
 
-    def look_alike(q, k, v, sinks, scale, window, softcap):
-        return spec.reference(q, k, v, None, scale, window + 1 if window else 0, softcap)
+    def look_alike(q, k, v, sinks, scale, window, softcap, rel=None):
+        return spec.reference(q, k, v, None, scale, window + 1 if window else 0, softcap, rel)
     monkeypatch.setattr(R, "get_block", lambda name: dataclasses.replace(spec, reference=look_alike))
     off = {r.counterpart.split(":")[0]: r.output_rel for r in R.attention()}
     assert off["mistral eager_attention_forward"] > 1e-3 and off["gpt_oss eager_attention_forward"] > 1e-3
     assert off["qwen3_next eager_attention_forward"] == 0.0  # no window, no sinks: the same
+
+    def shifted(q, k, v, sinks, scale, window, softcap, rel=None):
+        return spec.reference(q, k, v, sinks, scale, window, softcap, None if rel is None else rel.roll(1, -1))
+    monkeypatch.setattr(R, "get_block", lambda name: dataclasses.replace(spec, reference=shifted))
+    assert all(r.output_rel > 1e-3 for r in R.inkling2_attention())

@@ -196,6 +196,31 @@ def test_the_probe_can_fail():
     assert norm.forward == norm.original_forward if hasattr(norm, "original_forward") else True
 
 
+def test_a_registered_familys_attention_is_held_to_the_implementation_it_shipped_with(cards, monkeypatch):
+    """A family whose patch makes the model's attention implementation the workbench's (Qwen3-Next's through the
+    registry, Inkling2's own forward) is measured against its shipped forward under the implementation it was
+    recorded with (eager), not against the block itself: Inkling2's sliding and full attention (per-token sinks,
+    relative logits) are proven, and a look-alike attention (scale 1 % off) fails both families' rows."""
+    import transformers.models.inkling2.configuration_inkling2  # noqa: F401 - the class CONFIG_MAPPING names
+
+    from workbench.blocks.attention import reference
+    from workbench.integrations import ops
+
+    inkling2 = rows(cards["inkling2"])
+    for cls in ("Inkling2SlidingAttention", "Inkling2FullAttention"):
+        assert inkling2[cls]["status"] == "covered" and inkling2[cls]["blocks"] == ["attention"], inkling2[cls]
+    assert "evidence" in cards["inkling2"]["blocks"]["attention"]
+    assert "differs" in cards["inkling2"]["blocks"]["attention_decode"]  # per head sinks, no relative logits there
+    table = ops.references()
+
+    def look_alike(q, k, v, sinks, scale, window, softcap, rel=None):
+        return reference(q, k, v, sinks, scale * 1.01, window, softcap, rel)
+    monkeypatch.setattr(ops, "references", lambda: {**table, "attention": look_alike})
+    for model_type, cls in (("qwen3_next", "Qwen3NextAttention"), ("inkling2", "Inkling2FullAttention")):
+        row = next(r for r in P.probe(CONFIG_MAPPING[model_type]()).rows if r.cls == cls)
+        assert row.status == "differs" and max(row.error.values()) > 1e-3, row
+
+
 def test_the_tiny_instance_keeps_every_distinct_layer():
     full = CONFIG_MAPPING["deepseek_v4"]()
     meta = T.build(full)

@@ -249,8 +249,7 @@ def test_glm_moe_dsa_swaps_the_indexer_where_a_layer_has_one_and_the_sparse_atte
     assert kept["model.layers.1.self_attn"].blocks == ("dsa_sparse_attention",)
 
 
-def test_inkling2_swaps_the_residual_mixes_router_situ_experts_and_convolutions_and_leaves_its_attention_alone(
-        promoted):
+def test_inkling2_swaps_the_residual_mixes_router_situ_experts_convolutions_and_attention(promoted):
     from transformers.models.inkling2 import modeling_inkling2 as ink
 
     from workbench.integrations.families import inkling2
@@ -265,8 +264,9 @@ def test_inkling2_swaps_the_residual_mixes_router_situ_experts_and_convolutions_
     assert found["Inkling2TopKRouter"] == ("moe_router",)
     assert found["Inkling2Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert model.model.layers[0].mlp.experts.workbench_activation == ("situ", 3.0, 25.0)  # the config's soft caps
-    for attention in ("Inkling2SlidingAttention", "Inkling2FullAttention"):  # another variant than the block's
-        assert "per-token sinks" in found[attention] and "relative-position logits" in found[attention]
+    for attention in ("Inkling2SlidingAttention", "Inkling2FullAttention"):  # per-token sinks, relative logits
+        assert found[attention] == ("attention",)
+    assert model.config._attn_implementation == "workbench"  # 2D padding masks: a padded batch runs row by row
     # the residual short convolutions (after each sublayer; the sliding layer's keys and values) as kda_short_conv's
     # residual variant, decode steps by its serving form; the full layer's dynamic taps are no block's
     assert found["Inkling2ShortConvolution"] == ("kda_short_conv", "kda_short_conv_decode")
@@ -354,6 +354,69 @@ def test_glm5_next_decode_steps_take_the_serving_forms_unless_the_batch_is_padde
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
         # 6 tokens: the prompt's prefill gives the first, 5 decode steps the others
         assert calls["dsa_kpool_indexer_decode"] == full_steps and calls["dsa_decode"] == full_steps + shared_steps
+
+
+def test_inkling2_attention_through_the_block_computes_the_shipped_model_padded_or_not(promoted):
+    """Inkling2's sliding and full attention (per-token sinks, relative logits over the window and over rel_extent)
+    as workbench::attention, the ops as their float64 references: a training step's loss and every gradient, and a
+    greedy generate over the cache of an unpadded and a left-padded batch (row by row) equal the shipped model's.
+    The check can fail: relative logits one distance off move the logits by far more than the bound."""
+    from transformers.models.inkling2 import modeling_inkling2 as ink
+
+    from workbench.blocks.attention import reference
+    from workbench.integrations.ops import computing_with, references
+    from workbench.integrations.references import Float64Casts
+
+    def config():
+        made = ink.Inkling2TextConfig(**fields)
+        made._experts_implementation = "eager"  # grouped_mm has no float64
+        return made
+    fields = inkling2_tiny(ink.Inkling2TextConfig())
+    torch.manual_seed(0)
+    shipped = ink.Inkling2ForCausalLM(config()).to(torch.float64).eval()
+    patched = ink.Inkling2ForCausalLM(config()).to(torch.float64).eval()
+    patched.load_state_dict(shipped.state_dict())
+    assert outcome(apply_workbench_kernels(patched, blocks=["attention"]))["Inkling2FullAttention"] == ("attention",)
+    table = references()
+    ids = torch.randint(0, fields["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
+    with Float64Casts():
+        with computing_with(table):
+            got = patched(ids, labels=ids)
+            got.loss.backward()
+        want = shipped(ids, labels=ids)
+        want.loss.backward()
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-10, atol=1e-10)
+    for (name, a), b in zip(patched.named_parameters(), shipped.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-10, msg=name)
+    padded = torch.ones(2, 20, dtype=torch.long)
+    padded[0, :3] = 0
+    for mask in (torch.ones(2, 20, dtype=torch.long), padded):
+        settings = {"attention_mask": mask, "max_new_tokens": 4, "do_sample": False, "output_logits": True,
+                    "return_dict_in_generate": True}
+        with torch.no_grad(), Float64Casts():
+            with computing_with(table):
+                out = patched.generate(ids, **settings)
+            expected = shipped.generate(ids, **settings)
+        assert torch.equal(out.sequences, expected.sequences)
+        for a, b in zip(out.logits, expected.logits, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+    def one_off(q, k, v, sinks, scale, window, softcap, rel=None):
+        return reference(q, k, v, sinks, scale, window, softcap, None if rel is None else rel.roll(1, -1))
+    with torch.no_grad(), Float64Casts(), computing_with({**table, "attention": one_off}):
+        off = patched(ids).logits
+    assert (off - want.logits).abs().max() > 1e-3
+
+
+def inkling2_tiny(full) -> dict:
+    """A two-layer tiny Inkling2 (a sliding layer, a full one; window 8, rel_extent 16) with a 20-token batch: the
+    relative logits stop short of the full layer's earliest keys and the window slides."""
+    from workbench.integrations.families import inkling2
+
+    attention, mlp = schedules(full)
+    fields = inkling2.tiny(full, pick_layers(attention, 2), mlp[:2], 16, 2)
+    assert fields["layer_types"] == ["hybrid_sliding", "hybrid"] and fields["rel_extent"] == 16
+    return fields
 
 
 def test_glm5_next_text_model_loaded_alone_is_named_and_run_through_the_vision_language_class():

@@ -389,6 +389,7 @@ def _patch_and_measure(model, config, fam, calls):
     with computing_with(references()):
         if fam is not None:
             report = PatchReport(model_type=config.model_type, model_class=type(model).__name__)
+            shipped_attention = model.config._attn_implementation  # a patch may make the model's the workbench's
             fam.apply(Patcher(model, None, report, assume_promoted=True))
             by_path = dict(model.named_modules())
             for row in report.rows:
@@ -396,7 +397,8 @@ def _patch_and_measure(model, config, fam, calls):
                 if not row.replaced:
                     left.setdefault(row.cls, row.reason)
                 elif module in calls and row.cls not in measured:
-                    measured[row.cls] = _measure_registered(model, module, calls[module], row.blocks)
+                    measured[row.cls] = _measure_registered(model, module, calls[module], row.blocks,
+                                                            shipped_attention)
             for module in model.modules():  # what the family leaves alone and a kind reads: how far it is
                 cls, kind = type(module).__name__, K.kind_of(module)
                 if cls in left and cls not in measured and kind is not None and module in calls:
@@ -417,13 +419,34 @@ def _patch_and_measure(model, config, fam, calls):
     return measured, proven, left
 
 
-def _measure_registered(model, module, call, blocks) -> dict[str, Any]:
+@contextmanager
+def _attention_implementation(model: nn.Module, name: str):
+    """Every config of ``model`` (its own and its modules') with attention implementation ``name`` within the
+    block: the shipped forward of a module whose family made the model's the workbench's runs as recorded."""
+    configs = {id(c): c for c in [model.config, *(getattr(m, "config", None) for m in model.modules())]
+               if hasattr(c, "_attn_implementation")}
+    before = {key: c._attn_implementation for key, c in configs.items()}
+    for c in configs.values():
+        c._attn_implementation = name
+    try:
+        yield
+    finally:
+        for key, c in configs.items():
+            c._attn_implementation = before[key]
+
+
+def _measure_registered(model, module, call, blocks, shipped_attention: str) -> dict[str, Any]:
     """A registered family's patched module against its shipped forward (experts swapped through transformers'
-    experts implementation: the eager loop against the workbench's)."""
+    experts implementation: the eager loop against the workbench's), the shipped one under the model's attention
+    implementation as it was before the patch (``shipped_attention``; a patch that makes it the workbench's would
+    otherwise hold the block to itself)."""
     args, kwargs = call
     entry = {"kind": None, "blocks": list(blocks), "variant": "the family's patch", "params": {}, "differs": ""}
     if hasattr(module, "original_forward"):
-        original, patched = module.original_forward, module.forward
+        def original(*a, **k):
+            with _attention_implementation(model, shipped_attention):
+                return module.original_forward(*a, **k)
+        patched = module.forward
     else:
         config = module.config
 
@@ -436,7 +459,10 @@ def _measure_registered(model, module, call, blocks) -> dict[str, Any]:
                     config._experts_implementation = before
             return call
 
-        original, patched = with_implementation("eager"), with_implementation(config._experts_implementation)
+        def original(*a, **k):
+            with _attention_implementation(model, shipped_attention):
+                return with_implementation("eager")(*a, **k)
+        patched = with_implementation(config._experts_implementation)
     shipped, ours = set(), set()
     try:
         entry["error"] = measure(module, args, kwargs, original, patched, exact_ids="moe_router" in blocks,

@@ -930,6 +930,51 @@ def attention() -> list[Comparison]:
 
         rows.append(_compare("attention", f"{family} eager_attention_forward: {label}", ours, theirs,
                              [q, k, v] + ([sinks] if sinks is not None else [])))
+    return rows + inkling2_attention()
+
+
+INKLING2_VARIANTS = (
+    # (its layer: TQ, TK, window, rel_extent)
+    ("sliding: a 5-token window, the relative logits over it, a query chunk over a cache", 7, 13, 5, 5),
+    ("full: relative logits over the nearest 6 distances of 12 keys", 12, 12, 0, 6),
+)
+"""Inkling2's attention as its layers call it: per-token sinks, relative logits per backward distance."""
+
+
+def inkling2_attention() -> list[Comparison]:
+    """The attention block with per-token sinks and relative logits (rel = relative_states @ proj [B, TQ, H, E])
+    against Inkling2's eager_attention_forward with the dense bias its Inkling2RelativeLogits gathers from the same
+    states, and its sinks [B, H, TQ, 1], under the mask transformers builds; gradients of q, k, v, the relative
+    states, the profile bank and the sinks."""
+    from transformers import masking_utils
+    from transformers.models.inkling2 import modeling_inkling2 as ink
+
+    rows = []
+    h, hkv, d, d_rel = 4, 2, 16, 3
+    scale = d ** -0.5
+    for i, (label, tq, tk, window, extent) in enumerate(INKLING2_VARIANTS):
+        g = torch.Generator().manual_seed(50 + i)
+        q, k, v = _leaf(1, h, tq, d, g=g), _leaf(1, hkv, tk, d, g=g), _leaf(1, hkv, tk, d, g=g)
+        states, sinks = _leaf(1, tq, h, d_rel, g=g), _leaf(1, tq, h, g=g)
+        relative = ink.Inkling2RelativeLogits(d_rel, extent).to(F64)
+        relative.proj.data = torch.randn(d_rel, extent, generator=g, dtype=F64)
+        rule = masking_utils.sliding_window_causal_mask_function(window) if window else \
+            masking_utils.causal_mask_function
+        mask = masking_utils.eager_mask(1, tq, tk, q_offset=tk - tq, mask_function=rule, dtype=F64)
+        module = _attention_module(h, hkv, d)
+
+        def ours(q=q, k=k, v=v, states=states, sinks=sinks, relative=relative, window=window):
+            return get_block("attention").reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks,
+                                                     scale, window, 0.0, states @ relative.proj)
+
+        def theirs(q=q, k=k, v=v, states=states, sinks=sinks, relative=relative, mask=mask, module=module, tq=tq,
+                   tk=tk):
+            bias = relative(states, torch.arange(tq) + tk - tq, torch.arange(tk))
+            return ink.eager_attention_forward(module, q, k, v, mask, scaling=scale, position_bias=bias,
+                                               sinks=sinks.transpose(1, 2).unsqueeze(-1))[0]
+
+        rows.append(_compare("attention", f"inkling2 eager_attention_forward: {label}", ours, theirs,
+                             [q, k, v, states, relative.proj, sinks]))
     return rows
 
 

@@ -10,9 +10,11 @@ each sublayer, RMSNorm.
     Inkling2TopKRouter (sigmoid)        moe_router (sigmoid + renormalise, no groups, the config's route_scale)
     Inkling2Experts                     moe_permute, moe_grouped_gemm with the SiTU activation (the experts'
                                         mlp_gate_softcap and mlp_up_softcap), moe_combine (the experts implementation)
-    Inkling2SlidingAttention,           left alone: per-token sinks (sink_proj) and relative-position logits (a dense
-    Inkling2FullAttention               bias per query and key) are another variant than the attention block's
-                                        (learnt per-head sinks, no bias); the sliding window, GQA and scale match
+    Inkling2SlidingAttention,           attention, its Inkling2 variant: per-token sinks (sink_proj) and relative
+    Inkling2FullAttention               logits (rel_logits_proj's bank mixed per token, one logit per backward
+                                        distance: [B, TQ, H, E], never the dense [B, H, TQ, TK] bias), the sliding
+                                        window, GQA and scale; the projections, the L2 clips, the full layers' log
+                                        scaling, the values' unweighted RMSNorm and the sigmoid output gate in torch
     Inkling2ShortConvolution            kda_short_conv's residual variant, (conv(x) + x) / sqrt(W + 1) without
                                         activation (after each sublayer, and on the sliding layers' keys and
                                         values); its decode steps by kda_short_conv_decode's where promoted
@@ -27,11 +29,12 @@ from torch import nn
 from transformers.models.inkling2 import modeling_inkling2 as shipped
 
 from workbench.blocks.kda_short_conv import INKLING2, variant
+from workbench.errors import WorkbenchError
+from workbench.integrations.attention import attend, use_workbench_attention
 from workbench.integrations.families._common import (
     EXPERT_BLOCKS,
     SharedModules,
     finish_shared,
-    patch_attention,
     patch_shared,
     requested_logits,
     rmsnorm_forward,
@@ -100,6 +103,45 @@ def short_convolution_forward_with_decode(self: nn.Module, hidden_states: torch.
     return y[:, None].to(hidden_states.dtype)
 
 
+def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      conv_mask: torch.Tensor | None = None, past_key_values=None,
+                      key_hidden_states: torch.Tensor | None = None, value_hidden_states: torch.Tensor | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """Inkling2SlidingAttention.forward and Inkling2FullAttention.forward (which passes key_hidden_states and
+    value_hidden_states) with the attention itself as workbench::attention: per-token sinks [B, TQ, H] and the
+    relative logits relative_states @ proj [B, TQ, H, E] handed to the block as they are, where the shipped forward
+    gathers them into a dense bias. A padded batch runs row by row (workbench.integrations.attention.attend: the
+    model's masks are the workbench implementation's 2D ones)."""
+    if self.training and self.attention_dropout:
+        raise WorkbenchError(f"Inkling2 attention: dropout {self.attention_dropout} while training is not supported")
+    full = key_hidden_states is not None
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    conv = {"past_key_values": past_key_values, "conv_mask": conv_mask}
+    query = self.q_proj(hidden_states)
+    if full:
+        key = self.k_sconv(self.k_proj(key_hidden_states), key_hidden_states, **conv)
+        value = self.v_sconv(self.v_proj(value_hidden_states), value_hidden_states, **conv)
+    else:
+        key, value = self.k_sconv(self.k_proj(hidden_states), **conv), self.v_sconv(self.v_proj(hidden_states), **conv)
+    relative = self.rel_l2_clip(self.r_proj(hidden_states).view(*input_shape, self.num_heads, -1))
+    query = self.q_l2_clip(query.view(hidden_shape))
+    if full:  # log scaling of the queries and relative states, in float32 as shipped
+        tau = 1.0 + self.config.log_scaling_alpha * torch.log(
+            ((kwargs["position_ids"] + 1).float() / self.config.log_scaling_n_floor).clamp(min=1.0))
+        query = (query.float() * tau[..., None, None]).to(query.dtype)
+        relative = (relative.float() * tau[..., None, None]).to(relative.dtype)
+    key = self.k_l2_clip(key.view(hidden_shape))
+    value = self.v_norm(value.view(hidden_shape).float()).to(value.dtype)
+    if past_key_values is not None:
+        key, value = (x.transpose(1, 2) for x in past_key_values.update(key.transpose(1, 2), value.transpose(1, 2),
+                                                                         self.layer_idx))
+    out = attend(query, key, value, self.sink_proj(hidden_states), self.scaling, self.sliding_window or 0, 0.0,
+                 relative @ self.rel_logits_proj.proj, attention_mask).reshape(*input_shape, -1)
+    out = (out.float() * torch.sigmoid(self.gate_proj(hidden_states).float())).to(out.dtype)
+    return self.o_proj(out), None
+
+
 def residual_scale(self: nn.Module) -> float:
     """Inkling2's output scale of the residual short convolution, 1 / sqrt(W + 1), as kda_short_conv's variant has
     it."""
@@ -150,8 +192,14 @@ def apply(patcher: Patcher) -> None:
         elif type(module) in LEFT_ALONE:
             report.leave(path, module, LEFT_ALONE[type(module)])
     finish_shared(patcher)
-    patch_attention(patcher, (shipped.Inkling2SlidingAttention, shipped.Inkling2FullAttention),
-                    "the projections, L2-clipped q and k and the output gate")
+    attention = [(path, m) for path, m in patcher.model.named_modules()
+                 if isinstance(m, shipped.Inkling2SlidingAttention | shipped.Inkling2FullAttention)]
+    if attention and all(patcher.wants(path, module, "attention") for path, module in attention):
+        use_workbench_attention(patcher.model)  # the model's masks become 2D (padding) or none
+        for path, module in attention:
+            patcher.set_forward(path, module, attention_forward, "attention")
+        report.notes.append("around each attention, the projections, the L2 clips, the log scaling, the values' "
+                            "RMSNorm and the output gate stay in torch")
     report.notes.append("plain projections (nn.Linear) run in torch")
 
 
