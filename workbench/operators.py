@@ -76,14 +76,14 @@ def newest_promoted(operators_dir: Path) -> dict[str, dict[str, Any]]:
 
 EVIDENCE_LEVELS = ("interpreter only", "compiles on every target", "spill-free on every target", "verified on a GPU")
 """What a promoted operator has shown, weakest first: verified on the interpreter only (or compiled for some
-targets); its kernels compiled for every required target; and without spills at the model suite; verified on a
-GPU backend in bfloat16 at the model suite."""
+targets); its kernels compiled for every required target; and without spills at the model and smoke suites;
+verified on a GPU backend in bfloat16 at the model suite."""
 
 
 def operator_evidence(manifest: dict[str, Any]) -> dict[str, Any]:
     """Where a promoted operator has been shown to work, from its manifest: the verification backend, dtypes and
-    suites; the targets it compiles on and is spill-free on (at the model suite); whether a GPU verified it; the
-    strongest level of EVIDENCE_LEVELS it reaches."""
+    suites; the targets it compiles on and is spill-free on (at the model and smoke suites); whether a GPU verified
+    it; the strongest level of EVIDENCE_LEVELS it reaches."""
     verification = manifest.get("verification", {})
     found = manifest.get("target_report", {})
     targets = found.get("targets", [])

@@ -1,5 +1,5 @@
-"""Which passing candidate the agent prefers: spill-free on every required target at the model suite first (the
-gate), then the shortest time, then the smallest worst error. The time is the measured one (the model suite
+"""Which passing candidate the agent prefers: spill-free on every required target at the model and smoke suites
+first (the gate), then the shortest time, then the smallest worst error. The time is the measured one (the model suite
 timed on the backend's GPU, workbench.perf.measure) when the candidates were measured, else the cost model's
 modelled time on the ranking target (workbench.perf.cost). The reason is said, for the run's trace."""
 

@@ -76,8 +76,8 @@ class Candidate(SQLModel, table=True):
 
 class TuneProbe(SQLModel, table=True):
     """One target's point of one compile-only probe of a port's tuning (workbench.agent.tune): the template point,
-    the launch settings tried on the target, what compiling at the model suite showed (registers, spills, the
-    modelled or measured time) and whether the search moved there, and why."""
+    the launch settings tried on the target, what compiling at the model and smoke suites showed (registers, spills,
+    the modelled or measured time at the model suite) and whether the search moved there, and why."""
 
     __tablename__ = "tune_probe"
     id: int | None = Field(default=None, primary_key=True)

@@ -66,7 +66,7 @@ class VerificationResult:
     def target_report(self) -> dict:
         """Where this verification showed the candidate to work: the backend (its suites and dtypes are in the
         checks), the targets each kernel compiled on and those without spills where they count (``spill_counted``: the
-        model suite; a kernel it does not launch, at the first smoke shape with the target's settings), the static
+        launches captured for the target with its own settings, at the model and smoke suites), the static
         findings, whether the backward was verified, the sandbox's isolation and how its job started."""
         report = {t: [b for b in self.builds if b["target"] == t] for t in self.targets}
         compiled = [t for t, bs in report.items() if bs and all(b["ok"] for b in bs)]
