@@ -2,8 +2,7 @@
 
 FlashAttention-2 forward (online softmax, log-sum-exp kept) and a two-kernel backward (dK and dV per key block over the KV head's query group, then dQ per query block)
 params: BLOCK_M=16, BLOCK_N=16, DOT_DTYPE=input, num_warps=4
-launch on sm_80: bwd_num_stages=3, bwd_num_warps=8
-launch on sm_90a: bwd_num_warps=8, fwd_num_warps=8
+launch on sm_90a: bwd_num_stages=3, bwd_num_warps=8, fwd_num_warps=8
 """
 import torch
 import triton
@@ -19,7 +18,7 @@ DOT_DTYPE = "input"  # "input": tl.dot operands in the input dtype (tensor cores
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'sm_80': {'bwd_num_stages': 3, 'bwd_num_warps': 8}, 'sm_90a': {'bwd_num_warps': 8, 'fwd_num_warps': 8}}
+TUNED_SETTINGS = {'sm_90a': {'bwd_num_stages': 3, 'bwd_num_warps': 8, 'fwd_num_warps': 8}}
 
 
 def launch_target(device) -> str:
@@ -55,9 +54,10 @@ LAUNCH_SETTINGS = {"default": {"num_warps": 4, "fwd_num_warps": 4,
                                "bwd_num_warps": 4, "bwd_num_stages": None}}
 
 @triton.jit
-def attention_fwd_kernel(Q, K, V, SINKS, OUT, O32, LSE, TQ, TK, H, HKV, D, scale, window, softcap,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_SINKS: tl.constexpr,
-                         HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, OPERAND_F32: tl.constexpr):
+def attention_fwd_kernel(Q, K, V, SINKS, REL, OUT, O32, LSE, TQ, TK, H, HKV, D, scale, window, softcap, sink_rows,
+                         rel_extent, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+                         HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                         HAS_REL: tl.constexpr, OPERAND_F32: tl.constexpr):
     """BLOCK_M queries of head h in batch b over the keys they see, BLOCK_N at a time (FlashAttention-2's online
     softmax; a sink starts the running max and sum at its logit and 1). Writes OUT in Q's dtype, its float32 copy O32
     (the backward's DELTA reads it) and LSE."""
@@ -71,11 +71,12 @@ def attention_fwd_kernel(Q, K, V, SINKS, OUT, O32, LSE, TQ, TK, H, HKV, D, scale
     pos = rt + (TK - TQ)
     rd = tl.arange(0, D_PAD)
     d_ok = rd[None, :] < D
-    q = tl.load(Q + ((b * TQ + rt) * H + h)[:, None] * D + rd[None, :], mask=t_ok[:, None] & d_ok, other=0.0)
+    row = (b * TQ + rt) * H + h
+    q = tl.load(Q + row[:, None] * D + rd[None, :], mask=t_ok[:, None] & d_ok, other=0.0)
     if OPERAND_F32:
         q = q.to(tl.float32)
     if HAS_SINKS:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32)
+        m_i = tl.load(SINKS + row % sink_rows, mask=t_ok, other=0.0).to(tl.float32)
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -97,6 +98,10 @@ def attention_fwd_kernel(Q, K, V, SINKS, OUT, O32, LSE, TQ, TK, H, HKV, D, scale
         if HAS_SOFTCAP:
             capped = 2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0  # tanh(s / softcap)
             s = softcap * capped
+        if HAS_REL:  # the relative logit of each pair's backward distance, where it has one
+            distance = pos[:, None] - rs[None, :]
+            near = (distance >= 0) & (distance < rel_extent) & t_ok[:, None]
+            s += tl.load(REL + row[:, None] * rel_extent + distance, mask=near, other=0.0).to(tl.float32)
         valid = (rs[None, :] <= pos[:, None]) & (rs[None, :] < TK)
         if HAS_WINDOW:
             valid = valid & (rs[None, :] > pos[:, None] - window)
@@ -108,7 +113,6 @@ def attention_fwd_kernel(Q, K, V, SINKS, OUT, O32, LSE, TQ, TK, H, HKV, D, scale
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision="ieee")
         m_i = m_new
-    row = (b * TQ + rt) * H + h
     o = acc / l_i[:, None]
     tl.store(OUT + row[:, None] * D + rd[None, :], o.to(OUT.dtype.element_ty), mask=t_ok[:, None] & d_ok)
     tl.store(O32 + row[:, None] * D + rd[None, :], o, mask=t_ok[:, None] & d_ok)
@@ -116,7 +120,7 @@ def attention_fwd_kernel(Q, K, V, SINKS, OUT, O32, LSE, TQ, TK, H, HKV, D, scale
 
 
 @triton.jit
-def attention_bwd_prep_kernel(DOUT, O32, LSE, SINKS, DELTA, DSINK_ROWS, n_rows, H, D, BLOCK_R: tl.constexpr,
+def attention_bwd_prep_kernel(DOUT, O32, LSE, SINKS, DELTA, DSINK_ROWS, n_rows, sink_rows, D, BLOCK_R: tl.constexpr,
                               D_PAD: tl.constexpr, HAS_SINKS: tl.constexpr):
     """BLOCK_R rows (b, t, h): DELTA = rowsum(dO . O) from dO as the backward's dots see it (its own dtype, exact in
     float32) and the float32 output, not its rounded copy (dO.V - DELTA cancels where a query's probability mass sits
@@ -130,7 +134,7 @@ def attention_bwd_prep_kernel(DOUT, O32, LSE, SINKS, DELTA, DSINK_ROWS, n_rows, 
     delta = tl.sum(do.to(tl.float32) * o, axis=1)
     tl.store(DELTA + rows, delta, mask=rows < n_rows)
     if HAS_SINKS:
-        sink = tl.load(SINKS + rows % H, mask=rows < n_rows, other=0.0).to(tl.float32)
+        sink = tl.load(SINKS + rows % sink_rows, mask=rows < n_rows, other=0.0).to(tl.float32)
         lse = tl.load(LSE + rows, mask=rows < n_rows, other=0.0)
         tl.store(DSINK_ROWS + rows, -tl.exp(sink - lse) * delta, mask=rows < n_rows)
 
@@ -148,9 +152,10 @@ def attention_sink_sum_kernel(DSINK_ROWS, DSINKS, n_rows, H, BLOCK_R: tl.constex
 
 
 @triton.jit
-def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TQ, TK, H, HKV, D, scale, window, softcap,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                          HAS_SOFTCAP: tl.constexpr, OPERAND_F32: tl.constexpr):
+def attention_dkdv_kernel(Q, K, V, REL, DO, LSE, DELTA, DK, DV, TQ, TK, H, HKV, D, scale, window, softcap,
+                          rel_extent, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+                          HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_REL: tl.constexpr,
+                          OPERAND_F32: tl.constexpr):
     """BLOCK_N keys of KV head hk in batch b against every query of its group that sees them, BLOCK_M at a time:
     P = exp(S - LSE), dV += P^T dO, dS = P (dO V^T - DELTA) (times tanh' under a soft cap), dK += scale dS^T Q,
     summed over the group's heads in registers (no atomics); DK, DV in K's dtype."""
@@ -191,6 +196,10 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TQ, TK, H, HKV, D, sc
             if HAS_SOFTCAP:
                 capped = 2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0  # tanh(s / softcap)
                 s = softcap * capped
+            if HAS_REL:  # the relative logit of each pair's backward distance, where it has one
+                distance = pos[:, None] - rs[None, :]
+                near = (distance >= 0) & (distance < rel_extent) & t_ok[:, None]
+                s += tl.load(REL + row[:, None] * rel_extent + distance, mask=near, other=0.0).to(tl.float32)
             valid = (rs[None, :] <= pos[:, None]) & (rs[None, :] < TK)
             if HAS_WINDOW:
                 valid = valid & (rs[None, :] > pos[:, None] - window)
@@ -206,10 +215,12 @@ def attention_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, TQ, TK, H, HKV, D, sc
 
 
 @triton.jit
-def attention_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, TQ, TK, H, HKV, D, scale, window, softcap,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                        HAS_SOFTCAP: tl.constexpr, OPERAND_F32: tl.constexpr):
-    """BLOCK_M queries of head h in batch b over the keys they see: dQ = scale dS K, in Q's dtype."""
+def attention_dq_kernel(Q, K, V, REL, DO, LSE, DELTA, DQ, DREL, TQ, TK, H, HKV, D, scale, window, softcap,
+                        rel_extent, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+                        HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_REL: tl.constexpr,
+                        OPERAND_F32: tl.constexpr):
+    """BLOCK_M queries of head h in batch b over the keys they see: dQ = scale dS K, in Q's dtype; each pair's
+    relative-logit gradient (its dS) stored into DREL [B, TQ, H, E] float32."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -244,88 +255,114 @@ def attention_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, TQ, TK, H, HKV, D, scale, w
         if HAS_SOFTCAP:
             capped = 2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0  # tanh(s / softcap)
             s = softcap * capped
+        if HAS_REL:  # the relative logit of each pair's backward distance, where it has one
+            distance = pos[:, None] - rs[None, :]
+            near = (distance >= 0) & (distance < rel_extent) & t_ok[:, None]
+            s += tl.load(REL + row[:, None] * rel_extent + distance, mask=near, other=0.0).to(tl.float32)
         valid = (rs[None, :] <= pos[:, None]) & (rs[None, :] < TK)
         if HAS_WINDOW:
             valid = valid & (rs[None, :] > pos[:, None] - window)
         p = tl.where(valid & t_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(v), input_precision="ieee") - delta[:, None])
+        if HAS_REL:
+            tl.store(DREL + row[:, None] * rel_extent + distance, ds, mask=near & valid)
         if HAS_SOFTCAP:
             ds = ds * (1.0 - capped * capped)
         dq += tl.dot(ds.to(q.dtype), k, input_precision="ieee")
     tl.store(DQ + row[:, None] * D + rd[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=t_ok[:, None] & d_ok)
 
 
-def _backward(q, k, v, dout, lse, delta, dq, dk, dv, scale, window, softcap, flags):
+def _backward(q, k, v, rel, dout, lse, delta, dq, dk, dv, drel, scale, window, softcap, flags):
     """dK and dV per key block (a KV head's group summed in registers), then dQ per query block: deterministic."""
     B, TQ, H, D = q.shape
     TK, HKV = k.shape[1], k.shape[2]
     settings = target_settings(q.device)
     options = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "D_PAD": flags["D_PAD"], "HAS_WINDOW": flags["HAS_WINDOW"],
-               "HAS_SOFTCAP": flags["HAS_SOFTCAP"], "OPERAND_F32": flags["OPERAND_F32"]}
-    args = (q, k, v, dout, lse, delta)
-    sizes = (TQ, TK, H, HKV, D, scale, window, softcap)
+               "HAS_SOFTCAP": flags["HAS_SOFTCAP"], "HAS_REL": flags["HAS_REL"], "OPERAND_F32": flags["OPERAND_F32"]}
+    args = (q, k, v, rel if rel is not None else q, dout, lse, delta)
+    sizes = (TQ, TK, H, HKV, D, scale, window, softcap, rel.shape[-1] if rel is not None else 1)
     stages = {"num_stages": settings["bwd_num_stages"]} if settings["bwd_num_stages"] else {}
     attention_dkdv_kernel[(triton.cdiv(TK, BLOCK_N), B * HKV)](*args, dk, dv, *sizes, **options,
                                                                num_warps=settings["bwd_num_warps"], **stages)
-    attention_dq_kernel[(triton.cdiv(TQ, BLOCK_M), B * H)](*args, dq, *sizes, **options,
-                                                           num_warps=settings["num_warps"])
+    attention_dq_kernel[(triton.cdiv(TQ, BLOCK_M), B * H)](*args, dq, drel if rel is not None else dq, *sizes,
+                                                           **options, num_warps=settings["num_warps"])
 
 
-def _flags(sinks, window, softcap, q):
+def _flags(sinks, window, softcap, rel, q):
     """The constexpr switches and D_PAD (tl.dot needs 16 or more; head sizes padded to a power of two)."""
     return {"D_PAD": max(16, triton.next_power_of_2(q.shape[-1])), "HAS_SINKS": sinks is not None,
-            "HAS_WINDOW": window > 0, "HAS_SOFTCAP": softcap > 0, "OPERAND_F32": DOT_DTYPE == "float32"}
+            "HAS_WINDOW": window > 0, "HAS_SOFTCAP": softcap > 0, "HAS_REL": rel is not None,
+            "OPERAND_F32": DOT_DTYPE == "float32"}
+
+
+def _check(q, k, sinks, rel):
+    """ValueError unless TQ <= TK, H is a multiple of HKV, sinks are [H] or [B, TQ, H] and rel [B, TQ, H, E >= 1]."""
+    B, TQ, H, _ = q.shape
+    TK, HKV = k.shape[1], k.shape[2]
+    if TQ > TK or H % max(HKV, 1):
+        raise ValueError(f"attention: TQ={TQ} must not exceed TK={TK}, and H={H} must be a multiple of HKV={HKV}")
+    if sinks is not None and tuple(sinks.shape) not in ((H,), (B, TQ, H)):
+        raise ValueError(f"attention: sinks {tuple(sinks.shape)} must be [H] or [B, TQ, H] = {[B, TQ, H]}")
+    if rel is not None and (rel.dim() != 4 or tuple(rel.shape[:3]) != (B, TQ, H) or not rel.shape[3]):
+        raise ValueError(f"attention: rel {tuple(rel.shape)} must be [B, TQ, H, E] with B, TQ, H = {B, TQ, H}, E >= 1")
 
 
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, scale, window, softcap):
+    def forward(ctx, q, k, v, sinks, scale, window, softcap, rel):
+        _check(q, k, sinks, rel)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         sinks = sinks.contiguous() if sinks is not None else None
+        rel = rel.contiguous() if rel is not None else None
         B, TQ, H, D = q.shape
         TK, HKV = k.shape[1], k.shape[2]
-        if TQ > TK or H % max(HKV, 1):
-            raise ValueError(f"attention: TQ={TQ} must not exceed TK={TK}, and H={H} must be a multiple of HKV={HKV}")
         out = torch.empty_like(q)
         o32 = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # the backward's DELTA reads it
         lse = torch.empty(B, TQ, H, dtype=torch.float32, device=q.device)
         if out.numel():
             attention_fwd_kernel[(triton.cdiv(TQ, BLOCK_M), B * H)](
-                q, k, v, sinks if sinks is not None else q, out, o32, lse, TQ, TK, H, HKV, D, scale, window, softcap,
-                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **_flags(sinks, window, softcap, q),
-                num_warps=target_settings(q.device)["fwd_num_warps"])
-        ctx.save_for_backward(q, k, v, sinks, o32, lse)
+                q, k, v, sinks if sinks is not None else q, rel if rel is not None else q, out, o32, lse, TQ, TK, H,
+                HKV, D, scale, window, softcap, sinks.numel() if sinks is not None else 1,
+                rel.shape[-1] if rel is not None else 1, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                **_flags(sinks, window, softcap, rel, q), num_warps=target_settings(q.device)["fwd_num_warps"])
+        ctx.save_for_backward(q, k, v, sinks, rel, o32, lse)
         ctx.args = (scale, window, softcap)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, sinks, o32, lse = ctx.saved_tensors
+        q, k, v, sinks, rel, o32, lse = ctx.saved_tensors
         scale, window, softcap = ctx.args
         B, TQ, H, D = q.shape
-        flags = _flags(sinks, window, softcap, q)
+        flags = _flags(sinks, window, softcap, rel, q)
         n_rows = B * TQ * H
         delta = torch.empty(B, TQ, H, dtype=torch.float32, device=q.device)
         dsink_rows = torch.empty(n_rows if sinks is not None else 0, dtype=torch.float32, device=q.device)
-        dsinks = torch.empty_like(sinks) if sinks is not None else None
+        per_head = sinks is not None and sinks.dim() == 1
+        dsinks = torch.empty_like(sinks) if per_head else None
         if not n_rows:  # no query: nothing flows back
             return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v),
-                    torch.zeros_like(sinks) if sinks is not None else None, None, None, None)
+                    torch.zeros_like(sinks) if sinks is not None else None, None, None, None,
+                    torch.zeros_like(rel) if rel is not None else None)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        drel = torch.zeros(rel.shape, dtype=torch.float32, device=q.device) if rel is not None else None
         dout = dout.contiguous()
         warps = target_settings(q.device)["num_warps"]
         attention_bwd_prep_kernel[(triton.cdiv(n_rows, BLOCK_M),)](
-            dout, o32, lse, sinks if sinks is not None else q, delta, dsink_rows, n_rows, H, D, BLOCK_R=BLOCK_M,
-            D_PAD=flags["D_PAD"], HAS_SINKS=flags["HAS_SINKS"],
-            num_warps=warps)
-        if sinks is not None:
+            dout, o32, lse, sinks if sinks is not None else q, delta, dsink_rows, n_rows,
+            sinks.numel() if sinks is not None else 1, D, BLOCK_R=BLOCK_M, D_PAD=flags["D_PAD"],
+            HAS_SINKS=flags["HAS_SINKS"], num_warps=warps)
+        if per_head:
             attention_sink_sum_kernel[(1,)](dsink_rows, dsinks, B * TQ, H, BLOCK_R=16,
                                             H_PAD=triton.next_power_of_2(H), num_warps=warps)
-        _backward(q, k, v, dout, lse, delta, dq, dk, dv, scale, window, softcap, flags)
-        return dq, dk, dv, dsinks, None, None, None
+        elif sinks is not None:  # a sink per row: its gradient is the row's
+            dsinks = dsink_rows.view(sinks.shape).to(sinks.dtype)
+        _backward(q, k, v, rel, dout, lse, delta, dq, dk, dv, drel, scale, window, softcap, flags)
+        return dq, dk, dv, dsinks, None, None, None, drel.to(rel.dtype) if rel is not None else None
 
 
-def run(q, k, v, sinks, scale, window, softcap):
+def run(q, k, v, sinks, scale, window, softcap, rel=None):
     """q [B,TQ,H,D], k and v [B,TK,HKV,D] (float32/float16/bfloat16; TQ <= TK, H a multiple of HKV), sinks [H] or
-    None, scale float, window int (0: none), softcap float (0: none) -> out [B,TQ,H,D] in q.dtype."""
-    return AttentionFunction.apply(q, k, v, sinks, scale, window, softcap)
+    [B,TQ,H] or None, scale float, window int (0: none), softcap float (0: none), rel [B,TQ,H,E] or None -> out
+    [B,TQ,H,D] in q.dtype."""
+    return AttentionFunction.apply(q, k, v, sinks, scale, window, softcap, rel)
