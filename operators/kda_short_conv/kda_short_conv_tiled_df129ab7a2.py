@@ -44,8 +44,11 @@ def target_settings(device) -> dict:
             **LAUNCH_SETTINGS.get(target, {}), **TUNED_SETTINGS.get(target, {})}
 # A [BT, BD] tile and its W shifted copies take most of a thread's registers: the warps, and a register cap on the
 # backward (bwd_maxnreg, NVIDIA's maxnreg: two CTAs an SM where it fits without spilling), are the port's choice per
-# target (kda_short_conv/tiled.yaml declares them). `workbench targets` shows each launch's registers and spills.
-LAUNCH_SETTINGS = {"default": {"num_warps": 4, "bwd_maxnreg": None}}
+# target (kda_short_conv/tiled.yaml declares them). The residual variants' backward holds x's tile too: its cap is
+# its own (bwd_residual_maxnreg), so that a cap that fits KDA's form does not make Inkling2's spill.
+# `workbench targets` shows each launch's registers and spills.
+LAUNCH_SETTINGS = {"default": {"num_warps": 4, "bwd_maxnreg": None,
+                               "bwd_residual_maxnreg": None}}
 
 
 @triton.jit
@@ -185,10 +188,10 @@ class ShortConvFunction(torch.autograd.Function):
             dpre = torch.empty(b, t, d, dtype=torch.float32, device=x_c.device)
             kda_short_conv_dpre_kernel[grid](x_c, w_c, dy_c, dpre, t, d, W=w_c.shape[1], BT=BT, BD=BD,
                                              num_warps=warps, **ctx.variant)
+            cap = settings["bwd_residual_maxnreg" if ctx.variant["RESIDUAL"] else "bwd_maxnreg"]
             kda_short_conv_bwd_kernel[grid](x_c, w_c, dy_c, dpre, dx, dwp, t, d, ctx.variant["residual_scale"],
                                             W=w_c.shape[1], BT=BT, BD=BD, RESIDUAL=ctx.variant["RESIDUAL"],
-                                            num_warps=warps, **({"maxnreg": settings["bwd_maxnreg"]}
-                                                                if settings["bwd_maxnreg"] else {}))
+                                            num_warps=warps, **({"maxnreg": cap} if cap else {}))
         return dx, _reduce_weight_grads(dwp, w_c), None, None
 
 
