@@ -2,6 +2,7 @@
 
 (packed token, head tile) programs, each the token's heads against its sequence's cached latents through the block table and its new ones up to itself, with tl.dot
 params: BH=16, BN=16, num_warps=4
+launch on sm_100a: num_warps=8
 launch on sm_80: num_warps=8
 """
 import torch
@@ -17,7 +18,7 @@ BN = 16
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'sm_80': {'num_warps': 8}}
+TUNED_SETTINGS = {'sm_100a': {'num_warps': 8}, 'sm_80': {'num_warps': 8}}
 
 
 def launch_target(device) -> str:
