@@ -139,6 +139,21 @@ def test_onboarding_reads_heads_windows_sinks_and_soft_caps():
     assert SPEC.onboard(gemma)[0].shapes[0]["softcap"] == 50
     mla = model({"model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 4, "kv_lora_rank": 16})
     assert SPEC.onboard(mla) == []
+    # Inkling2: hybrid / hybrid_sliding layers, the sliding ones with their own heads, per-token sinks, relative
+    # logits over rel_extent (full) and over the window (sliding); the serving forms take no size of it
+    inkling2 = model({"model_type": "inkling2_text", "hidden_size": 64, "num_attention_heads": 8,
+                      "num_key_value_heads": 2, "head_dim": 16, "swa_num_attention_heads": 4,
+                      "swa_num_key_value_heads": 1, "swa_head_dim": 32, "sliding_window_size": 6, "rel_extent": 12,
+                      "layer_types": ["hybrid_sliding"] * 3 + ["hybrid"]})
+    full, sliding = SPEC.onboard(inkling2)
+    assert (full.layers, sliding.layers) == (1, 3)
+    assert {k: full.shapes[0][k] for k in ("H", "HKV", "D", "window", "sinks", "rel")} == \
+        {"H": 8, "HKV": 2, "D": 16, "window": 0, "sinks": 2, "rel": 12}
+    assert {k: sliding.shapes[0][k] for k in ("H", "HKV", "D", "window", "sinks", "rel")} == \
+        {"H": 4, "HKV": 1, "D": 32, "window": 6, "sinks": 2, "rel": 6}
+    for form in ("attention_prefill", "attention_decode"):
+        served = get_block(form).onboard(inkling2)
+        assert all(f.shapes == [] and "per-token sinks" in f.differs for f in served)
 
 
 def test_make_inputs_and_suites():

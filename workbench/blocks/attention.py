@@ -237,13 +237,14 @@ def work(s: Shape) -> tuple[Work, Work]:
     return forward, backward
 
 
-def serving_variant(shape: Shape) -> tuple[int, str]:
-    """A training shape's sinks as the serving forms (attention_prefill, attention_decode) take them, and how its
-    variant differs from theirs ("" when it does not): they have per-head sinks and no relative logits."""
+def serving_variant(shape: Shape) -> str:
+    """How a training shape's variant differs from what the serving forms (attention_prefill, attention_decode)
+    compute, "" when it does not: they have per-head sinks and no relative logits. A shape that differs gives them
+    no size: they do not run that model's attention."""
     if shape.get("rel") or shape.get("sinks") == 2:
-        return 0, ("per-token sinks and relative logits (Inkling2): the serving forms have per-head sinks and no "
-                   "relative logits")
-    return shape["sinks"], ""
+        return ("per-token sinks and relative logits (Inkling2): the serving forms have per-head sinks and no "
+                "relative logits")
+    return ""
 
 
 SLIDING_KINDS = ("sliding_attention", "hybrid_sliding")

@@ -114,9 +114,9 @@ def onboard(model: ModelConfig) -> list[Found]:
     page = attention_prefill.PAGE
     return [Found(f"{entry.role}: decode over the paged KV cache (serving, {DECODE_CONTEXT} tokens cached)",
                   entry.layers, [_shape(model.decode_batch, shape["H"], shape["HKV"], shape["D"], page,
-                                        -(-(DECODE_CONTEXT + 1) // page), shape["window"], serving_variant(shape)[0],
-                                        shape["softcap"]) for shape in entry.shapes], entry.fields,
-                  next((why for shape in entry.shapes if (why := serving_variant(shape)[1])), ""))
+                                        -(-(DECODE_CONTEXT + 1) // page), shape["window"], shape["sinks"],
+                                        shape["softcap"]) for shape in entry.shapes if not serving_variant(shape)],
+                  entry.fields, next((why for shape in entry.shapes if (why := serving_variant(shape))), ""))
             for entry in attention_onboard(model)]
 
 

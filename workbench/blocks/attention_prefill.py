@@ -172,10 +172,10 @@ def onboard(model: ModelConfig) -> list[Found]:
     vLLM's 16 rows."""
     rows = DECODE_CONTEXT + model.tokens
     return [Found(f"{entry.role} over packed prompts from the paged KV cache (serving prefill)", entry.layers,
-                  [{"TOTAL": model.tokens, "S": PREFILL_SEQUENCES, **{k: shape[k] for k in ("H", "HKV", "D", "window")},
-                    "sinks": serving_variant(shape)[0], "softcap": shape["softcap"], "PAGE": PAGE,
-                    "MAXP": -(-rows // PAGE)} for shape in entry.shapes], entry.fields,
-                  next((why for shape in entry.shapes if (why := serving_variant(shape)[1])), ""))
+                  [{"TOTAL": model.tokens, "S": PREFILL_SEQUENCES, **{k: shape[k] for k in (
+                      "H", "HKV", "D", "window", "sinks", "softcap")}, "PAGE": PAGE, "MAXP": -(-rows // PAGE)}
+                   for shape in entry.shapes if not serving_variant(shape)], entry.fields,
+                  next((why for shape in entry.shapes if (why := serving_variant(shape))), ""))
             for entry in attention_onboard(model)]
 
 
