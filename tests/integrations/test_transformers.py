@@ -307,6 +307,23 @@ def test_glm5_next_swaps_its_kda_layers_bounded_gate_clamped_mlps_experts_and_hy
     assert experts.workbench_activation == ("swiglu", 4.0, 25.0, config.get_text_config().swiglu_limit)
 
 
+def assert_generates_alike(patched, shipped, ids, mask, table, new_tokens: int) -> None:
+    """Greedy generate() of ``new_tokens`` from ``ids`` under ``mask`` (float64, transformers' float32 casts kept in
+    float64): the patched model computing with the ops ``table`` gives the shipped model's tokens and logits."""
+    from workbench.integrations.ops import computing_with
+    from workbench.integrations.references import Float64Casts
+
+    settings = {"attention_mask": mask, "max_new_tokens": new_tokens, "do_sample": False, "output_logits": True,
+                "return_dict_in_generate": True}
+    with torch.no_grad(), Float64Casts():
+        with computing_with(table):
+            got = patched.generate(ids, **settings)
+        want = shipped.generate(ids, **settings)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_glm5_next_decode_steps_take_the_serving_forms_unless_the_batch_is_padded(promoted):
     """GLM-5-Next's DSA layers (one full, one shared) greedily decoding 6 tokens after a 7-token prompt, the ops as
     their float64 references: an unpadded batch decodes through dsa_kpool_indexer_decode (the full layer) and
@@ -317,8 +334,7 @@ def test_glm5_next_decode_steps_take_the_serving_forms_unless_the_batch_is_padde
 
     from transformers.models.glm5_next import modeling_glm5_next as glm
 
-    from workbench.integrations.ops import computing_with, references
-    from workbench.integrations.references import Float64Casts
+    from workbench.integrations.ops import references
 
     full, _ = load_config({"model_type": "glm5_next"})
     fields, _ = tiny_config(full, 2)
@@ -343,15 +359,7 @@ def test_glm5_next_decode_steps_take_the_serving_forms_unless_the_batch_is_padde
     padded = torch.tensor([[0, 0] + [1] * 5, [1] * 7])
     for mask, full_steps, shared_steps in ((torch.ones(2, 7, dtype=torch.long), 5, 5), (padded, 0, 5)):
         calls.clear()
-        settings = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "output_logits": True,
-                    "return_dict_in_generate": True}
-        with torch.no_grad(), Float64Casts():
-            with computing_with(table):
-                got = patched.generate(ids, **settings)
-            want = shipped.generate(ids, **settings)
-        assert torch.equal(got.sequences, want.sequences)
-        for a, b in zip(got.logits, want.logits, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        assert_generates_alike(patched, shipped, ids, mask, table, 6)
         # 6 tokens: the prompt's prefill gives the first, 5 decode steps the others
         assert calls["dsa_kpool_indexer_decode"] == full_steps and calls["dsa_decode"] == full_steps + shared_steps
 
@@ -391,15 +399,7 @@ def test_inkling2_attention_through_the_block_computes_the_shipped_model_padded_
     padded = torch.ones(2, 20, dtype=torch.long)
     padded[0, :3] = 0
     for mask in (torch.ones(2, 20, dtype=torch.long), padded):
-        settings = {"attention_mask": mask, "max_new_tokens": 4, "do_sample": False, "output_logits": True,
-                    "return_dict_in_generate": True}
-        with torch.no_grad(), Float64Casts():
-            with computing_with(table):
-                out = patched.generate(ids, **settings)
-            expected = shipped.generate(ids, **settings)
-        assert torch.equal(out.sequences, expected.sequences)
-        for a, b in zip(out.logits, expected.logits, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        assert_generates_alike(patched, shipped, ids, mask, table, 4)
 
     def one_off(q, k, v, sinks, scale, window, softcap, rel=None):
         return reference(q, k, v, sinks, scale, window, softcap, None if rel is None else rel.roll(1, -1))
