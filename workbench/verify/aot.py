@@ -36,6 +36,8 @@ REPORT_VERSION = 2  # in the cache key: what a cached build records changed (AMD
 ITEM_TIMEOUT_S = 600  # one launch x target; a compile past SLOW_COMPILE_S is a finding (a GPU's JIT pays it too)
 SLOW_COMPILE_S = 60
 PROBE_COMPILE_S = SLOW_COMPILE_S
+"""A tuning probe's limit on one launch x target: a point whose compile runs past it is a finding (it does not
+compile in time), not minutes of ptxas the search waits for."""
 SMOKE_PROBE = "probe:meta:"
 """The suite label of the first smoke shape's launches captured for each target with the target's own launch
 settings (workbench.verify.harness.build_captures): what a kernel no captured suite launches is compiled at."""
@@ -62,8 +64,8 @@ def suite_phrase(suite: str) -> str:
     if suite == "model" or suite.startswith(CAPTURED):
         return f"{suite.removeprefix(CAPTURED)} suite"
     return "first smoke shape" if suite.startswith(SMOKE_PROBE) else f"{suite} suite on the interpreter"
-"""A tuning probe's limit on one launch x target: a point whose compile runs past it is a finding (it does not
-compile in time), not minutes of ptxas the search waits for."""
+
+
 COMPILE_MEMORY_BYTES = 8 << 30
 
 
