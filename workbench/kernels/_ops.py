@@ -217,6 +217,7 @@ class BlockOp:
         self._forward_only_op: BlockOp | None = None
         params = inspect.signature(self.spec.reference).parameters
         self.arg_names = tuple(params)
+        self.defaults = tuple(p.default for p in params.values())
         self.grad_positions = tuple(self.arg_names.index(name) for name in self.spec.grad_inputs)
         # updated input's position among the arguments -> its position among the reference's outputs
         self.in_place = {self.arg_names.index(name): pos for name, pos in self.spec.in_place_outputs.items()}
@@ -244,6 +245,11 @@ class BlockOp:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Warning only once for all operators")
                 self.custom_op._lib.impl(self.name, self._autograd_kernel, "Autograd", with_keyset=True)
+
+    def _filled(self, args: Sequence[Any]) -> tuple:
+        """``args`` with the trailing arguments the dispatcher stripped put back: torch removes the arguments equal
+        to their schema defaults before it calls a Python kernel (attention's ``rel=None``)."""
+        return (*args, *self.defaults[len(args):])
 
     def _schema_type(self, param: inspect.Parameter) -> str:
         annotation = param.annotation if isinstance(param.annotation, str) else inspect.formatannotation(
@@ -335,7 +341,7 @@ class BlockOp:
         to keep its graph; whatever no setup_context took is dropped on the way out."""
         previous = getattr(_local, "want", None), getattr(_local, "kept", None)
         _local.want = ((self, torch._C._dispatch_tls_local_include_set(),
-                        torch._C._dispatch_tls_local_exclude_set()) if self._keeps(args) else None)
+                        torch._C._dispatch_tls_local_exclude_set()) if self._keeps(self._filled(args)) else None)
         _local.kept = None
         try:
             return self._generated_autograd(keyset, *args, **kwargs)
@@ -344,6 +350,7 @@ class BlockOp:
 
     def _forward(self, *args: Any) -> Any:
         RUNS[self.key] += 1
+        args = self._filled(args)
         want, _local.want = getattr(_local, "want", None), None
         with self._interpreter_guard(self.name, args):
             if want is not None and want[0] is self:
@@ -379,7 +386,7 @@ class BlockOp:
     def _fake(self, *args: Any) -> Any:
         reference = self.spec.abstract_outputs or self.spec.reference
         with torch.no_grad():
-            outputs = [o.new_empty(o.shape) for pos, o in enumerate(_as_tuple(reference(*args)))
+            outputs = [o.new_empty(o.shape) for pos, o in enumerate(_as_tuple(reference(*self._filled(args))))
                        if pos not in self.in_place.values()]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
@@ -395,6 +402,7 @@ class BlockOp:
         return {pos: grad if grad is not None else torch.zeros_like(leaves[pos]) for pos, grad in found.items()}
 
     def _backward(self, grads: list[torch.Tensor | None], needs: list[bool], *args: Any) -> list[torch.Tensor]:
+        args = self._filled(args)
         inputs, leaves = list(args), {}
         for pos, need in zip(self.grad_positions, needs, strict=True):
             if need and args[pos] is not None:
@@ -407,6 +415,7 @@ class BlockOp:
         return _fresh([found[pos] if pos in found else like.new_empty(0) for pos in self.grad_positions], args)
 
     def _backward_fake(self, grads: list[torch.Tensor | None], needs: list[bool], *args: Any) -> list[torch.Tensor]:
+        args = self._filled(args)
         like = next(t for t in args if isinstance(t, torch.Tensor))
         return [args[pos].new_empty(args[pos].shape) if need and args[pos] is not None else like.new_empty(0)
                 for pos, need in zip(self.grad_positions, needs, strict=True)]
@@ -423,8 +432,10 @@ class BlockOp:
             ctx.kept = (kept.graph, kept.leaves, [o._version for o in kept.graph])
 
     def _autograd_backward(self, ctx: Any, *grads: torch.Tensor | None) -> tuple:
-        needs = [bool(ctx.needs_input_grad[pos]) for pos in self.grad_positions]
-        result: list[torch.Tensor | None] = [None] * len(self.arg_names)
+        # one gradient per argument the call passed (the dispatcher strips trailing defaults: those need none)
+        given = len(ctx.needs_input_grad)
+        needs = [pos < given and bool(ctx.needs_input_grad[pos]) for pos in self.grad_positions]
+        result: list[torch.Tensor | None] = [None] * given
         kept, ctx.kept = ctx.kept, None  # used once: a second backward through this node recomputes
         if not any(needs):
             return tuple(result)
