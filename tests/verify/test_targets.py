@@ -206,6 +206,10 @@ def test_a_compiled_kernel_reports_registers_shared_memory_and_occupancy_and_is_
                                 cache_dir=tmp_path / "cache")
     assert all(b.cached for b in again.builds)
     assert [b.registers for b in again.builds] == [b.registers for b in first.builds]
+    # the same specialization reached from another suite: the compiler's figures cached, the suite its own
+    elsewhere = compile_for_targets(path, "hash", [{**COPY_LAUNCH, "suite": "capture:smoke"}],
+                                    get_targets(["sm_90a"]), cache_dir=tmp_path / "cache")
+    assert [(b.cached, b.suite) for b in elsewhere.builds] == [(True, "capture:smoke")]
 
 
 @pytest.mark.slow  # compiles for every GPU target, 10-21 s: the whole suite's

@@ -216,7 +216,9 @@ def compile_for_targets(candidate: Path, source_hash: str, launches: list[dict],
             items.append((launch, target, key))
             hit = cache_dir / f"{key}.json" if cache_dir else None
             if hit is not None and hit.is_file():
-                report.builds.append(KernelBuild(**{**json.loads(hit.read_text()), "cached": True}))
+                # the compiler's figures are the specialization's; the suite is this launch's, not the cached one's
+                report.builds.append(KernelBuild(**{**json.loads(hit.read_text()), "suite": launch["suite"],
+                                                    "cached": True}))
             else:
                 pending.append(build_id)
     # one compile child per target, as many at once as there are cores (a compile is single-threaded)
