@@ -1,40 +1,43 @@
-"""The port's tuning: from the passing candidate the run chose, a search for each target's launch settings (and,
-where a target still spills, for a neighbouring template point) by compile-only probes.
+"""The port's tuning: from the passing candidate the run chose, a search for each target's launch settings (and, where
+a target still spills, for a neighbouring template point) by compile-only probes.
 
 A probe renders the template at a point with a per-target table of launch settings (the template's declared
-``launch`` space, templates/_launch.j2's TUNED_SETTINGS), captures its launches at the model and smoke suites in
-the sandbox and compiles them for the targets being searched (seconds; no numerics run). Each target's figure is
-the builds' worst spill and most registers at both suites (small sizes bind other tiles than the model's) and the
-cost model's time at the model suite; on the target of a GPU backend that measures,
-where the probe compiled it spill-free, the measured time instead (the probe timed on that GPU at the model suite,
-its outputs checked; a move there must be faster past both spreads of the trials). A launch whose compile runs
-past workbench.verify.aot.PROBE_COMPILE_S fails that target (minutes of ptxas on a spilling extreme are a finding,
-not a wait) and its other launches are not compiled.
-Targets are independent (a target's launches read only its own settings), so one probe tries a different neighbour
-on every target at once, and a table of every target's best is exact.
+``launch`` space, templates/_launch.j2's TUNED_SETTINGS), captures its launches at the model and smoke suites in the
+sandbox and compiles them for the targets being searched (seconds; no numerics run). Each target's figure is the
+builds' worst spill and most registers at both suites (small sizes bind other tiles than the model's) and the cost
+model's time at the model suite; on the target of a GPU backend that measures, where the probe compiled it
+spill-free, the measured time instead (the probe timed on that GPU at the model suite, its outputs checked; a move
+there must be faster past both spreads of the trials). A launch whose compile runs past
+workbench.verify.aot.PROBE_COMPILE_S fails that target (minutes of ptxas on a spilling extreme are a finding, not a
+wait) and its other launches are not compiled. Targets are independent (a target's launches read only its own
+settings), so one probe tries a different neighbour on every target at once, and a table of every target's best is
+exact.
 
 A point where a target spills more than HEAVY_SPILL bytes a thread (or does not compile) first takes the bold point
 step (every size one step smaller at once) while it spills less: no launch setting relieves a spill of more than a
 thread's whole register file. Then, per target, the search is a descent over the neighbours of its best settings
 (one setting one step along its choices; where the target spills, first every setting one step toward fewer
 registers a thread at once, then those steps one by one: more warps, fewer stages, smaller tiles): a neighbour that
-compiles where the best does not, is spill-free where the best spills, spills less, or is faster (by more
-than TIE) becomes the best; one that ties is a plateau: the next step the same way is tried too, then the tie's
-other neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a
-tie that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is
-a local optimum), when it spills and STALL settings in a row relieved nothing, or when a budget ends (probes and
-seconds: SPILL_BUDGET times the port's while a target spills or a shrunk point grows back; else the port's probes
-counted past those, and its seconds), and says which. Spills come first: once every spilling target has stopped, the
-spill-free targets' speed search waits for the point search and the growth back, and goes on at the point they end
-at. When a required target spills at every launch setting tried, the template's neighbouring points are probed:
-first every size one step smaller at once (the bold step), then the points where no size grows before those where
-one does, the fewest parameters changed, the fewest steps; a dtype (the operands' arithmetic) moves alone, at the
-sizes as they are. A point nearer spill-free (fewer targets that do not compile, then fewer bytes spilled over all
-targets) becomes the search's point (its numerics are verified before anything is promoted): its launch settings are
-searched again, then its own neighbouring points, until every target is spill-free or a budget ends. A point the
-spills shrank then grows back, one size one step up at a time, where it stays spill-free everywhere and is modelled
-faster (its time over the best's, averaged over the targets) or as fast (within TIE: a size the spills alone moved,
-which the time does not see, goes back toward the passing point's, the template's own choice).
+compiles where the best does not, is spill-free where the best spills, spills less, or is faster (by more than TIE)
+becomes the best; one that ties is a plateau: the next step the same way is tried too, then the tie's other
+neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a tie
+that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is a
+local optimum), when it spills and STALL settings in a row relieved nothing (each one step toward fewer registers
+tried among them: a bold step that failed says nothing of its parts), or when a budget ends (probes and seconds:
+SPILL_BUDGET times the port's while a target spills at the model suite or a shrunk point grows back; else, and for a
+spill at the smoke suite alone, the port's probes counted past those, and its seconds), and says which. Spills come
+first: once every spilling target has stopped, the spill-free targets' speed search waits for the point search and
+the growth back, and goes on at the point they end at. When a required target spills at every launch setting tried,
+the template's neighbouring points are probed: first every size one step smaller at once (the bold step), then the
+points where no size grows before those where one does, the fewest parameters changed, the fewest steps; a dtype
+(the operands' arithmetic) moves alone, at the sizes as they are. A point nearer spill-free (fewer targets that do
+not compile, then fewer bytes spilled over all targets) becomes the search's point (its numerics are verified before
+anything is promoted): its launch settings are searched again, then its own neighbouring points, until every target
+is spill-free or a budget ends. A point the spills shrank then grows back, one size one step up at a time, where it
+stays spill-free everywhere and is modelled faster (its time over the best's, averaged over the targets) or as fast
+(within TIE: a size the spills alone moved, which the time does not see, goes back toward the passing point's, the
+template's own choice); a point grown back that is as fast but spills has its launch settings searched first, and a
+point the shrink passed through is probed again at the settings found since.
 """
 
 from __future__ import annotations
@@ -53,13 +56,16 @@ TIE = 0.01
 DEFAULT_PROBES = 8
 """Compile-only probes a port's tuning may spend (each compiles every searched target's kernels once)."""
 SPILL_BUDGET = 3
-"""While a target spills or does not compile, the budgets (probes and seconds) are this many times the port's: a
-spill is the finding the search exists for, a faster spill-free neighbour is not."""
+"""While a target spills at the model suite or does not compile, the budgets (probes and seconds) are this many
+times the port's: a spill at the model's sizes is the finding the search exists for, a faster spill-free neighbour is
+not. A spill at the smoke suite alone is searched within the port's own budgets: kda's 8 B a thread at one smoke shape
+on sm_100a, which no setting relieved, held `make port` for 1809 s at three times."""
 DEFAULT_SECONDS = 600.0
 """The wall time after which the tuning starts no probe (a probe under way finishes: a compile is not cut)."""
 STALL = 2
-"""Launch settings a spilling target tries in a row without spilling less, after which its launch search stops and
-the template's neighbouring points are probed. In the walks of the reversed and the hand-ordered cards, 89 of 90
+"""Launch settings a spilling target tries in a row without spilling less, after which (and once each single step
+toward fewer registers from its best has been tried) its launch search stops and the template's neighbouring points
+are probed. In the walks of the reversed and the hand-ordered cards, 89 of 90
 launch settings that relieved a spill came at most one probe after the last relief (the other: 16 B, four after)."""
 HEAVY_SPILL = 1024
 """Bytes a thread spills past which no launch setting is tried first: more than a whole NVIDIA register file (255
@@ -77,7 +83,8 @@ Table = dict[str, Settings]
 class Figure:
     """One target's outcome of a probe: compiled, worst spill (B/thread), most registers, time (ms; None: not
     modelled, or its measurement failed), whether the time was measured and its spread (ms: the interquartile ranges
-    of the trials, summed over the shapes; 0 when modelled)."""
+    of the trials, summed over the shapes; 0 when modelled), and whether the spill is at the smoke suite alone (the
+    model suite's launches spill-free)."""
 
     ok: bool
     spilled_bytes: int = 0
@@ -86,11 +93,19 @@ class Figure:
     measured: bool = False
     spread_ms: float = 0.0
     error: str = ""
+    smoke_only: bool = False
 
     @property
     def spills(self) -> bool:
         """Spills or does not compile: what the search exists to relieve."""
         return not self.ok or self.spilled_bytes > 0
+
+    @property
+    def at_model(self) -> bool:
+        """Spills at the model's own sizes (or does not compile): what earns the search SPILL_BUDGET times the
+        port's budgets. A spill at the smoke suite alone (small sizes that bind other tiles) is relieved within the
+        port's own budgets."""
+        return self.spills and not self.smoke_only
 
     @property
     def heavy(self) -> bool:
@@ -239,9 +254,11 @@ def probe_figures(report, targets: list[str], modelled: dict[str, dict]) -> dict
             why = report.message if whole else failed["error"] if failed else "no model-suite launch captured"
             figures[target] = Figure(ok=False, error=why)
         else:
-            figures[target] = Figure(ok=True, spilled_bytes=max(b["spilled_bytes"] for b in builds),
-                                     registers=max(b["registers"] or 0 for b in builds),
-                                     time_ms=modelled.get(target, {}).get("time_ms"))
+            spilled = max(b["spilled_bytes"] for b in builds)
+            at_model = max(b["spilled_bytes"] for b in builds if b["suite"] == "model")
+            figures[target] = Figure(ok=True, spilled_bytes=spilled, registers=max(b["registers"] or 0 for b in builds),
+                                     time_ms=modelled.get(target, {}).get("time_ms"),
+                                     smoke_only=spilled > 0 and not at_model)
     return figures
 
 
@@ -272,10 +289,10 @@ def faster(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = F
     return ratio is not None and ratio < 1 - TIE
 
 
-def as_fast(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
-    """Whether ``figures`` is spill-free everywhere and no slower than ``than`` (its time_ratio within TIE of 1 or
-    below): a tie."""
-    ratio = time_ratio(figures, than)
+def as_fast(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = False) -> bool:
+    """Whether ``figures`` is spill-free everywhere (with ``spills``: compiles everywhere) and no slower than
+    ``than`` (its time_ratio within TIE of 1 or below): a tie."""
+    ratio = time_ratio(figures, than, spills)
     return ratio is not None and ratio <= 1 + TIE
 
 
@@ -299,6 +316,7 @@ class Tuner:
         self.relief = 0  # probes spent relieving spills and growing back what they shrank (not the speed's budget)
         self._bases: dict[str, dict[str, Settings]] = {}
         self._tried: dict[tuple[str, str], list[Settings]] = {}  # (point, target): the settings probed there
+        self._probed: set[tuple[str, str, str]] = set()  # (point, target, settings): each target's probes
         self._points = list(template.points())  # every valid point, enumerated once
 
     def _probe(self, params: dict, table: Table, targets: list[str], spilling: bool = False) -> dict[str, Figure]:
@@ -307,8 +325,13 @@ class Tuner:
         self.probes += 1
         self.relief += spilling
         base = self._base(params)
+        self._probed |= {self._probe_key(params, t, {**base[t], **table.get(t, {})}) for t in targets}
         diff = {t: {k: v for k, v in s.items() if v != base[t][k]} for t, s in table.items()}
         return self.probe(params, {t: d for t, d in diff.items() if d}, targets)
+
+    @staticmethod
+    def _probe_key(params: dict, target: str, settings: Settings) -> tuple[str, str, str]:
+        return format_point(params), target, format_point(settings)
 
     def _spent(self, spilling: bool) -> str:
         """Why the search may start no probe now ('' while it may): its probe budget (SPILL_BUDGET times the
@@ -369,9 +392,11 @@ class Tuner:
             for target, (settings, _) in best.items():
                 if target in stopped:
                     continue
-                if best[target][1].spills and stall[target] >= STALL:
-                    stopped[target] = f"no relief from the last {STALL} settings tried: the template's " \
-                                      f"neighbouring points next"
+                if best[target][1].spills and stall[target] >= STALL and not any(
+                        d == relieving(k) and m not in tried[target] for m, _, k, d in
+                        neighbours(self.template, settings, True)):
+                    stopped[target] = f"no relief from the last {stall[target]} settings tried (each one step " \
+                                      f"toward fewer registers among them): the template's neighbouring points next"
                     continue
                 options = [*plateau[target], *neighbours(self.template, settings, best[target][1].spills),
                            *across[target]]
@@ -384,11 +409,12 @@ class Tuner:
             spilling = [t for t, (_, f) in best.items() if f.spills]
             if not moves or (spilling and not any(t in moves for t in spilling)):
                 return stopped
-            if spent := self._spent(bool(spilling)):
+            relief = any(best[t][1].at_model for t in spilling)
+            if spent := self._spent(relief):
                 for target in moves:
                     stopped[target] = spent
                 return stopped
-            figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves), bool(spilling))
+            figures = self._probe(params, {t: m[0] for t, m in moves.items()}, list(moves), relief)
             for target, (settings, text, key, direction) in moves.items():
                 tried[target].append(settings)
                 figure, before = figures[target], best[target][1]
@@ -437,7 +463,8 @@ class Tuner:
                 ) -> tuple[dict, dict[str, tuple[Settings, Figure]]]:
         """While a target spills more than HEAVY_SPILL or does not compile: the bold point step, taken where it
         spills less (fewer targets that do not compile, then fewer bytes over all); (the point, its figures)."""
-        while (heavy := [t for t, (_, f) in best.items() if f.heavy]) and not self._spent(True):
+        while (heavy := [t for t, (_, f) in best.items() if f.heavy]) and \
+                not self._spent(relief := any(best[t][1].at_model for t in heavy)):
             point = self._settle(self._smaller(params))
             if point is None or format_point(point) in tried or not self.covers(point) or \
                     all(point[k] == params[k] for k in self._sizes(params)):
@@ -446,18 +473,19 @@ class Tuner:
             changes = ", ".join(f"{k} {params[k]} -> {point[k]}" for k in params if point[k] != params[k])
             moved, moved_best = self._relieving_point(point, best, f"{', '.join(heavy)} spill over {HEAVY_SPILL} B a "
                                                       f"thread (or do not compile): every size one step smaller "
-                                                      f"before any launch setting: {changes}")
+                                                      f"before any launch setting: {changes}", relief)
             if not moved:
                 break
             params, best = point, moved_best
         return params, best
 
-    def _relieving_point(self, point: dict, best: dict[str, tuple[Settings, Figure]], why: str
+    def _relieving_point(self, point: dict, best: dict[str, tuple[Settings, Figure]], why: str, relief: bool
                          ) -> tuple[bool, dict[str, tuple[Settings, Figure]]]:
-        """The probe of ``point`` at each target's best settings, made to relieve a spill, each target's trial
-        recorded with ``why``: (whether it spills less than ``best``, each target's settings and figure there)."""
+        """The probe of ``point`` at each target's best settings, made to relieve a spill (``relief``: one at the
+        model suite, counted apart from the speed search's budget), each target's trial recorded with ``why``:
+        (whether it spills less than ``best``, each target's settings and figure there)."""
         table = {t: s for t, (s, _) in best.items()}
-        figures = self._probe(point, table, self.targets, spilling=True)
+        figures = self._probe(point, table, self.targets, spilling=relief)
         moved = spills_less(figures, {t: f for t, (_, f) in best.items()})
         for target in self.targets:
             self._trial(target, point, table[target], figures[target], moved,
@@ -498,16 +526,18 @@ class Tuner:
                 yield point, bold + changes + (" (the arithmetic: its numerics are verified before it is promoted)"
                                                if recast else "")
 
-    def _growth(self, params: dict, tried: set[str]) -> Iterator[tuple[dict, str]]:
+    def _growth(self, params: dict, table: Table) -> Iterator[tuple[dict, str]]:
         """The covering points one size one step larger than ``params``, for sizes still below the passing
-        point's, the largest step in bytes first (the last tile the spills shrank)."""
+        point's, the largest step in bytes first (the last tile the spills shrank), not yet probed with ``table``
+        (a point the shrink passed through spilled at the settings of its time, not at those found since)."""
         for key in sorted(params, key=lambda k: -params[k] if isinstance(params[k], int | float) else 0):
             if key in self.template.launch or not isinstance(params[key], int | float) or \
                     isinstance(params[key], bool) or params[key] >= self.params[key]:
                 continue
             values = axis(self.template.params[key]["choices"])
             point = self._settle({**params, key: values[values.index(params[key]) + 1]})
-            if point is not None and format_point(point) not in tried and self.covers(point):
+            if point is not None and self.covers(point) and \
+                    any(self._probe_key(point, t, s) not in self._probed for t, s in table.items()):
                 yield point, f"{key} {params[key]} -> {point[key]}"
 
     def run(self) -> Outcome:
@@ -526,13 +556,14 @@ class Tuner:
         ended = ""
         while spilling := [t for t, (_, f) in best.items() if f.spills]:
             move = next(self._point_moves(params, tried_points), None)
-            ended = self._spent(True) or ("" if move else "no other point of the template left to try")
+            relief = any(best[t][1].at_model for t in spilling)
+            ended = self._spent(relief) or ("" if move else "no other point of the template left to try")
             if ended:
                 break
             point, changes = move
             tried_points.add(format_point(point))
             moved, moved_best = self._relieving_point(point, best, f"{', '.join(spilling)} spill at every launch "
-                                                      f"setting tried: {changes}")
+                                                      f"setting tried: {changes}", relief)
             if moved:  # the search goes on from there: its launch settings, then its neighbouring points
                 params, best = self._shrink(point, moved_best, tried_points)
                 base = self._base(params)
@@ -543,27 +574,31 @@ class Tuner:
                     (f" ({ended})" if ended else "")
         # a point the spills shrank grows back, one size one step, while it stays spill-free and gets faster (or ties)
         while params != self.params and not ended and not any(f.spills for _, f in best.values()):
-            move = next(self._growth(params, tried_points), None)
+            table = {t: s for t, (s, _) in best.items()}
+            move = next(self._growth(params, table), None)
             if move is None or self._spent(True):
                 break
             point, changes = move
             tried_points.add(format_point(point))
-            table = {t: s for t, (s, _) in best.items()}
             figures = self._probe(point, table, self.targets, spilling=True)  # the spill's budget: undoing its shrink
             was = {t: f for t, (_, f) in best.items()}
-            moved, promising = faster(figures, was), faster(figures, was, spills=True)
+            moved = faster(figures, was)
             tie = not moved and as_fast(figures, was)  # a size the time does not see: back to the passing point's
+            promising = not (moved or tie) and as_fast(figures, was, spills=True)
             for target in self.targets:
                 self._trial(target, point, table[target], figures[target], moved or tie,
                             f"the spills shrank the point; growing it back: {changes}: {figures[target].text()}"
                             + (", spill-free and faster: the point moves" if moved else
                                ", spill-free and as fast, nearer the passing point: the point moves" if tie else
-                               ", faster but spilling: its launch settings are searched" if promising else ""))
+                               ", as fast or faster but spilling: its launch settings are searched" if promising
+                               else ""))
             grown = {t: (table[t], figures[t]) for t in self.targets}
-            if moved or promising:  # a faster point that spills may be relieved by its own launch settings
+            if moved or promising:  # a point as fast that spills may be relieved by its own launch settings
                 reasons = self._descend(point, grown, self._base(point), speed=False) if self.template.launch else \
                     stopped
-                moved = faster({t: f for t, (_, f) in grown.items()}, was)
+                now = {t: f for t, (_, f) in grown.items()}
+                moved = faster(now, was)
+                tie = not moved and as_fast(now, was)
             if tie:  # spill-free everywhere: its speed search is the one at the end
                 params, base, best = point, self._base(point), grown
                 stopped = {} if self.template.launch else stopped
