@@ -36,8 +36,9 @@ anything is promoted): its launch settings are searched again, then its own neig
 is spill-free or a budget ends. A point the spills shrank then grows back, one size one step up at a time, where it
 stays spill-free everywhere and is modelled faster (its time over the best's, averaged over the targets) or as fast
 (within TIE: a size the spills alone moved, which the time does not see, goes back toward the passing point's, the
-template's own choice); a point grown back that is as fast but spills has its launch settings searched first, and a
-point the shrink passed through is probed again at the settings found since.
+template's own choice); a point grown back that compiles but spills has its launch settings searched first (the shrink
+judged it at the settings of its time: a tile setting may relieve it), where no launch search has been there yet, and
+is judged at the best they find.
 """
 
 from __future__ import annotations
@@ -316,7 +317,8 @@ class Tuner:
         self.relief = 0  # probes spent relieving spills and growing back what they shrank (not the speed's budget)
         self._bases: dict[str, dict[str, Settings]] = {}
         self._tried: dict[tuple[str, str], list[Settings]] = {}  # (point, target): the settings probed there
-        self._probed: set[tuple[str, str, str]] = set()  # (point, target, settings): each target's probes
+        self._figures: dict[tuple[str, str, str], Figure] = {}  # (point, target, settings): each probe's figure
+        self._grown: set[tuple[str, str]] = set()  # (point, table): each growth tried
         self._points = list(template.points())  # every valid point, enumerated once
 
     def _probe(self, params: dict, table: Table, targets: list[str], spilling: bool = False) -> dict[str, Figure]:
@@ -325,9 +327,10 @@ class Tuner:
         self.probes += 1
         self.relief += spilling
         base = self._base(params)
-        self._probed |= {self._probe_key(params, t, {**base[t], **table.get(t, {})}) for t in targets}
         diff = {t: {k: v for k, v in s.items() if v != base[t][k]} for t, s in table.items()}
-        return self.probe(params, {t: d for t, d in diff.items() if d}, targets)
+        figures = self.probe(params, {t: d for t, d in diff.items() if d}, targets)
+        self._figures |= {self._probe_key(params, t, {**base[t], **table.get(t, {})}): figures[t] for t in targets}
+        return figures
 
     @staticmethod
     def _probe_key(params: dict, target: str, settings: Settings) -> tuple[str, str, str]:
@@ -528,16 +531,15 @@ class Tuner:
 
     def _growth(self, params: dict, table: Table) -> Iterator[tuple[dict, str]]:
         """The covering points one size one step larger than ``params``, for sizes still below the passing
-        point's, the largest step in bytes first (the last tile the spills shrank), not yet probed with ``table``
-        (a point the shrink passed through spilled at the settings of its time, not at those found since)."""
+        point's, the largest step in bytes first (the last tile the spills shrank), not yet grown to with ``table``
+        (a point the shrink passed through was judged at the settings of its time, its own never searched)."""
         for key in sorted(params, key=lambda k: -params[k] if isinstance(params[k], int | float) else 0):
             if key in self.template.launch or not isinstance(params[key], int | float) or \
                     isinstance(params[key], bool) or params[key] >= self.params[key]:
                 continue
             values = axis(self.template.params[key]["choices"])
             point = self._settle({**params, key: values[values.index(params[key]) + 1]})
-            if point is not None and self.covers(point) and \
-                    any(self._probe_key(point, t, s) not in self._probed for t, s in table.items()):
+            if point is not None and self.covers(point) and (format_point(point), str(table)) not in self._grown:
                 yield point, f"{key} {params[key]} -> {point[key]}"
 
     def run(self) -> Outcome:
@@ -580,20 +582,26 @@ class Tuner:
                 break
             point, changes = move
             tried_points.add(format_point(point))
-            figures = self._probe(point, table, self.targets, spilling=True)  # the spill's budget: undoing its shrink
+            self._grown.add((format_point(point), str(table)))
+            keys = {t: self._probe_key(point, t, s) for t, s in table.items()}
+            known = all(k in self._figures for k in keys.values())
+            figures = {t: self._figures[k] for t, k in keys.items()} if known else \
+                self._probe(point, table, self.targets, spilling=True)  # the spill's budget: undoing its shrink
             was = {t: f for t, (_, f) in best.items()}
             moved = faster(figures, was)
             tie = not moved and as_fast(figures, was)  # a size the time does not see: back to the passing point's
-            promising = not (moved or tie) and as_fast(figures, was, spills=True)
+            promising = not (moved or tie) and all(f.ok for f in figures.values()) and \
+                any(f.spills and (format_point(point), t) not in self._tried for t, f in figures.items())
             for target in self.targets:
                 self._trial(target, point, table[target], figures[target], moved or tie,
                             f"the spills shrank the point; growing it back: {changes}: {figures[target].text()}"
+                            + (" (as probed before)" if known else "")
                             + (", spill-free and faster: the point moves" if moved else
                                ", spill-free and as fast, nearer the passing point: the point moves" if tie else
-                               ", as fast or faster but spilling: its launch settings are searched" if promising
+                               ", spilling: its launch settings are searched" if promising
                                else ""))
             grown = {t: (table[t], figures[t]) for t in self.targets}
-            if moved or promising:  # a point as fast that spills may be relieved by its own launch settings
+            if moved or promising:  # a point that spills may be relieved by its own launch settings
                 reasons = self._descend(point, grown, self._base(point), speed=False) if self.template.launch else \
                     stopped
                 now = {t: f for t, (_, f) in grown.items()}
