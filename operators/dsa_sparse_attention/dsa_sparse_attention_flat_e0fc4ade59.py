@@ -1,8 +1,10 @@
 """dsa_sparse_attention candidate rendered from templates/dsa_sparse_attention/flat.py.j2.
 
 one program per (query block, query head), float32 products summed over D, no tl.dot; atomic dk/dv
-params: BLOCK_M=1, BLOCK_K=16, num_warps=4
-launch on sm_90a: bwd_tile=8192, bwd_warps=8, fwd_tile=8192
+params: BLOCK_M=4, BLOCK_K=16, num_warps=4
+launch on sm_100a: bwd_tile=4096, bwd_warps=16, fwd_tile=4096, fwd_warps=16, num_stages=2
+launch on sm_80: bwd_tile=4096, bwd_warps=16, fwd_tile=4096, fwd_warps=16, num_stages=2
+launch on sm_90a: bwd_tile=4096, bwd_warps=16, fwd_tile=4096, fwd_warps=8, num_stages=2
 """
 import torch
 import triton
@@ -10,7 +12,7 @@ import triton.language as tl
 
 BLOCK = "dsa_sparse_attention"
 TEMPLATE = "flat"
-BLOCK_M = 1
+BLOCK_M = 4
 BLOCK_K = 16
 NUM_WARPS = 4
 # Launch settings per target: LAUNCH_SETTINGS[key] for the launch's target name ("sm_90a", "gfx942"), else its
@@ -18,7 +20,7 @@ NUM_WARPS = 4
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'sm_90a': {'bwd_tile': 8192, 'bwd_warps': 8, 'fwd_tile': 8192}}
+TUNED_SETTINGS = {'sm_100a': {'bwd_tile': 4096, 'bwd_warps': 16, 'fwd_tile': 4096, 'fwd_warps': 16, 'num_stages': 2}, 'sm_80': {'bwd_tile': 4096, 'bwd_warps': 16, 'fwd_tile': 4096, 'fwd_warps': 16, 'num_stages': 2}, 'sm_90a': {'bwd_tile': 4096, 'bwd_warps': 16, 'fwd_tile': 4096, 'fwd_warps': 8, 'num_stages': 2}}
 
 
 def launch_target(device) -> str:
