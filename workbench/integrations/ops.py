@@ -40,10 +40,29 @@ def current_table() -> Mapping[str, Callable[..., Any]]:
 
 
 def references() -> dict[str, Callable[..., Any]]:
-    """Every catalog block's reference by name: the table a probe computes with (float64 capable)."""
+    """Every catalog block's reference by name: the table a probe computes with (float64 capable). A serving block
+    updates its cache in place (``updated_in_place``) where its reference returns an updated copy: its entry writes
+    the copy back into the cache passed and returns that, as the op does."""
     from workbench.blocks import REGISTRY
 
-    return {name: spec.reference for name, spec in REGISTRY.items()}
+    return {name: in_place(spec) if spec.updated_in_place else spec.reference for name, spec in REGISTRY.items()}
+
+
+def in_place(spec) -> Callable[..., Any]:
+    """``spec``'s reference with the op's contract: each updated_in_place input gets the reference's updated copy
+    and is the output returned in its place."""
+    import inspect
+
+    signature = inspect.signature(spec.reference)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(*args, **kwargs).arguments
+        outputs = list(spec.reference(*args, **kwargs))
+        for name, index in spec.in_place_outputs.items():
+            given[name].copy_(outputs[index])
+            outputs[index] = given[name]
+        return tuple(outputs)
+    return run
 
 
 @contextmanager
