@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import get_block
-from workbench.blocks.kda_short_conv import INKLING2, variant
+from workbench.blocks.kda_short_conv import INKLING2, INKLING2_DYNAMIC, variant
 
 SPEC = get_block("kda_short_conv")
 ref = SPEC.reference
@@ -48,6 +48,11 @@ def test_hand_case():
     pre = torch.tensor([2.0 * 1, -1.0 * 1 + 2.0 * 2, 0.5 * 1 - 1.0 * 2 + 2.0 * 3], dtype=torch.float64)
     torch.testing.assert_close(ref(x, weight).flatten(), F.silu(pre))
     torch.testing.assert_close(ref(x, weight, False, 0.5).flatten(), (pre + x.flatten()) * 0.5)
+    # per-token taps: output t's own taps add to weight's (t = 2 reads 1, 2, 3 through 0.5 + 1, -1 - 1, 2 + 1)
+    taps = torch.zeros(1, 3, 1, 3, dtype=torch.float64)
+    taps[0, 2, 0] = torch.tensor([1.0, -1.0, 1.0])
+    dynamic = ref(x, weight, False, None, taps).flatten()
+    torch.testing.assert_close(dynamic, torch.tensor([2.0, 3.0, 1.5 * 1 - 2.0 * 2 + 3.0 * 3], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -78,6 +83,28 @@ def test_gradients_equal_the_closed_forms(silu, residual_scale):
     torch.testing.assert_close(dweight, expected_dw)
 
 
+def test_dynamic_gradients_equal_the_closed_forms():
+    """Inkling2's dynamic form, 3 groups of 2 channels: dx through each later output's own taps, dtaps summed over a
+    group's channels."""
+    inputs = SPEC.make_inputs({"B": 2, "T": 6, "D": 6, "W": 4, "G": 3, **INKLING2_DYNAMIC}, torch.float64, 4)
+    x, weight, taps = (inputs[k].requires_grad_() for k in ("x", "weight", "taps"))
+    r = inputs["residual_scale"]
+    assert r == 9 ** -0.5 and taps.shape == (2, 6, 3, 4)
+    assert torch.autograd.gradcheck(lambda x, weight, taps: ref(x, weight, False, r, taps), (x, weight, taps))
+    dy = torch.randn(2, 6, 6, dtype=torch.float64)
+    dx, dweight, dtaps = torch.autograd.grad(ref(x, weight, False, r, taps), (x, weight, taps), dy)
+    coefficients = weight.detach()[None, None] + taps.detach().repeat_interleave(2, dim=2)  # [B, T, D, W]
+    padded, dpre = F.pad(x.detach(), (0, 0, 3, 0)), r * dy
+    later, later_c = F.pad(dpre, (0, 0, 0, 3)), F.pad(coefficients, (0, 0, 0, 0, 0, 3))
+    through_taps = sum(later_c[:, 3 - i:9 - i, :, i] * later[:, 3 - i:9 - i] for i in range(4))
+    torch.testing.assert_close(dx, through_taps + r * dy)
+    torch.testing.assert_close(dweight, torch.stack([(dpre * padded[:, i:i + 6]).sum((0, 1)) for i in range(4)], 1))
+    expected = torch.stack([(dpre * padded[:, i:i + 6]).view(2, 6, 3, 2).sum(-1) for i in range(4)], dim=-1)
+    torch.testing.assert_close(dtaps, expected)
+    with pytest.raises(ValueError, match="with G dividing D = 6"):
+        ref(x, weight, False, r, taps[:, :, :2].repeat(1, 1, 2, 1))
+
+
 def test_make_inputs_and_suites():
     inputs = SPEC.make_inputs({"B": 2, "T": 5, "D": 14, "W": 4}, torch.float16, 4)
     assert inputs["x"].shape == (2, 5, 14) and inputs["weight"].shape == (14, 4)
@@ -89,8 +116,16 @@ def test_make_inputs_and_suites():
     forms = {(v["silu"], v["residual_scale"] is None) for v in map(variant, SPEC.shapes["smoke"] + edge)}
     assert forms == {(True, True), (False, False), (True, False)}  # KDA's, Inkling's and Inkling2's, SiLU + residual
     assert variant({"W": 4, **INKLING2}) == {"silu": False, "residual_scale": 5 ** -0.5}
-    with pytest.raises(ValueError, match="residual 3 is none of"):
-        variant({"W": 4, "residual": 3})
+    assert variant({"W": 4, **INKLING2_DYNAMIC}) == {"silu": False, "residual_scale": 9 ** -0.5}
+    with pytest.raises(ValueError, match="residual 4 is none of"):
+        variant({"W": 4, "residual": 4})
+    # dynamic taps: one group, a group a channel, with SiLU and no residual; each smoke suite runs Inkling2's form
+    groups = {(s["G"], s["D"] // s["G"]) for s in SPEC.shapes["smoke"] + edge if s.get("G")}
+    assert {1, 12} <= {g for g, _ in groups} and (12, 1) in groups and any(s.get("G") and not s.get("linear")
+                                                                          for s in edge)
+    inputs = SPEC.make_inputs({"B": 2, "T": 5, "D": 14, "W": 4, "G": 7}, torch.float16, 4)
+    assert inputs["taps"].shape == (2, 5, 7, 4) and inputs["taps"].dtype == torch.float16 and \
+        SPEC.make_inputs({"B": 2, "T": 5, "D": 14, "W": 4}, torch.float16, 4)["taps"] is None
 
 
 def test_templates_render_each_choice_to_a_candidate():
@@ -102,7 +137,7 @@ def test_templates_render_each_choice_to_a_candidate():
 def test_each_template_verifies_on_the_interpreter(tmp_path, template):
     result = verify_first_point(tmp_path, "kda_short_conv", template, base_seed=5)
     assert result.passed, result.message
-    assert numeric_directions(result) == {"forward:y", "grad:x", "grad:weight"}
+    assert numeric_directions(result) == {"forward:y", "grad:x", "grad:weight", "grad:taps"}
 
 
 @pytest.mark.interpreter

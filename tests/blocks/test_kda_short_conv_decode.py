@@ -12,7 +12,7 @@ import torch
 from template_checks import assert_templates_render_each_choice, numeric_directions, verify_first_point
 
 from workbench.blocks import get_block
-from workbench.blocks.kda_short_conv import INKLING2
+from workbench.blocks.kda_short_conv import INKLING2, INKLING2_DYNAMIC
 
 SPEC = get_block("kda_short_conv_decode")
 CONV = get_block("kda_short_conv")
@@ -21,16 +21,17 @@ CONV = get_block("kda_short_conv")
 @pytest.mark.parametrize("shape", [{"B": 1, "T": 9, "D": 5, "W": 4}, {"B": 1, "T": 2, "D": 3, "W": 4},
                                    {"B": 1, "T": 7, "D": 6, "W": 2}])
 @pytest.mark.parametrize("length", ["W - 1", "W + 2"])
-@pytest.mark.parametrize("form", [{}, INKLING2, {"residual": 1}])
+@pytest.mark.parametrize("form", [{}, INKLING2, {"residual": 1}, {"G": 1, **INKLING2_DYNAMIC}])
 def test_a_sequence_decoded_token_by_token_equals_its_prefill(shape, length, form):
     inputs = CONV.make_inputs({**shape, **form}, torch.float64, shape["T"])
+    taps = inputs["taps"]  # [1, T, G, W]: each step's own
     w = shape["W"]
     state_len = w - 1 if length == "W - 1" else w + 2
     cache = torch.zeros(3, shape["D"], state_len, dtype=torch.float64)  # an empty state: zeros before t = 0
     outputs = []
     for t in range(shape["T"]):
         y, cache = SPEC.reference(inputs["x"][:, t], inputs["weight"], cache, torch.tensor([1]), inputs["silu"],
-                                  inputs["residual_scale"])
+                                  inputs["residual_scale"], None if taps is None else taps[:, t])
         outputs.append(y)
     torch.testing.assert_close(torch.stack(outputs, dim=1), CONV.reference(**inputs), rtol=1e-12, atol=1e-12)
     last = torch.cat([torch.zeros(shape["D"], state_len, dtype=torch.float64), inputs["x"][0].T], dim=1)

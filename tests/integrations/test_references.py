@@ -57,3 +57,32 @@ def test_the_gated_norm_of_the_other_activation_is_told_apart():
                        .reference(x, norm.weight, gate, 1e-5, other), lambda norm=norm: norm(x, gate),
                        [x, norm.weight, gate])
         assert row.output_rel > 1e-2 and row.grad_rel > 1e-2, row
+
+
+def test_dynamic_taps_in_the_modules_order_are_told_apart():
+    """Inkling2's dynamic convolution indexes its taps by backward distance, kda_short_conv oldest input first: the
+    taps handed over unflipped compute another convolution, far off."""
+    from workbench.integrations.families.inkling2 import dynamic_taps
+    from workbench.integrations.references import _inkling2_dynamic_conv, _leaf
+
+    g = torch.Generator().manual_seed(9)
+    module, x, given = _inkling2_dynamic_conv(g), _leaf(2, 9, 12, g=g), _leaf(2, 9, 16, g=g)
+    weight, taps = dynamic_taps(module, given)
+    row = _compare("kda_short_conv", "Inkling2DynamicShortConvolution, taps unflipped",
+                   lambda: get_block("kda_short_conv").reference(x, weight.flip(1), False, 9 ** -0.5, taps.flip(-1)),
+                   lambda: module(x, given), [x, given, module.static_weight, module.weight_proj.weight])
+    assert row.output_rel > 1e-2 and row.grad_rel > 1e-2, row
+
+
+def test_the_references_table_updates_a_serving_cache_in_place_as_the_op_does():
+    """A decode block's reference returns an updated copy of its cache; in the table a probe computes with, the cache
+    passed is updated and returned, as the promoted op does (a forward that keeps only y, as the families' do, would
+    otherwise decode its next step from a stale state)."""
+    from workbench.integrations.ops import references
+
+    spec = get_block("kda_short_conv_decode")
+    inputs = spec.make_inputs({"N": 2, "SLOTS": 3, "D": 8, "W": 4, "L": 3}, torch.float64, 0)
+    cache = inputs["conv_cache"]
+    want_y, want_cache = spec.reference(**{**inputs, "conv_cache": cache.clone()})
+    y, returned = references()["kda_short_conv_decode"](*inputs.values())
+    assert returned is cache and torch.equal(cache, want_cache) and torch.equal(y, want_y)

@@ -215,13 +215,26 @@ def swiglu() -> list[Comparison]:
     return rows
 
 
+def _inkling2_dynamic_conv(g: torch.Generator, channels: int = 12, heads: int = 2, inputs: int = 16):
+    """An Inkling2DynamicShortConvolution (float64, 4 taps, layer 0) with random static taps and tap projection."""
+    from transformers.models.inkling2 import modeling_inkling2 as shipped
+
+    module = shipped.Inkling2DynamicShortConvolution(channels, inputs, heads, 4, layer_idx=0, conv_idx=0).to(F64)
+    module.static_weight.data = torch.randn(4, channels, generator=g, dtype=F64) / 2
+    module.weight_proj.weight.data = torch.randn(heads * 4, inputs, generator=g, dtype=F64) / 4
+    return module
+
+
 def kda_short_conv() -> list[Comparison]:
     """KDA's silu(conv(x)) against Kimi Linear's causal_conv1d_fn; the residual variants against Inkling2's
     ((conv(x) + x) / sqrt(W + 1)) and Inkling's (conv(x) + x) ShortConvolution modules, and Inkling2's held to KDA's
-    form."""
+    form; the dynamic variant against Inkling2's DynamicShortConvolution (per-token taps, (conv(x) + x) /
+    sqrt(2 W + 1)), and that module held to the static residual form."""
     import importlib
 
     from transformers.models.kimi_linear import modeling_kimi_linear as kl
+
+    from workbench.integrations.families.inkling2 import dynamic_taps
 
     ref = get_block("kda_short_conv").reference
     g = torch.Generator().manual_seed(2)
@@ -243,6 +256,60 @@ def kda_short_conv() -> list[Comparison]:
     rows.append(_compare("kda_short_conv", "Inkling2ShortConvolution held to KDA's silu(conv(x))",
                          lambda: ref(x, inkling2.conv1d.weight.squeeze(1)), lambda: inkling2(x),
                          [x, inkling2.conv1d.weight], same=False, note="Inkling2's residual form is another variant"))
+    dynamic, dynamic_input = _inkling2_dynamic_conv(g), _leaf(2, 9, 16, g=g)
+    leaves = [x, dynamic_input, dynamic.static_weight, dynamic.weight_proj.weight]
+    rows.append(_compare("kda_short_conv", "Inkling2DynamicShortConvolution (per-token taps, (conv(x) + x) / "
+                         "sqrt(2 W + 1))", lambda: ref(x, *dynamic_taps(dynamic, dynamic_input)[:1], False,
+                                                       9 ** -0.5, dynamic_taps(dynamic, dynamic_input)[1]),
+                         lambda: dynamic(x, dynamic_input), leaves))
+    rows.append(_compare("kda_short_conv", "Inkling2DynamicShortConvolution held to the static residual form",
+                         lambda: ref(x, dynamic_taps(dynamic, dynamic_input)[0], False, 5 ** -0.5),
+                         lambda: dynamic(x, dynamic_input), leaves, same=False,
+                         note="the per-token taps and the 1 / sqrt(2 W + 1) scale are the dynamic variant"))
+    return rows
+
+
+def kda_short_conv_decode() -> list[Comparison]:
+    """Inkling2's short convolutions decoding with a cache: each module (the static residual one, the dynamic one)
+    prefilled with 5 tokens through a DynamicCache, then fed one token a step, against kda_short_conv_decode's
+    update of the cache's conv state (W inputs a sequence, float32 in the model, float64 here); output_rel: the worst
+    over the steps of y and of the shifted state. No grad: the decode form has no backward."""
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.inkling2 import modeling_inkling2 as shipped
+    from transformers.models.inkling2.configuration_inkling2 import Inkling2TextConfig
+
+    from workbench.integrations.families.inkling2 import dynamic_taps
+
+    ref = get_block("kda_short_conv_decode").reference
+    g = torch.Generator().manual_seed(41)
+    config = Inkling2TextConfig(num_hidden_layers=1, layer_types=["hybrid"], hidden_size=16, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=6)
+    static = shipped.Inkling2ShortConvolution(12, 4, layer_idx=0, conv_idx=1).to(F64)
+    static.conv1d.weight.data = torch.randn(12, 1, 4, generator=g, dtype=F64) / 2
+    dynamic = _inkling2_dynamic_conv(g)
+    x, dynamic_input = torch.randn(2, 8, 12, generator=g, dtype=F64), torch.randn(2, 8, 16, generator=g, dtype=F64)
+    cache, slots = DynamicCache(config=config), torch.arange(2)
+    rows = []
+    with torch.no_grad(), Float64Casts():
+        dynamic(x[:, :5], dynamic_input[:, :5], past_key_values=cache)
+        static(x[:, :5], past_key_values=cache)
+        worst = {"static": 0.0, "dynamic": 0.0}
+        for step in range(5, 8):
+            token, given = x[:, step], dynamic_input[:, step:step + 1]
+            weight, taps = dynamic_taps(dynamic, given)
+            for name, module, inputs, variant in (
+                    ("dynamic", dynamic, (given,), {"weight": weight, "residual_scale": 9 ** -0.5,
+                                                    "taps": taps[:, 0]}),
+                    ("static", static, (), {"weight": static.conv1d.weight.squeeze(1), "residual_scale": 5 ** -0.5})):
+                state = cache.get_conv_state(0, state_idx=module.conv_idx).clone()
+                y, updated = ref(token, conv_cache=state, slots=slots, silu=False, **variant)
+                theirs = module(token[:, None], *inputs, past_key_values=cache)[:, 0]
+                worst[name] = max(worst[name], rel(theirs, y), rel(cache.get_conv_state(0, state_idx=module.conv_idx),
+                                                                   updated))
+    for name, label in (("static", "Inkling2ShortConvolution"), ("dynamic", "Inkling2DynamicShortConvolution")):
+        rows.append(Comparison("kda_short_conv_decode", f"{label} with a DynamicCache (3 decode steps after 5 "
+                                                        f"tokens; no grad)", True, worst[name], 0.0,
+                               "y and the shifted state compared; the decode form has no backward"))
     return rows
 
 
@@ -979,7 +1046,8 @@ def inkling2_attention() -> list[Comparison]:
 
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
-    rmsnorm, layernorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda_prologue, kda,
+    rmsnorm, layernorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda_short_conv_decode,
+    kda_prologue, kda,
     gated_delta_rule, kda_gate, mla, mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix,
     dsa_indexer, dsa_kpool_indexer, dsa_kpool_indexer_decode, dsa_sparse_attention, moe_router, moe_experts,
     lora_linear)
