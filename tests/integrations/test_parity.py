@@ -188,8 +188,9 @@ def test_glm_moe_dsa_sparse_attention_with_shared_selections_computes_the_shippe
 def test_inkling2_residual_mixes_and_situ_experts_compute_the_shipped_model(settings):
     """Inkling2's text model shrunk to a sliding and a full layer: the block attention residuals (one query, and the
     full layer's three for q, k and v) as attnres with normalised values, the sigmoid router, the experts' softcapped
-    SwiGLU as moe_grouped_gemm's SiTU, the residual short convolutions as kda_short_conv's residual variant; its
-    attention runs as shipped."""
+    SwiGLU as moe_grouped_gemm's SiTU, the residual short convolutions as kda_short_conv's residual variant and the
+    full layer's dynamic ones (per-token taps) as its dynamic variant, the attention as the attention block's Inkling2
+    variant."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "inkling2", "--layers", "2", "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -201,8 +202,9 @@ def test_inkling2_residual_mixes_and_situ_experts_compute_the_shipped_model(sett
     # the residual mixes: the sliding layer's MLP input (layer 0 has no attention input), the full layer's three
     # attention inputs and its MLP input, and the final one
     assert m["op_runs"]["attnres"] == 6 and m["op_runs"]["moe_grouped_gemm"] == 2 and m["idle_blocks"] == []
-    # the residual short convolutions: after both sublayers of both layers, and the sliding layer's keys and values
-    assert m["op_runs"]["kda_short_conv"] == 2 + 2 + 2
+    # the residual short convolutions: after both sublayers of both layers, the sliding layer's keys and values, and
+    # the full layer's dynamic ones on its keys and values
+    assert m["op_runs"]["kda_short_conv"] == 2 + 2 + 2 + 2 and m["op_runs"]["attention"] == 2
 
 
 def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(settings):

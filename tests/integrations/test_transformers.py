@@ -268,9 +268,10 @@ def test_inkling2_swaps_the_residual_mixes_router_situ_experts_convolutions_and_
         assert found[attention] == ("attention",)
     assert model.config._attn_implementation == "workbench"  # 2D padding masks: a padded batch runs row by row
     # the residual short convolutions (after each sublayer; the sliding layer's keys and values) as kda_short_conv's
-    # residual variant, decode steps by its serving form; the full layer's dynamic taps are no block's
+    # residual variant, the full layer's keys and values with per-token taps as its dynamic one; decode steps by its
+    # serving form
     assert found["Inkling2ShortConvolution"] == ("kda_short_conv", "kda_short_conv_decode")
-    assert "per-token taps" in found["Inkling2DynamicShortConvolution"]
+    assert found["Inkling2DynamicShortConvolution"] == ("kda_short_conv", "kda_short_conv_decode")
     other = ink.Inkling2ForCausalLM(ink.Inkling2TextConfig(**{**fields, "scoring_func": "tanh"}))
     assert "sigmoid scores" in outcome(apply_workbench_kernels(other))["Inkling2TopKRouter"]
 
@@ -369,9 +370,68 @@ def test_inkling2_attention_through_the_block_computes_the_shipped_model_padded_
     as workbench::attention, the ops as their float64 references: a training step's loss and every gradient, and a
     greedy generate over the cache of an unpadded and a left-padded batch (row by row) equal the shipped model's.
     The check can fail: relative logits one distance off move the logits by far more than the bound."""
+    from workbench.blocks.attention import reference
+    from workbench.integrations.ops import computing_with, references
+    from workbench.integrations.references import Float64Casts
+
+    shipped, patched, ids, (_, full_attention) = inkling2_trained_alike(["attention"])
+    assert full_attention == ("attention",)
+    table = references()
+    padded = torch.ones(2, 20, dtype=torch.long)
+    padded[0, :3] = 0
+    for mask in (torch.ones(2, 20, dtype=torch.long), padded):
+        assert_generates_alike(patched, shipped, ids, mask, table, 4)
+
+    def one_off(q, k, v, sinks, scale, window, softcap, rel=None):
+        return reference(q, k, v, sinks, scale, window, softcap, None if rel is None else rel.roll(1, -1))
+    with torch.no_grad(), Float64Casts(), computing_with({**table, "attention": one_off}):
+        assert (patched(ids).logits - shipped(ids).logits).abs().max() > 1e-3
+
+
+def test_inkling2_dynamic_convolutions_through_the_block_compute_the_shipped_model_padded_or_not(promoted):
+    """The full layer's dynamic short convolutions (its keys and values, per-token taps from weight_proj) as
+    kda_short_conv's dynamic variant, and their decode steps as kda_short_conv_decode's with each sequence's own
+    taps, the ops as their float64 references: a training step's loss and every gradient, and a greedy generate over
+    the cache of an unpadded batch and a left-padded one (its prompt through the shipped forward, whose padding
+    masks the convolution's input) equal the shipped model's, the 3 decode steps of both through the serving form.
+    The check can fail: the taps in the module's order (by backward distance) move the logits by far more than the
+    bound."""
+    from collections import Counter
+
+    from workbench.blocks.kda_short_conv import reference
+    from workbench.integrations.ops import computing_with, references
+    from workbench.integrations.references import Float64Casts
+
+    shipped, patched, ids, (dynamic, _) = inkling2_trained_alike(["kda_short_conv", "kda_short_conv_decode"])
+    assert dynamic == ("kda_short_conv", "kda_short_conv_decode")
+    dynamic_calls: Counter = Counter()
+
+    def counted(name, op):
+        def run(*args):
+            dynamic_calls[name] += len(args) > 6 and args[6] is not None  # the taps, kda_short_conv_decode's last
+            return op(*args)
+        return run
+    table = {**references(), "kda_short_conv_decode": counted("decode", references()["kda_short_conv_decode"])}
+    padded = torch.ones(2, 20, dtype=torch.long)
+    padded[0, :3] = 0
+    for mask in (torch.ones(2, 20, dtype=torch.long), padded):
+        dynamic_calls.clear()
+        assert_generates_alike(patched, shipped, ids, mask, table, 4)
+        assert dynamic_calls["decode"] == 2 * 3  # keys and values, each decode step
+
+    def taps_reversed(x, weight, silu=True, residual_scale=None, taps=None):
+        return reference(x, weight, silu, residual_scale, None if taps is None else taps.flip(-1))
+    with torch.no_grad(), Float64Casts(), computing_with({**references(), "kda_short_conv": taps_reversed}):
+        assert (patched(ids).logits - shipped(ids).logits).abs().max() > 1e-3
+
+
+def inkling2_trained_alike(blocks: list[str]):
+    """A tiny Inkling2 (inkling2_tiny) twice in float64, the second patched with ``blocks``: a training step on a
+    20-token batch, the ops as their float64 references, gives the shipped logits and every parameter's gradient.
+    Returns (shipped, patched, the batch's ids, the blocks computing the full layer's dynamic key convolution and
+    its attention)."""
     from transformers.models.inkling2 import modeling_inkling2 as ink
 
-    from workbench.blocks.attention import reference
     from workbench.integrations.ops import computing_with, references
     from workbench.integrations.references import Float64Casts
 
@@ -384,11 +444,16 @@ def test_inkling2_attention_through_the_block_computes_the_shipped_model_padded_
     shipped = ink.Inkling2ForCausalLM(config()).to(torch.float64).eval()
     patched = ink.Inkling2ForCausalLM(config()).to(torch.float64).eval()
     patched.load_state_dict(shipped.state_dict())
-    assert outcome(apply_workbench_kernels(patched, blocks=["attention"]))["Inkling2FullAttention"] == ("attention",)
-    table = references()
+    with torch.no_grad():  # the dynamic convolutions' static taps start at zero: give them some
+        for model in (shipped, patched):
+            for module in model.modules():
+                if isinstance(module, ink.Inkling2DynamicShortConvolution):
+                    module.static_weight.copy_(torch.randn(module.static_weight.shape,
+                                                           generator=torch.Generator().manual_seed(2)) / 2)
+    rows = {row.path: row.blocks for row in apply_workbench_kernels(patched, blocks=blocks).rows}
     ids = torch.randint(0, fields["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
     with Float64Casts():
-        with computing_with(table):
+        with computing_with(references()):
             got = patched(ids, labels=ids)
             got.loss.backward()
         want = shipped(ids, labels=ids)
@@ -396,16 +461,7 @@ def test_inkling2_attention_through_the_block_computes_the_shipped_model_padded_
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-10, atol=1e-10)
     for (name, a), b in zip(patched.named_parameters(), shipped.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-10, msg=name)
-    padded = torch.ones(2, 20, dtype=torch.long)
-    padded[0, :3] = 0
-    for mask in (torch.ones(2, 20, dtype=torch.long), padded):
-        assert_generates_alike(patched, shipped, ids, mask, table, 4)
-
-    def one_off(q, k, v, sinks, scale, window, softcap, rel=None):
-        return reference(q, k, v, sinks, scale, window, softcap, None if rel is None else rel.roll(1, -1))
-    with torch.no_grad(), Float64Casts(), computing_with({**table, "attention": one_off}):
-        off = patched(ids).logits
-    assert (off - want.logits).abs().max() > 1e-3
+    return shipped, patched, ids, (rows["model.layers.1.self_attn.k_sconv"], rows.get("model.layers.1.self_attn"))
 
 
 def inkling2_tiny(full) -> dict:

@@ -18,8 +18,10 @@ each sublayer, RMSNorm.
     Inkling2ShortConvolution            kda_short_conv's residual variant, (conv(x) + x) / sqrt(W + 1) without
                                         activation (after each sublayer, and on the sliding layers' keys and
                                         values); its decode steps by kda_short_conv_decode's where promoted
-    Inkling2DynamicShortConvolution     left alone: per-token taps projected from the input (the full layers' keys
-                                        and values) are no block's
+    Inkling2DynamicShortConvolution     kda_short_conv's dynamic variant (the full layers' keys and values): the
+                                        static taps plus per-token ones from weight_proj (run as the module, adapter
+                                        included), shared by a KV head's channels, (conv(x) + x) / sqrt(2 W + 1); its
+                                        decode steps by kda_short_conv_decode's where promoted
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from torch import nn
 from transformers.models.inkling2 import modeling_inkling2 as shipped
 
-from workbench.blocks.kda_short_conv import INKLING2, variant
+from workbench.blocks.kda_short_conv import INKLING2, INKLING2_DYNAMIC, variant
 from workbench.errors import WorkbenchError
 from workbench.integrations.attention import attend, use_workbench_attention
 from workbench.integrations.families._common import (
@@ -79,8 +81,7 @@ def short_convolution_forward(self: nn.Module, hidden_states: torch.Tensor, past
     convolution it writes the float32 inputs' tail as the shipped forward does. A padded batch (the conv input is
     masked, the residual is not), packed sequences (seq_idx), an adapted conv1d, a recording cache or one that holds
     this convolution's past run the shipped forward."""
-    if runs_shipped(self, past_key_values, conv_mask, kwargs) or past_key_values is not None \
-            and past_key_values.get_conv_state(self.layer_idx, state_idx=self.conv_idx) is not None:
+    if runs_shipped(self, past_key_values, conv_mask, kwargs) or conv_state(self, past_key_values) is not None:
         return self.original_forward(hidden_states, past_key_values=past_key_values, conv_mask=conv_mask, **kwargs)
     if past_key_values is not None:
         past_key_values.update_conv_state(hidden_states.float().transpose(1, 2), self.layer_idx,
@@ -93,13 +94,46 @@ def short_convolution_forward_with_decode(self: nn.Module, hidden_states: torch.
     """short_convolution_forward, and a decode step (one token of each sequence over a cache that holds this
     convolution's past) through workbench::kda_short_conv_decode: the cache's float32 conv state [B, D, W] is the
     op's cache, sequence b in slot b, shifted in place as the shipped causal_conv1d_update shifts it."""
-    state = None if past_key_values is None else past_key_values.get_conv_state(self.layer_idx,
-                                                                                state_idx=self.conv_idx)
+    state = conv_state(self, past_key_values)
     if state is None or hidden_states.shape[1] != 1 or runs_shipped(self, past_key_values, conv_mask, kwargs):
         return short_convolution_forward(self, hidden_states, past_key_values, conv_mask, **kwargs)
     slots = torch.arange(hidden_states.shape[0], device=hidden_states.device)
     y, _ = ops.kda_short_conv_decode(hidden_states[:, 0].float(), self.conv1d.weight.squeeze(1), state, slots, False,
                                      residual_scale(self))
+    return y[:, None].to(hidden_states.dtype)
+
+
+def dynamic_convolution_forward(self: nn.Module, hidden_states: torch.Tensor, dynamic_input: torch.Tensor,
+                                past_key_values=None, conv_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """Inkling2DynamicShortConvolution.forward as workbench::kda_short_conv's dynamic variant: taps static_weight
+    plus weight_proj(dynamic_input) per token (shared by a KV head's channels, reordered oldest input first), (conv(x)
+    + x) / sqrt(2 W + 1), no activation, [B, T, D] in x's dtype (float32 math, as the module's). Into a cache holding
+    nothing of this convolution it writes the float32 inputs' tail as the shipped forward does. A padded batch, a
+    recording cache or one that holds this convolution's past run the shipped forward."""
+    if runs_shipped(self, past_key_values, conv_mask, kwargs) or conv_state(self, past_key_values) is not None:
+        return self.original_forward(hidden_states, dynamic_input, past_key_values=past_key_values,
+                                     conv_mask=conv_mask, **kwargs)
+    if past_key_values is not None:
+        past_key_values.update_conv_state(hidden_states.float().transpose(1, 2), self.layer_idx,
+                                          state_idx=self.conv_idx, conv_kernel_size=self.conv_kernel_size)
+    weight, taps = dynamic_taps(self, dynamic_input)
+    return ops.kda_short_conv(hidden_states, weight, False, dynamic_scale(self), taps)
+
+
+def dynamic_convolution_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, dynamic_input: torch.Tensor,
+                                            past_key_values=None, conv_mask: torch.Tensor | None = None,
+                                            **kwargs) -> torch.Tensor:
+    """dynamic_convolution_forward, and a decode step (one token of each sequence over a cache that holds this
+    convolution's past) through workbench::kda_short_conv_decode with each sequence's own taps: the cache's float32
+    conv state [B, D, W] is the op's cache, sequence b in slot b, shifted in place as the shipped forward's cache
+    update shifts it."""
+    state = conv_state(self, past_key_values)
+    if state is None or hidden_states.shape[1] != 1 or runs_shipped(self, past_key_values, conv_mask, kwargs):
+        return dynamic_convolution_forward(self, hidden_states, dynamic_input, past_key_values, conv_mask, **kwargs)
+    weight, taps = dynamic_taps(self, dynamic_input[:, 0])
+    slots = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+    y, _ = ops.kda_short_conv_decode(hidden_states[:, 0].float(), weight, state, slots, False, dynamic_scale(self),
+                                     taps)
     return y[:, None].to(hidden_states.dtype)
 
 
@@ -148,22 +182,36 @@ def residual_scale(self: nn.Module) -> float:
     return variant({"W": self.conv_kernel_size, **INKLING2})["residual_scale"]
 
 
+def dynamic_taps(self: nn.Module, dynamic_input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An Inkling2DynamicShortConvolution's taps in kda_short_conv's layout, oldest input first: (weight [D, W]
+    from static_weight [W, D], taps [..., G, W] from weight_proj(dynamic_input) [..., G * W]); the module indexes
+    both by backward distance."""
+    taps = self.weight_proj(dynamic_input)
+    return self.static_weight.flip(0).T, taps.view(*taps.shape[:-1], self.num_heads, -1).flip(-1)
+
+
+def dynamic_scale(self: nn.Module) -> float:
+    """Inkling2's output scale of the dynamic short convolution, 1 / sqrt(2 W + 1), as kda_short_conv's variant has
+    it."""
+    return variant({"W": self.conv_kernel_size, **INKLING2_DYNAMIC})["residual_scale"]
+
+
+def conv_state(self: nn.Module, past_key_values) -> torch.Tensor | None:
+    """The cache's conv state of this convolution [B, D, W] (float32), None where it holds none."""
+    return None if past_key_values is None else past_key_values.get_conv_state(self.layer_idx,
+                                                                               state_idx=self.conv_idx)
+
+
 def runs_shipped(self: nn.Module, past_key_values, conv_mask: torch.Tensor | None, kwargs: dict) -> bool:
     """Whether a short convolution call has no form in the ops: a padded batch, packed sequences, an adapted conv1d
     or a cache recording its past."""
     return (conv_mask is not None and not bool(conv_mask.all())) or kwargs.get("seq_idx") is not None \
-        or type(self.conv1d) is not nn.Conv1d \
+        or (hasattr(self, "conv1d") and type(self.conv1d) is not nn.Conv1d) \
         or (past_key_values is not None and past_key_values.is_recording_past(self.layer_idx))
 
 
 SHARED = SharedModules(rmsnorm=shipped.Inkling2RMSNorm, rmsnorm_forward=rmsnorm_forward, mlp=None,
                        router=shipped.Inkling2TopKRouter, router_forward=router_forward, experts=None)
-
-LEFT_ALONE = {
-    shipped.Inkling2DynamicShortConvolution: "short convolution with per-token taps projected from the input: no "
-                                             "block computes dynamic taps",
-}
-
 
 def apply(patcher: Patcher) -> None:
     """Swap the catalog's ops into every Inkling2 module they compute; report each module."""
@@ -182,15 +230,16 @@ def apply(patcher: Patcher) -> None:
         elif isinstance(module, shipped.Inkling2BlockAttentionResidual):
             if patcher.wants(path, module, "attnres"):
                 patcher.set_forward(path, module, attention_residual_forward, "attnres")
-        elif isinstance(module, shipped.Inkling2ShortConvolution):
+        elif isinstance(module, shipped.Inkling2ShortConvolution | shipped.Inkling2DynamicShortConvolution):
             if patcher.wants(path, module, "kda_short_conv"):
+                dynamic = isinstance(module, shipped.Inkling2DynamicShortConvolution)
                 if patcher.may("kda_short_conv_decode"):
-                    patcher.set_forward(path, module, short_convolution_forward_with_decode, "kda_short_conv",
+                    patcher.set_forward(path, module, dynamic_convolution_forward_with_decode if dynamic else
+                                        short_convolution_forward_with_decode, "kda_short_conv",
                                         "kda_short_conv_decode")
                 else:
-                    patcher.set_forward(path, module, short_convolution_forward, "kda_short_conv")
-        elif type(module) in LEFT_ALONE:
-            report.leave(path, module, LEFT_ALONE[type(module)])
+                    patcher.set_forward(path, module, dynamic_convolution_forward if dynamic else
+                                        short_convolution_forward, "kda_short_conv")
     finish_shared(patcher)
     attention = [(path, m) for path, m in patcher.model.named_modules()
                  if isinstance(m, shipped.Inkling2SlidingAttention | shipped.Inkling2FullAttention)]
