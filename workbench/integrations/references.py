@@ -313,6 +313,31 @@ def kda_short_conv_decode() -> list[Comparison]:
     return rows
 
 
+def l2_clip() -> list[Comparison]:
+    """The clips against Inkling2's modules: Inkling2L2Clip (the keys), Inkling2ScaledL2Clip (the queries and the
+    relative states) and the scaled clip followed by the full layers' log scaling as Inkling2FullAttention applies it
+    (``(x.float() * tau).to(x.dtype)``); rows spread around the threshold, so some are clipped and some kept; the
+    unscaled clip held to the scaled module."""
+    from transformers.models.inkling2 import modeling_inkling2 as ink
+
+    ref = get_block("l2_clip").reference
+    g = torch.Generator().manual_seed(43)
+    x = (_leaf(2, 5, 3, 16, g=g).detach() * torch.linspace(0.3, 3.0, 30, dtype=F64).view(2, 5, 3, 1)).requires_grad_()
+    plain, scaled = ink.Inkling2L2Clip(6.0), ink.Inkling2ScaledL2Clip(3, 16, 6.0).to(F64)
+    scaled.scale.data = 0.5 + torch.rand(3, 16, generator=g, dtype=F64)
+    tau = (1.0 + 0.5 * torch.rand(2, 5, generator=g, dtype=F64)).requires_grad_()
+    return [
+        _compare("l2_clip", "Inkling2L2Clip (the keys)", lambda: ref(x, None, None, 6.0), lambda: plain(x), [x]),
+        _compare("l2_clip", "Inkling2ScaledL2Clip (the queries, the relative states)",
+                 lambda: ref(x, scaled.scale, None, 6.0), lambda: scaled(x), [x, scaled.scale]),
+        _compare("l2_clip", "Inkling2ScaledL2Clip, then Inkling2FullAttention's log scaling",
+                 lambda: ref(x, scaled.scale, tau, 6.0), lambda: (scaled(x).float() * tau[..., None, None]).to(x.dtype),
+                 [x, scaled.scale, tau]),
+        _compare("l2_clip", "Inkling2ScaledL2Clip held to the unscaled clip", lambda: ref(x, None, None, 6.0),
+                 lambda: scaled(x), [x, scaled.scale], same=False, note="the learnt scale is part of the variant"),
+    ]
+
+
 def kda_prologue() -> list[Comparison]:
     """The KDA layers' q/k l2norm and beta sigmoid against Kimi Linear's l2norm (x / sqrt(sum x^2 + eps)) and
     Qwen3-Next's (x * rsqrt(sum x^2 + eps)), each with torch.sigmoid of the beta logits; a tiny row (the eps acts)
@@ -1047,7 +1072,7 @@ def inkling2_attention() -> list[Comparison]:
 
 COMPARISONS: tuple[Callable[[], Comparison | list[Comparison]], ...] = (
     rmsnorm, layernorm, zero_centred_rmsnorm, rmsnorm_gated, swiglu, situ, kda_short_conv, kda_short_conv_decode,
-    kda_prologue, kda,
+    l2_clip, kda_prologue, kda,
     gated_delta_rule, kda_gate, mla, mla_rope, rotary, attention, attnres, hyper_connection, hyper_connection_mix,
     dsa_indexer, dsa_kpool_indexer, dsa_kpool_indexer_decode, dsa_sparse_attention, moe_router, moe_experts,
     lora_linear)
