@@ -190,7 +190,7 @@ def test_inkling2_residual_mixes_and_situ_experts_compute_the_shipped_model(sett
     full layer's three for q, k and v) as attnres with normalised values, the sigmoid router, the experts' softcapped
     SwiGLU as moe_grouped_gemm's SiTU, the residual short convolutions as kda_short_conv's residual variant and the
     full layer's dynamic ones (per-token taps) as its dynamic variant, the attention as the attention block's Inkling2
-    variant."""
+    variant with its L2 clips as l2_clip and its values' norm as rmsnorm."""
     shutil.copytree(OPERATORS, settings.operators_dir)
     result = runner.invoke(app, ["parity", "inkling2", "--layers", "2", "--tokens", "16", "--json"])
     assert result.exit_code == 0, result.output
@@ -205,6 +205,7 @@ def test_inkling2_residual_mixes_and_situ_experts_compute_the_shipped_model(sett
     # the residual short convolutions: after both sublayers of both layers, the sliding layer's keys and values, and
     # the full layer's dynamic ones on its keys and values
     assert m["op_runs"]["kda_short_conv"] == 2 + 2 + 2 + 2 and m["op_runs"]["attention"] == 2
+    assert m["op_runs"]["l2_clip"] == 3 * 2  # each attention's queries, keys and relative states
 
 
 def test_glm5_next_kda_layers_with_the_bounded_gate_compute_the_shipped_model(settings):

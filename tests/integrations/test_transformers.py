@@ -265,7 +265,7 @@ def test_inkling2_swaps_the_residual_mixes_router_situ_experts_convolutions_and_
     assert found["Inkling2Experts"] == ("moe_permute", "moe_grouped_gemm", "moe_combine")
     assert model.model.layers[0].mlp.experts.workbench_activation == ("situ", 3.0, 25.0)  # the config's soft caps
     for attention in ("Inkling2SlidingAttention", "Inkling2FullAttention"):  # per-token sinks, relative logits
-        assert found[attention] == ("attention",)
+        assert found[attention] == ("attention", "l2_clip", "rmsnorm")  # the clips and the values' norm around it
     assert model.config._attn_implementation == "workbench"  # 2D padding masks: a padded batch runs row by row
     # the residual short convolutions (after each sublayer; the sliding layer's keys and values) as kda_short_conv's
     # residual variant, the full layer's keys and values with per-token taps as its dynamic one; decode steps by its
@@ -366,16 +366,18 @@ def test_glm5_next_decode_steps_take_the_serving_forms_unless_the_batch_is_padde
 
 
 def test_inkling2_attention_through_the_block_computes_the_shipped_model_padded_or_not(promoted):
-    """Inkling2's sliding and full attention (per-token sinks, relative logits over the window and over rel_extent)
-    as workbench::attention, the ops as their float64 references: a training step's loss and every gradient, and a
-    greedy generate over the cache of an unpadded and a left-padded batch (row by row) equal the shipped model's.
-    The check can fail: relative logits one distance off move the logits by far more than the bound."""
+    """Inkling2's sliding and full attention (per-token sinks, relative logits over the window and over rel_extent) as
+    workbench::attention, its L2 clips (the full layer's log scaling folded in) as workbench::l2_clip and its
+    values' norm as workbench::rmsnorm, the ops as their float64 references: a training step's loss and every
+    gradient, and a greedy generate over the cache of an unpadded and a left-padded batch (row by row) equal the
+    shipped model's. The check can fail: relative logits one distance off move the logits by far more than the
+    bound."""
     from workbench.blocks.attention import reference
     from workbench.integrations.ops import computing_with, references
     from workbench.integrations.references import Float64Casts
 
-    shipped, patched, ids, (_, full_attention) = inkling2_trained_alike(["attention"])
-    assert full_attention == ("attention",)
+    shipped, patched, ids, (_, full_attention) = inkling2_trained_alike(["attention", "l2_clip", "rmsnorm"])
+    assert full_attention == ("attention", "l2_clip", "rmsnorm")
     table = references()
     padded = torch.ones(2, 20, dtype=torch.long)
     padded[0, :3] = 0

@@ -13,8 +13,10 @@ each sublayer, RMSNorm.
     Inkling2SlidingAttention,           attention, its Inkling2 variant: per-token sinks (sink_proj) and relative
     Inkling2FullAttention               logits (rel_logits_proj's bank mixed per token, one logit per backward
                                         distance: [B, TQ, H, E], never the dense [B, H, TQ, TK] bias), the sliding
-                                        window, GQA and scale; the projections, the L2 clips, the full layers' log
-                                        scaling, the values' unweighted RMSNorm and the sigmoid output gate in torch
+                                        window, GQA and scale; the L2 clips of q, k and the relative states as
+                                        l2_clip (the full layers' log scaling folded in) and the values' unweighted
+                                        RMSNorm as rmsnorm where promoted; the projections and the sigmoid output
+                                        gate in torch
     Inkling2ShortConvolution            kda_short_conv's residual variant, (conv(x) + x) / sqrt(W + 1) without
                                         activation (after each sublayer, and on the sliding layers' keys and
                                         values); its decode steps by kda_short_conv_decode's where promoted
@@ -144,8 +146,10 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_ma
     """Inkling2SlidingAttention.forward and Inkling2FullAttention.forward (which passes key_hidden_states and
     value_hidden_states) with the attention itself as workbench::attention: per-token sinks [B, TQ, H] and the
     relative logits relative_states @ proj [B, TQ, H, E] handed to the block as they are, where the shipped forward
-    gathers them into a dense bias. A padded batch runs row by row (workbench.integrations.attention.attend: the
-    model's masks are the workbench implementation's 2D ones)."""
+    gathers them into a dense bias; the L2 clips (the full layers' log scaling with them) as workbench::l2_clip and
+    the values' unweighted RMSNorm as workbench::rmsnorm where the patch named them (``workbench_blocks``). A padded
+    batch runs row by row (workbench.integrations.attention.attend: the model's masks are the workbench
+    implementation's 2D ones)."""
     if self.training and self.attention_dropout:
         raise WorkbenchError(f"Inkling2 attention: dropout {self.attention_dropout} while training is not supported")
     full = key_hidden_states is not None
@@ -158,15 +162,24 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_ma
         value = self.v_sconv(self.v_proj(value_hidden_states), value_hidden_states, **conv)
     else:
         key, value = self.k_sconv(self.k_proj(hidden_states), **conv), self.v_sconv(self.v_proj(hidden_states), **conv)
-    relative = self.rel_l2_clip(self.r_proj(hidden_states).view(*input_shape, self.num_heads, -1))
-    query = self.q_l2_clip(query.view(hidden_shape))
-    if full:  # log scaling of the queries and relative states, in float32 as shipped
-        tau = 1.0 + self.config.log_scaling_alpha * torch.log(
-            ((kwargs["position_ids"] + 1).float() / self.config.log_scaling_n_floor).clamp(min=1.0))
-        query = (query.float() * tau[..., None, None]).to(query.dtype)
-        relative = (relative.float() * tau[..., None, None]).to(relative.dtype)
-    key = self.k_l2_clip(key.view(hidden_shape))
-    value = self.v_norm(value.view(hidden_shape).float()).to(value.dtype)
+    relative = self.r_proj(hidden_states).view(*input_shape, self.num_heads, -1)
+    # the full layers' log scaling of the queries and relative states [B, T], in float32 as shipped
+    tau = (1.0 + self.config.log_scaling_alpha * torch.log(((kwargs["position_ids"] + 1).float()
+                                                             / self.config.log_scaling_n_floor).clamp(min=1.0))
+           ).expand(input_shape) if full else None
+    if "l2_clip" in self.workbench_blocks:
+        query = ops.l2_clip(query.view(hidden_shape), self.q_l2_clip.scale, tau, self.q_l2_clip.threshold)
+        relative = ops.l2_clip(relative, self.rel_l2_clip.scale, tau, self.rel_l2_clip.threshold)
+        key = ops.l2_clip(key.view(hidden_shape), None, None, self.k_l2_clip.threshold)
+    else:
+        query, relative = self.q_l2_clip(query.view(hidden_shape)), self.rel_l2_clip(relative)
+        if full:
+            query = (query.float() * tau[..., None, None]).to(query.dtype)
+            relative = (relative.float() * tau[..., None, None]).to(relative.dtype)
+        key = self.k_l2_clip(key.view(hidden_shape))
+    values = value.view(hidden_shape).float()  # the unweighted RMSNorm in float32, as shipped
+    value = (ops.rmsnorm(values, values.new_ones(self.head_dim), self.v_norm.eps) if "rmsnorm" in self.workbench_blocks
+             else self.v_norm(values)).to(value.dtype)
     if past_key_values is not None:
         key, value = (x.transpose(1, 2) for x in past_key_values.update(key.transpose(1, 2), value.transpose(1, 2),
                                                                          self.layer_idx))
@@ -245,10 +258,12 @@ def apply(patcher: Patcher) -> None:
                  if isinstance(m, shipped.Inkling2SlidingAttention | shipped.Inkling2FullAttention)]
     if attention and all(patcher.wants(path, module, "attention") for path, module in attention):
         use_workbench_attention(patcher.model)  # the model's masks become 2D (padding) or none
+        around = [block for block in ("l2_clip", "rmsnorm") if patcher.may(block)]
         for path, module in attention:
-            patcher.set_forward(path, module, attention_forward, "attention")
-        report.notes.append("around each attention, the projections, the L2 clips, the log scaling, the values' "
-                            "RMSNorm and the output gate stay in torch")
+            patcher.set_forward(path, module, attention_forward, "attention", *around)
+        left = ["the projections", "the output gate"] + [part for block, part in (
+            ("l2_clip", "the L2 clips and the log scaling"), ("rmsnorm", "the values' RMSNorm")) if block not in around]
+        report.notes.append(f"around each attention, {', '.join(left)} stay in torch")
     report.notes.append("plain projections (nn.Linear) run in torch")
 
 
