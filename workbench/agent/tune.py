@@ -66,8 +66,8 @@ DEFAULT_SECONDS = 600.0
 STALL = 2
 """Launch settings a spilling target tries in a row without spilling less, after which (and once each single step
 toward fewer registers from its best has been tried) its launch search stops and the template's neighbouring points
-are probed. In the walks of the reversed and the hand-ordered cards, 89 of 90
-launch settings that relieved a spill came at most one probe after the last relief (the other: 16 B, four after)."""
+are probed. In the walks of the reversed and the hand-ordered cards, 89 of 90 launch settings that relieved a spill
+came at most one probe after the last relief (the other: 16 B, four after)."""
 HEAVY_SPILL = 1024
 """Bytes a thread spills past which no launch setting is tried first: more than a whole NVIDIA register file (255
 32-bit registers) a thread, where more warps at best halve a thread's share of the tile. Such a point (or one that
@@ -290,10 +290,10 @@ def faster(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = F
     return ratio is not None and ratio < 1 - TIE
 
 
-def as_fast(figures: dict[str, Figure], than: dict[str, Figure], spills: bool = False) -> bool:
-    """Whether ``figures`` is spill-free everywhere (with ``spills``: compiles everywhere) and no slower than
-    ``than`` (its time_ratio within TIE of 1 or below): a tie."""
-    ratio = time_ratio(figures, than, spills)
+def as_fast(figures: dict[str, Figure], than: dict[str, Figure]) -> bool:
+    """Whether ``figures`` is spill-free everywhere and no slower than ``than`` (its time_ratio within TIE of 1 or
+    below): a tie."""
+    ratio = time_ratio(figures, than)
     return ratio is not None and ratio <= 1 + TIE
 
 
