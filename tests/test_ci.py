@@ -107,6 +107,27 @@ def test_a_changed_only_baseline_update_keeps_the_operators_it_left_alone(settin
     assert written["swiglu"]["source_hash"] != baseline["swiglu"]["source_hash"]
 
 
+def test_a_result_accepted_in_the_baseline_file_stands_against_an_older_passing_job(settings, baseline):
+    """kda's smoke-shape spill on sm_100a was accepted in the baseline file; the store's last passing job predated it
+    and reported it again, and a --changed-only --update-baseline wrote the stale entry back. The file's entry for the
+    operator promoted now stands; the store's serves the operators the file has no current entry for."""
+    from workbench.ci import load_baseline
+
+    stale = json.loads(json.dumps(baseline))
+    stale["rmsnorm"]["checks"]["spill_free:sm_90a"] = True
+    stale["swiglu"]["source_hash"] = "an older swiglu"
+    accepted = json.loads(json.dumps(baseline))
+    accepted["rmsnorm"]["checks"]["spill_free:sm_90a"] = False  # the regression accepted in the repository
+    accepted["swiglu"]["source_hash"] = "an operator no longer promoted"
+    (settings.operators_dir / "ci_baseline.json").write_text(json.dumps(accepted))
+    with Session(get_engine(settings.db_url)) as s:
+        s.add(CIJob(commit="old", status="passed", summary={"operators": stale}))
+        s.commit()
+    loaded = load_baseline(settings)
+    assert loaded["rmsnorm"]["checks"]["spill_free:sm_90a"] is False  # the file's, for the operator promoted now
+    assert loaded["swiglu"]["source_hash"] == "an older swiglu"  # the store's: the file's entry is not current
+
+
 def test_ci_replays_the_loss_curves_with_every_promoted_operator(settings, tmp_path, baseline):
     """As CI runs on a fresh clone: the reference curves and LoRA base checkpoints come from the repository's
     replays/ (their keys match the code: tests/replay/test_replay_runner.py), only the operators train."""

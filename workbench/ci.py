@@ -88,13 +88,18 @@ def summarize(block: str, result: VerificationResult) -> OperatorReport:
 
 
 def load_baseline(settings: Settings) -> dict[str, dict]:
-    """Per block, the last known results: the store's last passing job, else the repository's baseline file."""
+    """Per block, the last known results: the repository's baseline file where its entry is for the operator promoted
+    now (its source hash: what was accepted there stands, an accepted regression included), else the store's last
+    passing job, else the file. The store's job can predate the file's entry: a passing job from before a regression
+    was accepted would report it again, and a --changed-only --update-baseline would write it back."""
+    path = settings.operators_dir / BASELINE_FILE
+    kept = json.loads(path.read_text()) if path.is_file() else {}
     with Session(get_engine(settings.db_url)) as s:
         job = s.exec(select(CIJob).where(CIJob.status == JobStatus.PASSED).order_by(CIJob.started_at.desc())).first()
-    if job and job.summary.get("operators"):
-        return job.summary["operators"]
-    path = settings.operators_dir / BASELINE_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    stored = job.summary.get("operators") or {} if job else {}
+    current = {key: manifest.get("source_hash") for key, manifest in newest_promoted(settings.operators_dir).items()}
+    accepted = {key for key, entry in kept.items() if entry.get("source_hash") == current.get(key)}
+    return {**kept, **{key: entry for key, entry in stored.items() if key not in accepted}}
 
 
 def regressions(report: OperatorReport, baseline: dict | None) -> list[str]:
