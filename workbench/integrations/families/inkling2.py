@@ -79,64 +79,45 @@ def attention_residual_forward(self: nn.Module, block_states: torch.Tensor,
 def short_convolution_forward(self: nn.Module, hidden_states: torch.Tensor, past_key_values=None,
                               conv_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
     """Inkling2ShortConvolution.forward as workbench::kda_short_conv's residual variant: (conv(x) + x) / sqrt(W + 1),
-    no activation, [B, T, D] in x's dtype (float32 math, as the module's). Into a cache holding nothing of this
-    convolution it writes the float32 inputs' tail as the shipped forward does. A padded batch (the conv input is
-    masked, the residual is not), packed sequences (seq_idx), an adapted conv1d, a recording cache or one that holds
-    this convolution's past run the shipped forward."""
-    if runs_shipped(self, past_key_values, conv_mask, kwargs) or conv_state(self, past_key_values) is not None:
-        return self.original_forward(hidden_states, past_key_values=past_key_values, conv_mask=conv_mask, **kwargs)
-    if past_key_values is not None:
-        past_key_values.update_conv_state(hidden_states.float().transpose(1, 2), self.layer_idx,
-                                          state_idx=self.conv_idx, conv_kernel_size=self.conv_kernel_size)
-    return ops.kda_short_conv(hidden_states, self.conv1d.weight.squeeze(1), False, residual_scale(self))
-
-
-def short_convolution_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, past_key_values=None,
-                                          conv_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
-    """short_convolution_forward, and a decode step (one token of each sequence over a cache that holds this
-    convolution's past) through workbench::kda_short_conv_decode: the cache's float32 conv state [B, D, W] is the
-    op's cache, sequence b in slot b, shifted in place as the shipped causal_conv1d_update shifts it."""
-    state = conv_state(self, past_key_values)
-    if state is None or hidden_states.shape[1] != 1 or runs_shipped(self, past_key_values, conv_mask, kwargs):
-        return short_convolution_forward(self, hidden_states, past_key_values, conv_mask, **kwargs)
-    slots = torch.arange(hidden_states.shape[0], device=hidden_states.device)
-    y, _ = ops.kda_short_conv_decode(hidden_states[:, 0].float(), self.conv1d.weight.squeeze(1), state, slots, False,
-                                     residual_scale(self))
-    return y[:, None].to(hidden_states.dtype)
+    no activation, [B, T, D] in x's dtype (float32 math, as the module's); see convolve."""
+    return convolve(self, hidden_states, None, past_key_values, conv_mask, kwargs)
 
 
 def dynamic_convolution_forward(self: nn.Module, hidden_states: torch.Tensor, dynamic_input: torch.Tensor,
                                 past_key_values=None, conv_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
     """Inkling2DynamicShortConvolution.forward as workbench::kda_short_conv's dynamic variant: taps static_weight
     plus weight_proj(dynamic_input) per token (shared by a KV head's channels, reordered oldest input first), (conv(x)
-    + x) / sqrt(2 W + 1), no activation, [B, T, D] in x's dtype (float32 math, as the module's). Into a cache holding
-    nothing of this convolution it writes the float32 inputs' tail as the shipped forward does. A padded batch, a
-    recording cache or one that holds this convolution's past run the shipped forward."""
-    if runs_shipped(self, past_key_values, conv_mask, kwargs) or conv_state(self, past_key_values) is not None:
-        return self.original_forward(hidden_states, dynamic_input, past_key_values=past_key_values,
-                                     conv_mask=conv_mask, **kwargs)
+    + x) / sqrt(2 W + 1), no activation, [B, T, D] in x's dtype (float32 math, as the module's); see convolve."""
+    return convolve(self, hidden_states, dynamic_input, past_key_values, conv_mask, kwargs)
+
+
+def convolve(self: nn.Module, hidden_states: torch.Tensor, dynamic_input: torch.Tensor | None, past_key_values,
+             conv_mask: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
+    """Either short convolution (the dynamic one where ``dynamic_input`` [B, T, D'] is given) over hidden_states
+    [B, T, D]. Over a cache holding nothing of this convolution: workbench::kda_short_conv, writing the float32 inputs'
+    tail into the cache as the shipped forward does. A decode step (one token of each sequence over a cache that holds
+    this convolution's past) where the patch named kda_short_conv_decode: that op, the cache's float32 conv state
+    [B, D, W] its cache, sequence b in slot b, shifted in place as the shipped forward shifts it. A padded batch,
+    packed sequences, an adapted conv1d, a recording cache or any other call over a cache with this convolution's past
+    run the shipped forward."""
+    state = conv_state(self, past_key_values)
+    decode = state is not None and hidden_states.shape[1] == 1 and "kda_short_conv_decode" in self.workbench_blocks
+    if runs_shipped(self, past_key_values, conv_mask, kwargs) or (state is not None and not decode):
+        inputs = (hidden_states,) if dynamic_input is None else (hidden_states, dynamic_input)
+        return self.original_forward(*inputs, past_key_values=past_key_values, conv_mask=conv_mask, **kwargs)
+    if dynamic_input is None:
+        weight, taps, scale = self.conv1d.weight.squeeze(1), None, residual_scale(self)
+    else:
+        (weight, taps), scale = dynamic_taps(self, dynamic_input), dynamic_scale(self)
+    if decode:
+        slots = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        y, _ = ops.kda_short_conv_decode(hidden_states[:, 0].float(), weight, state, slots, False, scale,
+                                         None if taps is None else taps[:, 0])
+        return y[:, None].to(hidden_states.dtype)
     if past_key_values is not None:
         past_key_values.update_conv_state(hidden_states.float().transpose(1, 2), self.layer_idx,
                                           state_idx=self.conv_idx, conv_kernel_size=self.conv_kernel_size)
-    weight, taps = dynamic_taps(self, dynamic_input)
-    return ops.kda_short_conv(hidden_states, weight, False, dynamic_scale(self), taps)
-
-
-def dynamic_convolution_forward_with_decode(self: nn.Module, hidden_states: torch.Tensor, dynamic_input: torch.Tensor,
-                                            past_key_values=None, conv_mask: torch.Tensor | None = None,
-                                            **kwargs) -> torch.Tensor:
-    """dynamic_convolution_forward, and a decode step (one token of each sequence over a cache that holds this
-    convolution's past) through workbench::kda_short_conv_decode with each sequence's own taps: the cache's float32
-    conv state [B, D, W] is the op's cache, sequence b in slot b, shifted in place as the shipped forward's cache
-    update shifts it."""
-    state = conv_state(self, past_key_values)
-    if state is None or hidden_states.shape[1] != 1 or runs_shipped(self, past_key_values, conv_mask, kwargs):
-        return dynamic_convolution_forward(self, hidden_states, dynamic_input, past_key_values, conv_mask, **kwargs)
-    weight, taps = dynamic_taps(self, dynamic_input[:, 0])
-    slots = torch.arange(hidden_states.shape[0], device=hidden_states.device)
-    y, _ = ops.kda_short_conv_decode(hidden_states[:, 0].float(), weight, state, slots, False, dynamic_scale(self),
-                                     taps)
-    return y[:, None].to(hidden_states.dtype)
+    return ops.kda_short_conv(hidden_states, weight, False, scale, taps)
 
 
 def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -245,14 +226,10 @@ def apply(patcher: Patcher) -> None:
                 patcher.set_forward(path, module, attention_residual_forward, "attnres")
         elif isinstance(module, shipped.Inkling2ShortConvolution | shipped.Inkling2DynamicShortConvolution):
             if patcher.wants(path, module, "kda_short_conv"):
-                dynamic = isinstance(module, shipped.Inkling2DynamicShortConvolution)
-                if patcher.may("kda_short_conv_decode"):
-                    patcher.set_forward(path, module, dynamic_convolution_forward_with_decode if dynamic else
-                                        short_convolution_forward_with_decode, "kda_short_conv",
-                                        "kda_short_conv_decode")
-                else:
-                    patcher.set_forward(path, module, dynamic_convolution_forward if dynamic else
-                                        short_convolution_forward, "kda_short_conv")
+                forward = dynamic_convolution_forward if isinstance(
+                    module, shipped.Inkling2DynamicShortConvolution) else short_convolution_forward
+                patcher.set_forward(path, module, forward, "kda_short_conv",
+                                    *[block for block in ("kda_short_conv_decode",) if patcher.may(block)])
     finish_shared(patcher)
     attention = [(path, m) for path, m in patcher.model.named_modules()
                  if isinstance(m, shipped.Inkling2SlidingAttention | shipped.Inkling2FullAttention)]
