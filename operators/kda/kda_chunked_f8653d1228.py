@@ -3,8 +3,8 @@
 chunked WY form, forward and backward; tl.dot within and across chunks, the state carried chunk to chunk
 params: BT=16, BC=16, BV=16, KC=16, num_warps=4
 launch on sm_100a: KB=16, num_warps=8
-launch on sm_80: KB=32
-launch on sm_90a: KB=16
+launch on sm_80: KB=32, state_bwd_warps=8
+launch on sm_90a: KB=16, state_bwd_warps=8
 """
 import torch
 import triton
@@ -26,7 +26,7 @@ KC = 16  # key columns per tile of the intra-chunk kernels (capped at K rounded 
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'sm_100a': {'KB': 16, 'num_warps': 8}, 'sm_80': {'KB': 32}, 'sm_90a': {'KB': 16}}
+TUNED_SETTINGS = {'sm_100a': {'KB': 16, 'num_warps': 8}, 'sm_80': {'KB': 32, 'state_bwd_warps': 8}, 'sm_90a': {'KB': 16, 'state_bwd_warps': 8}}
 
 
 def launch_target(device) -> str:
@@ -602,11 +602,17 @@ def kda_reduce_kernel(x, y, R, N, S, M, BN: tl.constexpr, BM: tl.constexpr):
     tl.store(y + on[:, None] * M + om[None, :], acc.to(y.dtype.element_ty), mask=mask)
 
 
+REDUCE_TILE = 1024
+"""kda_reduce_kernel's sums a program (8 a thread at its 4 warps): stack-free on the five targets at every width
+from 16 to 512, where 4 a thread keeps an 8-byte stack frame on sm_100a and 16 a thread one at 256 wide on sm_80."""
+
+
 def _reduce(parts: torch.Tensor, out: torch.Tensor, n: int, s: int, m: int) -> torch.Tensor:
     """Sum parts [R, n, s, m] (float32) over R and s into out [n, m] (out's dtype) with kda_reduce_kernel."""
     if n > 0 and m > 0:
-        kda_reduce_kernel[(triton.cdiv(n, 32),)](parts, out, parts.shape[0], n, s, m, BN=32,
-                                                 BM=max(16, triton.next_power_of_2(m)))
+        bm = max(16, triton.next_power_of_2(m))
+        bn = max(1, REDUCE_TILE // bm)
+        kda_reduce_kernel[(triton.cdiv(n, bn),)](parts, out, parts.shape[0], n, s, m, BN=bn, BM=bm)
     return out
 
 
