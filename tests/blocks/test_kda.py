@@ -316,3 +316,28 @@ def test_port_promotes_a_candidate_that_verifies(settings):
     directions = {c.direction for c in result.checks}
     assert {"forward:o", "forward:final_state"} | {f"grad:{n}" for n in NAMES} <= directions
     assert {c.dtype for c in result.checks if c.suite not in ("integrity", "-")} >= {"float32", "float16"}
+
+
+def test_the_promoted_reduction_is_stack_free_at_every_width_on_the_five_targets(tmp_path):
+    """kda_reduce_kernel (the backward's sum over V tiles and GVA heads) as the promoted operator's host launches it,
+    REDUCE_TILE sums a program over widths 16 to 256, compiled for the five targets: no stack. Its earlier fixed 32
+    rows kept an 8-byte stack frame on sm_100a at 16 wide (4 sums a thread) and on sm_80 at 256 (64 a thread)."""
+    import importlib.util
+    from pathlib import Path
+
+    from workbench.backends import DEFAULT_TARGETS, get_targets
+    from workbench.operators import newest_promoted
+    from workbench.verify.aot import compile_for_targets
+
+    path = Path(newest_promoted(Path(__file__).parents[2] / "operators")["kda"]["path"])
+    spec = importlib.util.spec_from_file_location("promoted_kda", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    signature = {"x": "*fp32", "y": "*bf16", "R": "i32", "N": "i32", "S": "i32", "M": "i32", "BN": "constexpr",
+                 "BM": "constexpr"}
+    launches = [{"kernel": "kda_reduce_kernel", "module": "candidate", "file": "", "suite": "model",
+                 "options": {"num_warps": 4}, "signature": signature,
+                 "constexprs": {"BN": max(1, module.REDUCE_TILE // width), "BM": width}} for width in (16, 64, 256)]
+    report = compile_for_targets(path, "reduce", launches, get_targets(list(DEFAULT_TARGETS)), cache_dir=tmp_path)
+    assert len(report.builds) == 15 and all(b.ok for b in report.builds), [b.error for b in report.builds]
+    assert {(b.target, b.spilled_bytes) for b in report.builds if b.spilled_bytes} == set()
