@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.agent.tune import Figure, Tuner, axis, base_settings, neighbours
+from workbench.agent.tune import Figure, Tuner, axis, base_settings, compiled_as, neighbours
 from workbench.templating import format_point, load_template
 
 TARGETS = ["sm_80", "sm_90a", "gfx942"]
@@ -38,11 +38,11 @@ def launch_table(tmpl):
 
 def figure_of(settings: dict, target: str, bd: int = 128) -> Figure:
     """What compiling would show: NVIDIA spills at 4 warps and below unless the tile is 64 wide; more stages are
-    faster until 2 on sm_90a; AMD is fastest at 4 warps."""
-    warps, stages = settings.get("num_warps", 4), settings.get("num_stages")
+    faster until 2 on sm_90a (Triton's own stages there are 3); AMD is fastest at 4 warps."""
+    warps, stages = settings.get("num_warps", 4), compiled_as("num_stages", settings.get("num_stages"), target)
     spills = 96 if target.startswith("sm_") and warps <= 4 and bd == 128 else 0
     time = {2: 3.0, 4: 2.0, 8: 1.5}[warps] if target.startswith("sm_") else {2: 2.0, 4: 1.0, 8: 1.2}[warps]
-    if target == "sm_90a" and stages is not None:
+    if target == "sm_90a":
         time *= {1: 0.9, 2: 0.8, 3: 0.85}[stages]
     return Figure(ok=True, spilled_bytes=spills, registers=255 if spills else 168, time_ms=time)
 
@@ -72,7 +72,7 @@ def test_each_target_descends_to_its_own_best_settings_and_says_why_it_stopped(w
     assert all(set(table) <= set(targets) for _, table, targets in probe.calls)
     # a spilling target tries the move that relieves register pressure first: more warps
     sm80 = [t for t in outcome.trials if t.target == "sm_80"]
-    assert sm80[1].settings == {"num_warps": 8, "num_stages": 3} and sm80[1].moved
+    assert sm80[1].settings == {"num_warps": 8, "num_stages": 2} and sm80[1].moved
     assert "every setting one step toward fewer registers" in sm80[1].why and "better than" in sm80[1].why
     # the stages the bold step changed for nothing on sm_80 are taken back: as good, nearer the template
     back = next(t for t in sm80[2:] if t.moved)
@@ -89,7 +89,7 @@ def test_the_probe_budget_ends_the_search_and_the_reason_says_so(warps_and_stage
     assert outcome.probes == 3
     assert any("probe budget of 2 spent (and 1 relieving spills)" in reason for reason in outcome.stopped.values())
     # what the one move found stands: NVIDIA spill-free at the bold step (not yet taken back to fewer changes)
-    assert outcome.tuned["sm_80"] == {"num_warps": 8, "num_stages": 3}
+    assert outcome.tuned["sm_80"] == {"num_warps": 8, "num_stages": 2}
     assert outcome.best["sm_80"].spilled_bytes == 0
 
 
@@ -115,10 +115,10 @@ def test_a_spilling_target_grows_the_probe_budget_until_it_is_spill_free(warps_a
                   ["sm_80"], lambda params, table, targets: {"sm_80": Figure(ok=True, spilled_bytes=8, time_ms=1.0)},
                   budget=2).run()
     # settings that relieve nothing end the launch search once two in a row did and each single relieving step
-    # was tried (the bold step, more warps, the next step that way, fewer stages); the point search then finds the
-    # budget spent
+    # was tried, and the next step past a tie that way (the bold step, more warps, the next step that way, fewer
+    # stages, the next step that way); the point search then finds the budget spent
     assert stuck.probes == 6 and stuck.stopped["sm_80"].startswith(
-        "no relief from the last 4 settings tried (each one step toward fewer registers among them)")
+        "no relief from the last 5 settings tried (each one step toward fewer registers among them)")
     assert "(probe budget of 6 (3 x 2 while a target spills) spent)" in stuck.stopped["sm_80"]
 
 
@@ -145,7 +145,7 @@ def test_a_bold_step_that_fails_has_each_of_its_single_steps_tried(tmp_path, mon
     def probe(params, table, targets):  # fewer stages spill; more warps relieve, at Triton's own stages only
         def figure(target):
             settings = {"num_warps": params["num_warps"], "num_stages": None, **table.get(target, {})}
-            relieved = settings["num_warps"] == 8 and settings["num_stages"] is None
+            relieved = settings["num_warps"] == 8 and compiled_as("num_stages", settings["num_stages"], target) == 3
             return Figure(ok=True, spilled_bytes=0 if relieved else 16, time_ms=1.0)
         return {t: figure(t) for t in targets}
 
@@ -156,19 +156,39 @@ def test_a_bold_step_that_fails_has_each_of_its_single_steps_tried(tmp_path, mon
     # nothing, and still more warps alone is tried
     moves = [t.why.split(":")[0] for t in outcome.trials[1:]]
     warps = moves.index("num_warps 4 -> 8")
-    assert moves[:2] == ["every setting one step toward fewer registers a thread", "num_stages None -> 3"]
+    assert moves[:2] == ["every setting one step toward fewer registers a thread", "num_stages None -> 2"]
     assert warps > 2 and outcome.trials[1 + warps].moved
+
+
+def test_a_tie_toward_fewer_registers_has_its_next_step_tried_before_the_search_stops(warps_and_stages):
+    """The attention's dK/dV kernel on sm_80 at GPT-OSS's sliding layer (its compile matrix: 4 warps keep 8 B at
+    Triton's own 3 stages and at 2, none at 1; 8 warps spill 32 B at another layer): after the bold step and more
+    warps, the step to 2 stages ties, and the stall must not end the search before the step past the tie, to 1."""
+    def probe(params, table, targets):
+        def figure(target):
+            settings = {"num_warps": params["num_warps"], "num_stages": None, **table.get(target, {})}
+            stages = compiled_as("num_stages", settings["num_stages"], target)
+            spilled = 32 if settings["num_warps"] == 8 else 0 if stages == 1 else 8
+            return Figure(ok=True, spilled_bytes=spilled, time_ms=1.0)
+        return {t: figure(t) for t in targets}
+
+    outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), ["sm_80"], probe,
+                    budget=8).run()
+    moves = [t.why.split(":")[0] for t in outcome.trials[1:]]
+    assert moves[:4] == ["every setting one step toward fewer registers a thread", "num_warps 4 -> 8",
+                         "num_stages None -> 2", "num_stages 2 -> 1"]
+    assert outcome.tuned == {"sm_80": {"num_stages": 1}} and outcome.spill_free_on() == ["sm_80"]
 
 
 def stages_probe(nvidia_spills):
     """NVIDIA spills 96 B where ``nvidia_spills(params)``, at any launch setting; gfx942 is spill-free and fastest
-    at 1 stage, three steps from the template's None."""
+    at 1 stage, one step below the 2 Triton compiles the template's None with there."""
     def probe(params, table, targets):
         def figure(target):
-            stages = table.get(target, {}).get("num_stages")
+            stages = compiled_as("num_stages", table.get(target, {}).get("num_stages"), target)
             if target.startswith("sm_"):
                 return Figure(ok=True, spilled_bytes=96 if nvidia_spills(params) else 0, time_ms=1.0)
-            return Figure(ok=True, time_ms={None: 1.0, 3: 0.95, 2: 0.9, 1: 0.8}[stages])
+            return Figure(ok=True, time_ms={3: 0.95, 2: 0.9, 1: 0.8}[stages])
         return {t: figure(t) for t in targets}
     return probe
 
@@ -182,11 +202,11 @@ def test_launch_settings_that_relieve_nothing_hand_over_to_the_point_search(warp
     outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), TARGETS,
                     lambda *args: calls.append(args[0]["BD"]) or probe(*args), budget=12).run()
     assert outcome.params["BD"] == 64 and outcome.spill_free_on() == TARGETS
-    # the passing point, the bold launch step, each single step of it (more warps, fewer stages): then the smaller
-    # point
-    assert calls[:5] == [128, 128, 128, 128, 64]
+    # the passing point, the bold launch step, each single step of it (more warps, fewer stages) and the step past
+    # the stages' tie (fewer still): then the smaller point
+    assert calls[:6] == [128, 128, 128, 128, 128, 64]
     nvidia_at_128 = [t for t in outcome.trials if t.target == "sm_80" and t.params["BD"] == 128]
-    assert len(nvidia_at_128) == 5 and not any(t.moved for t in nvidia_at_128[1:])
+    assert len(nvidia_at_128) == 6 and not any(t.moved for t in nvidia_at_128[1:])
     # BD's growth back is judged by the figures its launch search there found: no probe, no second search
     assert nvidia_at_128[-1].why.endswith("growing it back: BD 64 -> 128: 0 registers, spills 96 B, 1.0000 ms "
                                           "modelled (as probed before)")
@@ -206,14 +226,14 @@ def test_where_no_point_relieves_the_spill_free_targets_speed_search_resumes(tmp
 
     outcome = Tuner(fixed, {"BD": 128, "num_warps": 4}, launch_table(fixed), TARGETS, probe, budget=12).run()
     assert outcome.spill_free_on() == ["gfx942"] and outcome.tuned["gfx942"] == {"num_stages": 1}
-    assert outcome.stopped["sm_80"].startswith("no relief from the last 3 settings tried")
+    assert outcome.stopped["sm_80"].startswith("no relief from the last 4 settings tried")
     assert "no other point of the template left to try" in outcome.stopped["sm_80"]
     assert outcome.stopped["gfx942"].startswith("local optimum")
     # the resumed search remembers what gfx942 tried before the pause: no setting is probed twice
     gfx942 = [t.settings for t in outcome.trials if t.target == "gfx942"]
     assert len(gfx942) == len({format_point(s) for s in gfx942})
-    # after NVIDIA's three settings, gfx942's probes carry no NVIDIA settings
-    assert all(set(table) <= {"gfx942"} for table in calls[4:])
+    # after NVIDIA's four settings, gfx942's probes carry no NVIDIA settings
+    assert all(set(table) <= {"gfx942"} for table in calls[5:])
 
 
 def test_while_a_target_spills_the_time_budget_is_three_times_the_ports(warps_and_stages):
@@ -528,6 +548,28 @@ def test_neighbours_step_along_value_order_whatever_the_preference_order(warps_a
     assert base_settings(table, "sm_80", ["num_warps"]) == {"num_warps": 8}
     assert base_settings(table, "sm_90a", ["num_warps"]) == {"num_warps": 2}
     assert base_settings(table, "gfx942", ["num_warps"]) == {"num_warps": 4}
+
+
+def test_triton_s_own_stages_stand_where_they_compile_on_each_target(warps_and_stages):
+    """None in a stages setting compiles as Triton's own stages: 3 on NVIDIA, 2 on AMD. The attention's port stepped
+    sm_80's dK/dV stages "None -> 3", the same compile, as its step toward fewer registers (and on AMD that step
+    adds a stage). None stands in place of the number it compiles as."""
+    assert axis([None, 1, 2, 3], "num_stages", "sm_80") == [1, 2, None]
+    assert axis([None, 1, 2, 3], "num_stages", "gfx942") == [1, None, 3]
+    assert axis([1, 2, None, 3], "state_stages", "gfx942") == [1, None, 3]
+    assert axis([None, 128, 168], "bwd_maxnreg", "sm_80") == [128, 168, None]  # no cap: the top
+    at_own = {"num_warps": 4, "num_stages": None}
+    assert [m[1] for m in neighbours(warps_and_stages, at_own, relieve=True, target="sm_80")] == [
+        "every setting one step toward fewer registers a thread: num_warps 4 -> 8, num_stages None -> 2",
+        "num_warps 4 -> 8", "num_stages None -> 2", "num_warps 4 -> 2"]
+    assert [m[1] for m in neighbours(warps_and_stages, at_own, relieve=True, target="gfx942")] == [
+        "every setting one step toward fewer registers a thread: num_warps 4 -> 8, num_stages None -> 1",
+        "num_warps 4 -> 8", "num_stages None -> 1", "num_warps 4 -> 2", "num_stages None -> 3"]
+    # the number None stands for steps as None
+    assert [m[1] for m in neighbours(warps_and_stages, {"num_warps": 4, "num_stages": 3}, relieve=False,
+                                     target="sm_80")] == ["num_warps 4 -> 2", "num_warps 4 -> 8", "num_stages 3 -> 2"]
+    assert [m[1] for m in neighbours(warps_and_stages, {"num_warps": 4, "num_stages": 1}, relieve=False,
+                                     target="gfx942")][-1] == "num_stages 1 -> None"
 
 
 def test_a_probe_fails_only_the_target_whose_compile_failed_and_a_sandbox_verdict_fails_every_target():

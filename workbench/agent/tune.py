@@ -23,7 +23,8 @@ becomes the best; one that ties is a plateau: the next step the same way is trie
 neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a tie
 that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is a
 local optimum), when it spills and STALL settings in a row relieved nothing (each one step toward fewer registers
-tried among them: a bold step that failed says nothing of its parts), or when a budget ends (probes and seconds:
+tried among them, and the next step past a tie that way: a bold step that failed says nothing of its parts, a tie
+nothing of the step after it), or when a budget ends (probes and seconds:
 SPILL_BUDGET times the port's while a target spills at the model suite or a shrunk point grows back; else, and for a
 spill at the smoke suite alone, the port's probes counted past those, and its seconds), and says which. Spills come
 first: once every spilling target has stopped, the spill-free targets' speed search waits for the point search and
@@ -65,9 +66,10 @@ DEFAULT_SECONDS = 600.0
 """The wall time after which the tuning starts no probe (a probe under way finishes: a compile is not cut)."""
 STALL = 2
 """Launch settings a spilling target tries in a row without spilling less, after which (and once each single step
-toward fewer registers from its best has been tried) its launch search stops and the template's neighbouring points
-are probed. In the walks of the reversed and the hand-ordered cards, 89 of 90 launch settings that relieved a spill
-came at most one probe after the last relief (the other: 16 B, four after)."""
+toward fewer registers from its best, and the next step past a tie that way, has been tried) its launch search
+stops and the template's neighbouring points are probed. In the walks of the reversed and the hand-ordered cards,
+89 of 90 launch settings that relieved a spill came at most one probe after the last relief (the other: 16 B, four
+after)."""
 HEAVY_SPILL = 1024
 """Bytes a thread spills past which no launch setting is tried first: more than a whole NVIDIA register file (255
 32-bit registers) a thread, where more warps at best halve a thread's share of the tile. Such a point (or one that
@@ -75,6 +77,9 @@ does not compile) takes the bold point step first: every size one step smaller a
 PRESSURE_UP = ("warps",)
 """Launch settings that relieve register pressure upward (more warps share the tile); every other one downward,
 but a register cap (maxnreg), which lowers a thread's registers by spilling."""
+COMPILER_STAGES = {"cuda": 3, "hip": 2}
+"""The pipeline stages Triton 3.9 compiles a launch that leaves a stages setting None with (CUDAOptions.num_stages,
+HIPOptions.num_stages): where None stands in a stages setting's value order on a target's backend."""
 
 Settings = dict[str, Any]
 Table = dict[str, Settings]
@@ -192,11 +197,27 @@ Probe = Callable[[dict[str, Any], Table, list[str]], dict[str, Figure]]
 """probe(params, table, targets): each target's figure for the template at ``params`` with ``table``'s settings."""
 
 
-def axis(choices: list) -> list:
-    """A setting's choices in value order, None last (the compiler's own choice: Triton's default stages, no
-    register cap, which sit at the top of their ranges): its neighbours are adjacent here, whatever order of
-    preference the sidecar lists them in."""
-    return sorted(choices, key=lambda v: (v is None, v if v is not None else 0))
+def compiled_as(key: str, value: Any, target: str | None) -> Any:
+    """What a launch setting's value compiles as on ``target``: None in a stages setting is the backend's
+    COMPILER_STAGES; any other value (None in a register cap: no cap) is itself."""
+    if value is None and target and "stages" in key:
+        return COMPILER_STAGES["cuda" if target.startswith("sm_") else "hip"]
+    return value
+
+
+def axis(choices: list, key: str = "", target: str | None = None) -> list:
+    """A setting's choices in value order, whatever order of preference the sidecar lists them in. None (the
+    compiler's own choice) stands where it compiles on ``target`` (a stages setting's: 3 on NVIDIA, 2 on AMD), in
+    place of that number, which would compile the same; else last (no register cap, or no target: the top of its
+    range)."""
+    own = compiled_as(key, None, target)
+    if own is not None and None in choices:
+        choices = [v for v in choices if v != own]
+
+    def position(v: Any) -> float:
+        as_compiled = compiled_as(key, v, target)
+        return float("inf") if as_compiled is None else as_compiled
+    return sorted(choices, key=position)
 
 
 def base_settings(per_target: dict[str, Settings], target: str, keys: list[str]) -> Settings:
@@ -207,12 +228,17 @@ def base_settings(per_target: dict[str, Settings], target: str, keys: list[str])
     return {k: merged.get(k) for k in keys}
 
 
-def step(template: Template, settings: Settings, key: str, direction: int) -> Settings | None:
-    """``settings`` with ``key`` one step along its value order (direction -1 or 1); None past either end."""
-    values = axis(template.launch[key]["choices"])
-    if settings[key] not in values or not 0 <= values.index(settings[key]) + direction < len(values):
+def step(template: Template, settings: Settings, key: str, direction: int, target: str | None = None
+         ) -> Settings | None:
+    """``settings`` with ``key`` one step along its value order on ``target`` (direction -1 or 1; a number that
+    None stands for there steps as None); None past either end."""
+    values = axis(template.launch[key]["choices"], key, target)
+    current = settings[key]
+    if current not in values and None in values and compiled_as(key, None, target) == current:
+        current = None
+    if current not in values or not 0 <= values.index(current) + direction < len(values):
         return None
-    return {**settings, key: values[values.index(settings[key]) + direction]}
+    return {**settings, key: values[values.index(current) + direction]}
 
 
 def relieving(key: str) -> int:
@@ -221,17 +247,18 @@ def relieving(key: str) -> int:
     return 0 if "maxnreg" in key else 1 if any(word in key for word in PRESSURE_UP) else -1
 
 
-def neighbours(template: Template, settings: Settings, relieve: bool) -> Iterator[tuple[Settings, str, str, int]]:
-    """(settings one step away along one launch setting, the move in words, the key, the direction); with
-    ``relieve`` (the target spills or does not compile), first every relieving step at once, then the relieving
+def neighbours(template: Template, settings: Settings, relieve: bool, target: str | None = None
+               ) -> Iterator[tuple[Settings, str, str, int]]:
+    """(settings one step away along one launch setting on ``target``, the move in words, the key, the direction);
+    with ``relieve`` (the target spills or does not compile), first every relieving step at once, then the relieving
     steps one by one, then the others."""
-    moves = [(moved, f"{key} {settings[key]} -> {moved[key]}", key, d)
-             for key in template.launch for d in (-1, 1) if (moved := step(template, settings, key, d)) is not None]
+    moves = [(moved, f"{key} {settings[key]} -> {moved[key]}", key, d) for key in template.launch for d in (-1, 1)
+             if (moved := step(template, settings, key, d, target)) is not None]
     if relieve:
         bold = {**settings}
-        for _, _, key, d in moves:
+        for moved, _, key, d in moves:
             if d == relieving(key):
-                bold[key] = step(template, settings, key, d)[key]
+                bold[key] = moved[key]
         changed = [k for k in bold if bold[k] != settings[k]]
         if len(changed) > 1:
             yield bold, "every setting one step toward fewer registers a thread: " + ", ".join(
@@ -397,11 +424,11 @@ class Tuner:
                     continue
                 if best[target][1].spills and stall[target] >= STALL and not any(
                         d == relieving(k) and m not in tried[target] for m, _, k, d in
-                        neighbours(self.template, settings, True)):
+                        [*neighbours(self.template, settings, True, target), *plateau[target]]):
                     stopped[target] = f"no relief from the last {stall[target]} settings tried (each one step " \
                                       f"toward fewer registers among them): the template's neighbouring points next"
                     continue
-                options = [*plateau[target], *neighbours(self.template, settings, best[target][1].spills),
+                options = [*plateau[target], *neighbours(self.template, settings, best[target][1].spills, target),
                            *across[target]]
                 move = next((m for m in options if m[0] not in tried[target]), None)
                 if move is None:
@@ -434,10 +461,11 @@ class Tuner:
                 if moved:
                     best[target], plateau[target], across[target] = (settings, figure), [], []
                 elif flat:
-                    if (further := step(self.template, settings, key, direction)) is not None:
+                    if (further := step(self.template, settings, key, direction, target)) is not None:
                         plateau[target].append((further, f"{key} {settings[key]} -> {further[key]}", key, direction))
                     across[target] += [(m, f"{text}, then {t}", k, d) for m, t, k, d in
-                                       neighbours(self.template, settings, False) if m[key] == settings[key]]
+                                       neighbours(self.template, settings, False, target)
+                                       if m[key] == settings[key]]
 
     def _sizes(self, params: dict) -> list[str]:
         """The point's parameters the point search may move: numbers (tiles, programs) that are no launch setting."""
