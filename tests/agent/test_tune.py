@@ -160,16 +160,17 @@ def test_a_bold_step_that_fails_has_each_of_its_single_steps_tried(tmp_path, mon
     assert warps > 2 and outcome.trials[1 + warps].moved
 
 
-def test_a_tie_toward_fewer_registers_has_its_next_step_tried_before_the_search_stops(warps_and_stages):
+def test_a_step_toward_fewer_registers_that_spills_as_much_has_the_next_one_tried(warps_and_stages):
     """The attention's dK/dV kernel on sm_80 at GPT-OSS's sliding layer (its compile matrix: 4 warps keep 8 B at
     Triton's own 3 stages and at 2, none at 1; 8 warps spill 32 B at another layer): after the bold step and more
-    warps, the step to 2 stages ties, and the stall must not end the search before the step past the tie, to 1."""
+    warps, the step to 2 stages spills as much (modelled 1% slower), and the stall must not end the search before
+    the step past it, to 1."""
     def probe(params, table, targets):
         def figure(target):
             settings = {"num_warps": params["num_warps"], "num_stages": None, **table.get(target, {})}
             stages = compiled_as("num_stages", settings["num_stages"], target)
             spilled = 32 if settings["num_warps"] == 8 else 0 if stages == 1 else 8
-            return Figure(ok=True, spilled_bytes=spilled, time_ms=1.0)
+            return Figure(ok=True, spilled_bytes=spilled, time_ms=1.012 if stages == 2 else 1.0)
         return {t: figure(t) for t in targets}
 
     outcome = Tuner(warps_and_stages, {"BD": 128, "num_warps": 4}, launch_table(warps_and_stages), ["sm_80"], probe,

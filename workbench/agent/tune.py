@@ -23,8 +23,8 @@ becomes the best; one that ties is a plateau: the next step the same way is trie
 neighbours (two settings that pay only together: more warps, then a register cap), and the search moves to a tie
 that changes fewer of the template's own settings. A target stops when no untried neighbour is left (the best is a
 local optimum), when it spills and STALL settings in a row relieved nothing (each one step toward fewer registers
-tried among them, and the next step past a tie that way: a bold step that failed says nothing of its parts, a tie
-nothing of the step after it), or when a budget ends (probes and seconds:
+tried among them, and the step past one that spilled as much: a bold step that failed says nothing of its parts,
+a step that spilled as much nothing of the next one), or when a budget ends (probes and seconds:
 SPILL_BUDGET times the port's while a target spills at the model suite or a shrunk point grows back; else, and for a
 spill at the smoke suite alone, the port's probes counted past those, and its seconds), and says which. Spills come
 first: once every spilling target has stopped, the spill-free targets' speed search waits for the point search and
@@ -66,7 +66,7 @@ DEFAULT_SECONDS = 600.0
 """The wall time after which the tuning starts no probe (a probe under way finishes: a compile is not cut)."""
 STALL = 2
 """Launch settings a spilling target tries in a row without spilling less, after which (and once each single step
-toward fewer registers from its best, and the next step past a tie that way, has been tried) its launch search
+toward fewer registers from its best, and the step past one that spilled as much, has been tried) its launch search
 stops and the template's neighbouring points are probed. In the walks of the reversed and the hand-ordered cards,
 89 of 90 launch settings that relieved a spill came at most one probe after the last relief (the other: 16 B, four
 after)."""
@@ -453,19 +453,24 @@ class Tuner:
                 moved = figure.better_than(before) or (flat and changes(target, settings) <
                                                        changes(target, best[target][0]))
                 flat = flat and not moved and key
+                # a step toward fewer registers that spills as much (slower or not) says nothing of the next one
+                onward = flat or (key and not moved and direction == relieving(key) and before.spills and figure.ok
+                                  and not figure.relieves(before) and not before.relieves(figure))
                 why = f"{text}: {figure.text()}" + (f", better than {before.text()}" if figure.better_than(before)
                                                     else ", as good and nearer the template's settings" if moved else
-                                                    ", no better: the next step that way too" if flat else "")
+                                                    ", no better: the next step that way too" if flat else
+                                                    ", spills as much: the next step that way too" if onward else "")
                 self._trial(target, params, settings, figure, moved, why)
                 plateau[target] = [m for m in plateau[target] if m[0] != settings]
                 if moved:
                     best[target], plateau[target], across[target] = (settings, figure), [], []
-                elif flat:
+                elif onward:
                     if (further := step(self.template, settings, key, direction, target)) is not None:
                         plateau[target].append((further, f"{key} {settings[key]} -> {further[key]}", key, direction))
-                    across[target] += [(m, f"{text}, then {t}", k, d) for m, t, k, d in
-                                       neighbours(self.template, settings, False, target)
-                                       if m[key] == settings[key]]
+                    if flat:
+                        across[target] += [(m, f"{text}, then {t}", k, d) for m, t, k, d in
+                                           neighbours(self.template, settings, False, target)
+                                           if m[key] == settings[key]]
 
     def _sizes(self, params: dict) -> list[str]:
         """The point's parameters the point search may move: numbers (tiles, programs) that are no launch setting."""
