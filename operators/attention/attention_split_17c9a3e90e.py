@@ -2,7 +2,8 @@
 
 FlashAttention-2 forward (online softmax, log-sum-exp kept) and a two-kernel backward (dK and dV per key block over the KV head's query group, then dQ per query block)
 params: BLOCK_M=16, BLOCK_N=16, DOT_DTYPE=input, num_warps=4
-launch on sm_90a: bwd_num_stages=3, bwd_num_warps=8, fwd_num_warps=8
+launch on sm_80: bwd_num_stages=1
+launch on sm_90a: bwd_num_warps=8
 """
 import torch
 import triton
@@ -18,7 +19,7 @@ DOT_DTYPE = "input"  # "input": tl.dot operands in the input dtype (tensor cores
 LAUNCH_TARGET = None  # the target whose launches are being recorded; None: the tensors' own device decides
 # The launch settings the port chose for each target (its tuning searched the template's declared space): they
 # override LAUNCH_SETTINGS for that target.
-TUNED_SETTINGS = {'sm_90a': {'bwd_num_stages': 3, 'bwd_num_warps': 8, 'fwd_num_warps': 8}}
+TUNED_SETTINGS = {'sm_80': {'bwd_num_stages': 1}, 'sm_90a': {'bwd_num_warps': 8}}
 
 
 def launch_target(device) -> str:
