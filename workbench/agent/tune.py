@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from workbench.backends import TARGETS
 from workbench.templating import Template, format_point
 from workbench.verify.aot import spill_counted
 from workbench.vocabulary import Verdict
@@ -201,7 +202,7 @@ def compiled_as(key: str, value: Any, target: str | None) -> Any:
     """What a launch setting's value compiles as on ``target``: None in a stages setting is the backend's
     COMPILER_STAGES; any other value (None in a register cap: no cap) is itself."""
     if value is None and target and "stages" in key:
-        return COMPILER_STAGES["cuda" if target.startswith("sm_") else "hip"]
+        return COMPILER_STAGES[TARGETS[target].backend]
     return value
 
 
@@ -223,7 +224,7 @@ def axis(choices: list, key: str = "", target: str | None = None) -> list:
 def base_settings(per_target: dict[str, Settings], target: str, keys: list[str]) -> Settings:
     """The settings a target runs with from the template alone (its LAUNCH_SETTINGS merged as the candidate's
     target_settings merges them: default, backend, target)."""
-    backend = "cuda" if target.startswith("sm_") else "hip"
+    backend = TARGETS[target].backend
     merged = {**per_target.get("default", {}), **per_target.get(backend, {}), **per_target.get(target, {})}
     return {k: merged.get(k) for k in keys}
 
