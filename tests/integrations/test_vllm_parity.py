@@ -104,6 +104,7 @@ def test_on_a_gpu_the_operators_compile_and_softmax_attention_takes_vllms_custom
     on vLLM's own GPU backends; on CPU, DeepSeek-V3's MLA on the CPU_MLA backend the plugin replaces."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the suite's own environment may have it
     assert child_env(str(tmp_path), tmp_path, "cpu")["TRITON_INTERPRET"] == "1"
+    assert child_env(str(tmp_path), tmp_path, "cpu")["TORCH_COMPILE_DISABLE"] == "1"
     assert "TRITON_INTERPRET" not in child_env(str(tmp_path), tmp_path, "cuda")
     assert engine_args("llama", "cuda") == engine_args("gpt_oss", "cuda") == {"attention_config": {"backend": "CUSTOM"}}
     assert engine_args("deepseek_v3", "cuda") == engine_args("kimi_linear", "cuda") == {}

@@ -2,15 +2,15 @@
 project's): ``python -m workbench.integrations.vllm_child`` with a job (JSON) on stdin, answering one line
 ``@@vllm <json>`` on stdout ({"error"} on failure).
 
-- ``{"mode": "build", "model_type", "config", "seed", "dir"}``: a random-weight model of the transformers class
-  saved to ``dir`` in float32 (vLLM loads it as a checkpoint). With ``"mxfp4_dir"``: its routed experts published
-  in MXFP4 as compressed-tensors writes them (``experts_in_mxfp4``), dequantized in ``dir``.
-- ``{"mode": "serve", "dir", "prompts", "new_tokens", "dtype"}``: vLLM's offline engine (``vllm.LLM``, eager, in
-  this process: VLLM_ENABLE_V1_MULTIPROCESSING=0, so the op counts are this process's) greedily decodes
-  ``new_tokens`` after each prompt (token ids); the answer has each prompt's tokens and each step's log-probability
-  of its token, the workbench ops that ran (workbench.kernels._ops.RUNS), the classes the plugin replaced, the
-  instances of each vLLM built and the calls it handed back to vLLM. Whether the plugin is on is the environment's
-  WORKBENCH_VLLM.
+- ``{"mode": "serve", "dir", "prompts", "new_tokens", "dtype"}``, optionally with ``"build": {"model_type",
+  "config", "seed", "dir"}``, which first saves a random-weight model of the transformers class to ``dir`` in float32
+  (vLLM loads it as a checkpoint; with ``"mxfp4_dir"`` its routed experts are also published in MXFP4 as
+  compressed-tensors writes them, ``experts_in_mxfp4``, dequantized in ``dir``): vLLM's offline engine
+  (``vllm.LLM``, eager, in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0, so the op counts are this process's)
+  greedily decodes ``new_tokens`` after each prompt (token ids); the answer has each prompt's tokens and each step's
+  log-probability of its token, the workbench ops that ran (workbench.kernels._ops.RUNS), the classes the plugin
+  replaced, the instances of each vLLM built and the calls it handed back to vLLM. Whether the plugin is on is the
+  environment's WORKBENCH_VLLM.
 - ``{"mode": "layers"}``: what the plugin replaces outside a model, the plugins loaded by vLLM's own loader: vLLM's
   activation layers as Kimi K3's serving code builds them, and vLLM's router beside the plugin's routing
   (``layers``).
@@ -86,6 +86,7 @@ def experts_in_mxfp4(shipped: Path, mxfp4: Path) -> int:
 
 def serve(job: dict) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    built = build(job["build"]) if "build" in job else None  # before vLLM: the model is saved as transformers does
     from vllm import LLM, SamplingParams
 
     from workbench.integrations import vllm_plugin
@@ -104,7 +105,8 @@ def serve(job: dict) -> dict:
                         "logprobs": [step[token].logprob for step, token in zip(done.logprobs, done.token_ids,
                                                                                  strict=True)]})
     return {"sequences": answers, "op_runs": dict(sorted(RUNS.items())), "replaced": vllm_plugin.REPLACED,
-            "built": dict(vllm_plugin.BUILT), "fallbacks": dict(vllm_plugin.FALLBACKS), "plugin": vllm_plugin.enabled()}
+            "built": dict(vllm_plugin.BUILT), "fallbacks": dict(vllm_plugin.FALLBACKS), "plugin": vllm_plugin.enabled(),
+            **({"model": built} if built else {})}
 
 
 ROUTERS = {
@@ -175,7 +177,7 @@ def main() -> None:
     from workbench.integrations.parity_child import reply
 
     job = json.loads(sys.stdin.read())
-    reply(MARK, lambda: {"build": build, "serve": serve, "layers": layers}[job["mode"]](job))
+    reply(MARK, lambda: {"serve": serve, "layers": layers}[job["mode"]](job))
 
 
 if __name__ == "__main__":

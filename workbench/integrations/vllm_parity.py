@@ -3,7 +3,7 @@ workbench's vLLM plugin on (workbench/integrations/vllm_plugin.py), the same pro
 the tokens, each step's log-probability of its token, and the ops that ran are compared.
 
     model_type (one of TINY) -> a child in the vLLM venv saves the random model (transformers' class, a seed)
-      -> a child serves it with WORKBENCH_VLLM=0 (vLLM as shipped), another with WORKBENCH_VLLM=1 (the plugin)
+      -> the same child serves it with WORKBENCH_VLLM=0 (vLLM as shipped), another with WORKBENCH_VLLM=1 (the plugin)
       -> ParityResult: generate_match (the share of prompts whose tokens are all the shipped engine's),
          logprob_dev (the largest |log p shipped - log p patched| of a step's token, up to the first differing
          token), the ops' run counts; a plugin that replaced nothing, or a block of a replacement vLLM built that never
@@ -160,14 +160,17 @@ def inductor_cache() -> Path:
 def child_env(scratch: str, operators_dir: Path | None, device: str = "cpu") -> dict[str, str]:
     """A vLLM child's environment: the operators (``operators_dir``, else the settings'), on the Triton interpreter
     for ``device`` "cpu" (compiled on "cuda"), a scratch TMPDIR and Triton cache, the shared inductor cache, no hub
-    access."""
+    access; on CPU, torch.compile off."""
     from workbench.config import Settings
 
     operators = Path(operators_dir or Settings.load().operators_dir).resolve()
     env = {**os.environ, "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators), "HF_HUB_OFFLINE": "1",
            "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
     if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
+        # torch.compile off: on CPU the engine's only compiled function is the sampler's logprob rank
+        # (v1/sample/ops/logprobs.py, batched_count_greater_than), an integer count eager computes exactly; tracing
+        # it costs 7 to 10 s a process
+        env.update(TRITON_INTERPRET="1", TORCH_COMPILE_DISABLE="1")
     else:
         env.pop("TRITON_INTERPRET", None)
     return env
@@ -207,12 +210,13 @@ def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32"
         env = child_env(scratch, operators_dir, device)
         model_dir, mxfp4_dir = str(Path(scratch) / "model"), str(Path(scratch) / "model-mxfp4")
         try:
-            built = child({"mode": "build", "model_type": base, "config": config, "seed": seed, "dir": model_dir,
-                           **({"mxfp4_dir": mxfp4_dir} if mxfp4 else {})}, env, timeout_s)
             serve = {"mode": "serve", "dir": model_dir, "prompts": [list(p) for p in PROMPTS],
                      "new_tokens": new_tokens, "dtype": dtype, "max_model_len": 128,
                      "engine": engine_args(base, device)}
-            shipped = child(serve, {**env, "WORKBENCH_VLLM": "0"}, timeout_s)
+            build = {"mode": "build", "model_type": base, "config": config, "seed": seed, "dir": model_dir,
+                     **({"mxfp4_dir": mxfp4_dir} if mxfp4 else {})}
+            shipped = child({**serve, "build": build}, {**env, "WORKBENCH_VLLM": "0"}, timeout_s)
+            built = shipped["model"]
             patched = child({**serve, "dir": mxfp4_dir if mxfp4 else model_dir}, {**env, "WORKBENCH_VLLM": "1"},
                             timeout_s)
         except WorkbenchError as exc:
