@@ -167,9 +167,9 @@ def child_env(scratch: str, operators_dir: Path | None, device: str = "cpu") -> 
     env = {**os.environ, "TMPDIR": scratch, "WORKBENCH_OPERATORS": str(operators), "HF_HUB_OFFLINE": "1",
            "TRITON_CACHE_DIR": str(Path(scratch) / "triton-cache"), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache())}
     if device == "cpu":
-        # torch.compile off: on CPU the engine's only compiled function is the sampler's logprob rank
-        # (v1/sample/ops/logprobs.py, batched_count_greater_than), an integer count eager computes exactly; tracing
-        # it costs 7 to 10 s a process
+        # torch.compile off: the functions vLLM's CPU build compiles (the sampler's logprob rank, an integer count;
+        # DeepSeek's grouped top-k; the clamped SwiGLU's torch fallback) run as the same torch code, eager, without
+        # inductor's fusions, in both engines; tracing them cost 7 to 10 s a process
         env.update(TRITON_INTERPRET="1", TORCH_COMPILE_DISABLE="1")
     else:
         env.pop("TRITON_INTERPRET", None)
