@@ -42,10 +42,10 @@ def assert_templates_render_each_choice(block: str) -> None:
 
 
 def verify_first_point(tmp_path, block: str, template: str, base_seed: int, forward_only: bool = False,
-                       suites: list[str] | None = None):
+                       suites: list[str] | None = None, dtypes: list[str] | None = None):
     """The template's first point rendered to tmp_path and fully verified through the sandbox on the Triton
-    interpreter (one seed; the outputs only when forward_only; ``suites``, else smoke and edge); the
-    VerificationResult."""
+    interpreter (one seed; the outputs only when forward_only; ``suites``, else smoke and edge; ``dtypes``, else the
+    block's); the VerificationResult."""
     from workbench.backends import get_backend
     from workbench.templating import load_template
     from workbench.verify.harness import verify_candidate
@@ -54,7 +54,13 @@ def verify_first_point(tmp_path, block: str, template: str, base_seed: int, forw
     path = tmp_path / f"{block}_{template}.py"
     path.write_text(t.render(next(t.points())))
     return verify_candidate(path, backend=get_backend("interpreter"), seeds=1, base_seed=base_seed,
-                            forward_only=forward_only, suites=suites)
+                            forward_only=forward_only, suites=suites, dtypes=dtypes)
+
+
+UNPROMOTED = ["float32"]
+"""The dtypes a template the port does not promote is verified at in the suite: its numerics and its builds for the
+targets (the interpreter's float16 doubles a verification's time; the promoted template holds the block's dtypes,
+and a port that picks this one verifies it at every dtype)."""
 
 
 def numeric_directions(result) -> set[str]:
