@@ -91,3 +91,25 @@ def test_an_op_on_no_tensor_is_not_counted():
 
     found = tally(Promotes(), torch.arange(N).reshape(1, N))
     assert set(found.torch[("Promotes", "")]) == {"flops", "bytes", "op:_to_copy", "op:mul"}
+
+
+def test_a_gemm_against_a_whole_parameter_is_a_projection_and_one_against_a_slice_is_not():
+    """A weight a module holds outside an nn.Linear (Inkling2's rel_logits_proj.proj) is a plain projection's, even
+    through a matmul that folds a 3-D input (its reshape's _unsafe_view aliases, moving nothing); an expert's slice
+    of stacked experts is a grouped GEMM's, which counts."""
+
+    class Held(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Parameter(torch.randn(D, D))
+            self.experts = nn.Parameter(torch.randn(2, D, D))
+
+        def forward(self, input_ids):
+            x = input_ids.float()[..., None].expand(*input_ids.shape, D)  # [1, N, D]
+            folded = torch.ops.aten._unsafe_view(x @ self.proj, (N, D))  # as matmul's own reshape returns it
+            return folded + x[0] @ self.experts[1]
+
+    found = tally(Held(), torch.arange(N).reshape(1, N))
+    ops = {k for k in found.torch[("Held", "")] if k.startswith("op:")}
+    assert ops == {"op:_to_copy", "op:mm", "op:add"}, ops
+    assert found.torch[("Held", "")]["op:mm"] == 1  # the expert's; the projection's is not counted

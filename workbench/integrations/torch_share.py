@@ -4,19 +4,21 @@ its modelled FLOPs and bytes, charged to the innermost module that ran it.
     torch_share(shipped, patched, ids) -> {"flops_share", "bytes_share", "flops_torch", "bytes_torch",
                                            "flops_total", "bytes_total", "ported_calls", "left": [...]}
 
-``flops_total`` and ``bytes_total`` are the shipped model's compute outside plain projections (every op but those of
-nn.Linear and nn.Embedding modules, whose weights a port keeps as GEMMs and gathers); ``flops_torch`` and
-``bytes_torch`` are what of the patched model's forward still runs as torch ops there (its workbench::<block> ops run
-the ported kernels, opaque to the mode); the shares are their ratios (0: every such op is a ported kernel). ``left``
-lists the patched model's torch compute by module class (the example path, FLOPs, bytes, its heaviest ops), most
-FLOPs first.
+``flops_total`` and ``bytes_total`` are the shipped model's compute outside plain projections: every op but those of
+nn.Linear and nn.Embedding modules (whose weights a port keeps as GEMMs and gathers) and but a GEMM one of whose
+operands is a whole parameter of the model (a weight a module holds outside an nn.Linear, as Inkling2's relative
+logits' projection rel_logits_proj.proj; a slice of one, as an expert's of stacked experts, is a grouped GEMM's and
+counts). ``flops_torch`` and ``bytes_torch`` are what of the patched model's forward still runs as torch ops there
+(its workbench::<block> ops run the ported kernels, opaque to the mode); the shares are their ratios (0: every such
+op is a ported kernel). ``left`` lists the patched model's torch compute by module class (the example path, FLOPs,
+bytes, its heaviest ops), most FLOPs first.
 
 Modelled, not measured: an op's FLOPs are torch.utils.flop_counter's formula where it has one (mm, bmm, addmm,
 convolutions, the fused attentions), two per multiply-add of CPU's fused attention, else one per element of its
 largest tensor (an elementwise op's output, a reduction's input); its bytes are its tensor inputs' and outputs' sizes
-(the memory traffic of an unfused op). View ops (views, expands, transposes) and ops on no tensor (dtype promotion)
-compute and move nothing and are not counted. The figures are the tiny instance's: its widths and lengths, not the
-published config's.
+(the memory traffic of an unfused op). View ops (views, expands, transposes; _unsafe_view, the alias a matmul's
+reshape returns) and ops on no tensor (dtype promotion) compute and move nothing and are not counted. The figures are
+the tiny instance's: its widths and lengths, not the published config's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ PLAIN = (nn.Linear, nn.Embedding)
 """Modules whose ops are plain projections (GEMMs with a weight) and gathers: outside the figure."""
 PORTED = ("workbench",)
 """The op namespaces that are ported kernels."""
+GEMMS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm, torch.ops.aten.baddbmm}
+"""The GEMMs a whole parameter as an operand makes plain projections."""
+ALIASING = {torch.ops.aten._unsafe_view}
+"""Ops that alias their input without being flagged as views (a reshape's result torch does not track as one)."""
 
 
 def _cpu_attention_flops(query, key, value, *args, **kwargs) -> int:
@@ -69,6 +75,7 @@ class ForwardTally(TorchDispatchMode):
         self.stack: list[tuple[str, nn.Module]] = [("", model)]
         self.torch: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
         self.ported: collections.Counter = collections.Counter()
+        self.weights = {(p.untyped_storage().data_ptr(), p.numel()) for p in model.parameters()}
         self.hooks = [h for path, module in model.named_modules() if path for h in (
             module.register_forward_pre_hook(lambda m, a, path=path: self.stack.append((path, m))),
             module.register_forward_hook(self._leave, always_call=True))]
@@ -82,13 +89,19 @@ class ForwardTally(TorchDispatchMode):
         path, module = self.stack[-1]
         if func.namespace in self.ported_namespaces:
             self.ported[func.overloadpacket.__name__] += 1
-        elif not func.is_view and not isinstance(module, PLAIN) and \
+        elif not (func.is_view or func.overloadpacket in ALIASING or isinstance(module, PLAIN)
+                  or self._projection(func, args)) and \
                 any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs, out))):
             tally = self.torch[(type(module).__name__, path)]
             tally["flops"] += op_flops(func, args, kwargs, out)
             tally["bytes"] += op_bytes(args, kwargs, out)
             tally[f"op:{func.overloadpacket.__name__}"] += 1
         return out
+
+    def _projection(self, func, args) -> bool:
+        """A GEMM one of whose operands is a whole parameter of the model (or a view of all of it)."""
+        return func.overloadpacket in GEMMS and any(
+            isinstance(t, torch.Tensor) and (t.untyped_storage().data_ptr(), t.numel()) in self.weights for t in args)
 
     def remove(self) -> None:
         for hook in self.hooks:
