@@ -17,13 +17,16 @@ ref = SPEC.reference
 
 def transformers_rotary(inputs: dict) -> torch.Tensor:
     """DeepSeek-V3's modeling functions on x as [B, H, T, D], the channels past cos's width passed through, as the
-    partial-rotary families split them."""
+    partial-rotary families split them; with rope_last, the last channels rotated and the first passed, as
+    DeepseekV3Attention splits its query [nope | rope] and concatenates it back."""
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
 
     x, r = inputs["x"].transpose(1, 2), inputs["cos"].shape[-1]
     apply = ds.apply_rotary_pos_emb_interleave if inputs["interleaved"] else ds.apply_rotary_pos_emb
-    rotated, _ = apply(x[..., :r], x[..., :r], inputs["cos"], inputs["sin"])
-    return torch.cat([rotated, x[..., r:]], dim=-1).transpose(1, 2)
+    passed, rope = x.split([x.shape[-1] - r, r], dim=-1) if inputs["rope_last"] else (x[..., r:], x[..., :r])
+    rotated, _ = apply(rope, rope, inputs["cos"], inputs["sin"])
+    parts = [passed, rotated] if inputs["rope_last"] else [rotated, passed]
+    return torch.cat(parts, dim=-1).transpose(1, 2)
 
 
 @pytest.mark.parametrize("shape", SPEC.shapes["smoke"] + SPEC.shapes["edge"])
@@ -93,6 +96,19 @@ def test_make_inputs_and_suites():
     shapes = SPEC.shapes["smoke"] + SPEC.shapes["edge"]
     assert {s.get("interleaved", 0) for s in shapes} == {0, 1} and any(s["R"] < s["D"] for s in shapes)
     assert any(s["H"] == 1 for s in shapes) and any((s["R"] // 2) & (s["R"] // 2 - 1) for s in shapes)
+    assert {(s.get("interleaved", 0), s["R"] < s["D"]) for s in shapes if s.get("last")} == {(0, True), (1, True)}
+    assert SPEC.make_inputs({"B": 1, "T": 2, "H": 1, "D": 8, "R": 4, "last": 1}, torch.float32, 0)["rope_last"]
+
+
+def test_the_rope_part_last_rotates_the_last_channels_and_passes_the_first():
+    """An MLA query [nope | rope]: the last R channels rotated as a rope part of their own is, the first D - R
+    unchanged; gradients as the closed form's, the passed channels' dy through."""
+    inputs = SPEC.make_inputs({"B": 2, "T": 3, "H": 2, "D": 14, "R": 6, "interleaved": 1, "last": 1}, torch.float64, 7)
+    x = inputs["x"].requires_grad_()
+    y = ref(**inputs)
+    torch.testing.assert_close(y[..., :8], x[..., :8], rtol=0, atol=0)
+    torch.testing.assert_close(y[..., 8:], ref(x[..., 8:], inputs["cos"], inputs["sin"], True), rtol=0, atol=0)
+    assert torch.autograd.gradcheck(lambda x: ref(x, inputs["cos"], inputs["sin"], True, True), (x,))
 
 
 def test_templates_render_each_choice_to_a_candidate():

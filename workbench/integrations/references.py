@@ -358,7 +358,8 @@ def kda_prologue() -> list[Comparison]:
 
 def rotary() -> list[Comparison]:
     """rotary against transformers' rotations on each family's own rotary embedding (cos, sin at positions 0 to
-    T - 1 with an offset): DeepSeek-V3's interleaved pairs (its yarn-scaled embedding), the DSA indexer's rotate-half
+    T - 1 with an offset): DeepSeek-V3's interleaved pairs (its yarn-scaled embedding) on the rope part and on the whole
+    query (rope_last, as its attention splits and concatenates it), the DSA indexer's rotate-half
     on [B, T, H, R] (DeepSeek-V3.2, unsqueeze_dim 2), Qwen3-Next's partial rotary (a quarter of the head), GPT-OSS's
     half-width table doubled (the attention kind's "doubled" angle table); and
     DeepSeek-V3's interleaved form held to rotate-half."""
@@ -380,6 +381,15 @@ def rotary() -> list[Comparison]:
     rows = [_compare("rotary", "DeepSeek-V3 apply_rotary_pos_emb_interleave (MLA's rope part, yarn)",
                      lambda: ref(q.transpose(1, 2), cos, sin, True).transpose(1, 2),
                      lambda: ds.apply_rotary_pos_emb_interleave(q, q, cos, sin)[0], [q])]
+    qm = _leaf(2, 7, 3, 24 + 16, g=g)  # an MLA query [B, T, H, DN + DR], the rope part last
+
+    def deepseek_query():  # DeepseekV3Attention.forward: split, rotate the rope part, concatenate
+        q_nope, q_rope = qm.split([24, 16], dim=-1)
+        return torch.cat([q_nope, ds.apply_rotary_pos_emb_interleave(q_rope.transpose(1, 2), q_rope.transpose(1, 2),
+                                                                     cos, sin)[0].transpose(1, 2)], dim=-1)
+
+    rows.append(_compare("rotary", "DeepSeek-V3's MLA query as its attention rotates it (split, rope part, "
+                         "concatenation), rope_last", lambda: ref(qm, cos, sin, True, True), deepseek_query, [qm]))
     cos32, sin32 = angles(ds32.DeepseekV32RotaryEmbedding, ds32.DeepseekV32Config(qk_rope_head_dim=16))
     qi = _leaf(2, 7, 4, 16, g=g)  # [B, T, H, R] as the indexer rotates it
     rows.append(_compare("rotary", "DeepSeek-V3.2 apply_rotary_pos_emb (the indexer's rotate-half, unsqueeze_dim 2)",

@@ -181,7 +181,8 @@ def mla_latents(self: nn.Module, hidden_states: torch.Tensor, rotate=None, q_res
     """An MLA module's projections (DeepSeek-V2 naming: q_proj or q_a_proj/q_a_layernorm/q_b_proj,
     kv_a_proj_with_mqa, kv_a_layernorm): q [B, T, H, DN + DR], c_kv [B, T, R] (normalised), k_rope [B, T, DR].
     ``rotate(q_rope [B, H, T, DR], k_rope [B, 1, T, DR])`` -> both rotated: the family's rotary embedding, in torch
-    (None: no rotary embedding, Kimi's mla_use_nope). ``q_resid``: q_a_layernorm(q_a_proj(x)) where the caller has
+    (None: no rotary embedding, Kimi's mla_use_nope); where it has ``rope_last`` (``rotation``), q and k_rope are
+    rotated whole by it instead. ``q_resid``: q_a_layernorm(q_a_proj(x)) where the caller has
     it already (DSA's indexer reads it too)."""
     b, t = hidden_states.shape[:2]
     if self.q_lora_rank is None:
@@ -191,7 +192,10 @@ def mla_latents(self: nn.Module, hidden_states: torch.Tensor, rotate=None, q_res
     q = q.view(b, t, self.num_heads, self.qk_head_dim)
     c_kv, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
     c_kv = self.kv_a_layernorm(c_kv)
-    if rotate is not None:
+    if getattr(rotate, "rope_last", None) is not None:  # no split of q, no concatenation
+        q = rotate.rope_last(q)
+        k_rope = rotate.rope_last(k_rope.view(b, t, 1, self.qk_rope_head_dim)).view(b, t, self.qk_rope_head_dim)
+    elif rotate is not None:
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         q_rope, k_rope = rotate(q_rope.transpose(1, 2), k_rope.view(b, 1, t, self.qk_rope_head_dim))
         q, k_rope = torch.cat([q_nope, q_rope.transpose(1, 2)], dim=-1), k_rope.view(b, t, self.qk_rope_head_dim)
@@ -409,13 +413,21 @@ def rotation(self: nn.Module, position_embeddings, shipped_apply: Callable, inte
     rope parts) or [B, T, H, R] (2: the indexer's), rotated on the module's position embeddings (cos, sin
     [B, T, R]) by workbench::rotary (``interleaved``: transformers' _interleave form) where the module computes
     that block (``computes``), else by ``shipped_apply`` (the family's apply_rotary_pos_emb or its _interleave
-    form)."""
+    form). Its ``rope_last``: x [B, T, H, D] -> its last R channels rotated by one workbench::rotary call, the others
+    passed (an MLA query [nope | rope] rotated whole; a rope key, D = R), where the module computes that block, else
+    None."""
     cos, sin = position_embeddings
     if not computes(self, "rotary"):
-        return lambda q, k: shipped_apply(q, k, cos, sin, unsqueeze_dim=heads_dim)
-    if heads_dim == 2:
-        return lambda q, k: (ops.rotary(q, cos, sin, interleaved), ops.rotary(k, cos, sin, interleaved))
-    return lambda q, k: tuple(ops.rotary(x.transpose(1, 2), cos, sin, interleaved).transpose(1, 2) for x in (q, k))
+        def rotate(q, k):
+            return shipped_apply(q, k, cos, sin, unsqueeze_dim=heads_dim)
+    elif heads_dim == 2:
+        def rotate(q, k):
+            return ops.rotary(q, cos, sin, interleaved), ops.rotary(k, cos, sin, interleaved)
+    else:
+        def rotate(q, k):
+            return tuple(ops.rotary(x.transpose(1, 2), cos, sin, interleaved).transpose(1, 2) for x in (q, k))
+    rotate.rope_last = (lambda x: ops.rotary(x, cos, sin, interleaved, True)) if computes(self, "rotary") else None
+    return rotate
 
 
 ROTARY_TABLES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

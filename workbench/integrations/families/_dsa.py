@@ -97,22 +97,18 @@ def dsa_attention(self: nn.Module, hidden_states: torch.Tensor, rotate, rotate_i
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The DSA layer's output [B,T,D] and its selection [B,T,k] (-1 padded): the indexer's (``rotate_index`` its
     rotary embedding; ``select_keys(q_resid)`` instead where the layer's indexer is not DeepSeek's: GLM-5-Next's
-    k-pools) or ``indices`` given (a shared layer's). ``rotate(q_rope [B,H,T,DR], k_rope [B,1,T,DR])`` is the main
-    attention's rotary embedding. ``cache`` (empty for this layer): the latents and the index keys written to it,
+    k-pools) or ``indices`` given (a shared layer's). ``rotate`` is the main attention's rotary embedding, as
+    ``mla_latents`` takes it. ``cache`` (empty for this layer): the latents and the index keys written to it,
     as the shipped forward does."""
     b, t = hidden_states.shape[:2]
     q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
-    q = self.q_b_proj(q_resid).view(b, t, self.num_heads, self.qk_head_dim).transpose(1, 2)
-    q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-    c_kv, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-    c_kv = self.kv_a_layernorm(c_kv)
-    q_rope, k_rope = rotate(q_rope, k_rope.view(b, 1, t, self.qk_rope_head_dim))
+    q, c_kv, k_rope = mla_latents(self, hidden_states, rotate, q_resid)  # q [B, T, H, DN + DR], k_rope [B, T, DR]
     if cache is not None:
-        cache.update(c_kv.view(b, 1, t, self.kv_lora_rank), k_rope, self.layer_idx)
+        cache.update(c_kv.view(b, 1, t, self.kv_lora_rank), k_rope.view(b, 1, t, self.qk_rope_head_dim),
+                     self.layer_idx)
     kv = self.kv_b_proj(c_kv).view(b, t, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
     k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-    q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)  # [B, T, H, DN + DR]
-    k = torch.cat([k_nope, k_rope.transpose(1, 2).expand(b, t, self.num_heads, self.qk_rope_head_dim)], dim=-1)
+    k = torch.cat([k_nope, k_rope[:, :, None].expand(b, t, self.num_heads, self.qk_rope_head_dim)], dim=-1)
     if indices is None:
         indices = select(self, hidden_states, q_resid, rotate_index, cache) if select_keys is None \
             else select_keys(q_resid)
