@@ -222,15 +222,16 @@ class KimiK3DeltaAttention(OpsModule):
 
     def forward(self, x: torch.Tensor, rows: Rows) -> torch.Tensor:
         n, (h, k) = x.shape[0], (self.heads, self.head_dim)
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [N, 3*H*K]
         f = self.f_b_proj(self.f_a_proj(x)).view(1, n, h, k)
         g = self.ops["kda_gate"](f, self.A_log, self.dt_bias.view(h, k), self.lower_bound)[0]  # [N, H, K] fp32
         beta_logits = self.b_proj(x)  # [N, H]
-        if rows.cache is not None:
+        if rows.cache is not None:  # the conv state is vLLM's, packed [3*H*K]
+            mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
             o = self._serve(mixed, g, beta_logits, rows)
-        else:
-            mixed = self.ops["kda_short_conv"](mixed.view(rows.batch, rows.length, -1), self.conv_weight())
-            q, k_, v = (part.reshape(-1, h, k) for part in mixed.reshape(n, -1).split(h * k, dim=-1))
+        else:  # one short convolution each, as fla's KimiDeltaAttention trains (the same depthwise math, no packing)
+            q, k_, v = (self.ops["kda_short_conv"](proj(x).view(rows.batch, rows.length, -1), conv.weight[:, 0])
+                        .reshape(n, h, k) for proj, conv in ((self.q_proj, self.q_conv1d), (self.k_proj, self.k_conv1d),
+                                                             (self.v_proj, self.v_conv1d)))
             q, k_, beta = self.ops["kda_prologue"](q, k_, beta_logits, L2NORM_EPS)
             o, _ = self.ops["kda"](*(t.view(rows.batch, rows.length, h, -1) for t in (q, k_, v)),
                                    g.to(x.dtype).view(rows.batch, rows.length, h, k),
