@@ -213,7 +213,7 @@ def run_vllm_parity(model_type: str, new_tokens: int = 8, dtype: str = "float32"
             serve = {"mode": "serve", "dir": model_dir, "prompts": [list(p) for p in PROMPTS],
                      "new_tokens": new_tokens, "dtype": dtype, "max_model_len": 128,
                      "engine": engine_args(base, device)}
-            build = {"mode": "build", "model_type": base, "config": config, "seed": seed, "dir": model_dir,
+            build = {"model_type": base, "config": config, "seed": seed, "dir": model_dir,
                      **({"mxfp4_dir": mxfp4_dir} if mxfp4 else {})}
             shipped = child({**serve, "build": build}, {**env, "WORKBENCH_VLLM": "0"}, timeout_s)
             built = shipped["model"]

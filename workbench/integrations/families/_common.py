@@ -417,7 +417,8 @@ def rotation(self: nn.Module, position_embeddings, shipped_apply: Callable, inte
     passed (an MLA query [nope | rope] rotated whole; a rope key, D = R), where the module computes that block, else
     None."""
     cos, sin = position_embeddings
-    if not computes(self, "rotary"):
+    ported = computes(self, "rotary")
+    if not ported:
         def rotate(q, k):
             return shipped_apply(q, k, cos, sin, unsqueeze_dim=heads_dim)
     elif heads_dim == 2:
@@ -426,7 +427,7 @@ def rotation(self: nn.Module, position_embeddings, shipped_apply: Callable, inte
     else:
         def rotate(q, k):
             return tuple(ops.rotary(x.transpose(1, 2), cos, sin, interleaved).transpose(1, 2) for x in (q, k))
-    rotate.rope_last = (lambda x: ops.rotary(x, cos, sin, interleaved, True)) if computes(self, "rotary") else None
+    rotate.rope_last = (lambda x: ops.rotary(x, cos, sin, interleaved, True)) if ported else None
     return rotate
 
 

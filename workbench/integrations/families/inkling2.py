@@ -28,6 +28,8 @@ each sublayer, RMSNorm.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from transformers.models.inkling2 import modeling_inkling2 as shipped
@@ -63,17 +65,11 @@ def router_forward(self: nn.Module, hidden_states: torch.Tensor):
     return requested_logits(self, x), weights, ids
 
 
-UNIT: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
-"""The unit weights [D] of Inkling2's unweighted RMS norms, made once per width, dtype and device (a constant a
-kernel is handed, not a tensor filled at every call)."""
-
-
-def unit(width: int, like: torch.Tensor) -> torch.Tensor:
-    """ones [width] in ``like``'s dtype and device (UNIT)."""
-    key = (width, like.dtype, like.device)
-    if key not in UNIT:
-        UNIT[key] = torch.ones(width, dtype=like.dtype, device=like.device)
-    return UNIT[key]
+@functools.cache
+def unit(width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """ones [width]: the unit weight of Inkling2's unweighted RMS norms, made once per width, dtype and device (a
+    constant a kernel is handed, not a tensor filled at every call)."""
+    return torch.ones(width, dtype=dtype, device=device)
 
 
 def attention_residual_forward(self: nn.Module, block_states: torch.Tensor,
@@ -84,8 +80,9 @@ def attention_residual_forward(self: nn.Module, block_states: torch.Tensor,
     sources = torch.cat([block_states, partial_block_states.unsqueeze(-2)], dim=-2).float()
     b, t, s, d = sources.shape
     sources = sources.permute(2, 0, 1, 3).reshape(s, b * t, d)
-    return tuple(ops.attnres(sources, query.float(), unit(d, sources), None, self.norm.eps, d ** -0.5, True)[0]
-                 .view(b, t, d) for query in self.query.view(-1, d))
+    ones = unit(d, sources.dtype, sources.device)
+    return tuple(ops.attnres(sources, query.float(), ones, None, self.norm.eps, d ** -0.5, True)[0].view(b, t, d)
+                 for query in self.query.view(-1, d))
 
 
 def short_convolution_forward(self: nn.Module, hidden_states: torch.Tensor, past_key_values=None,
@@ -171,8 +168,8 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor, attention_ma
             relative = (relative.float() * tau[..., None, None]).to(relative.dtype)
         key = self.k_l2_clip(key.view(hidden_shape))
     values = value.view(hidden_shape).float()  # the unweighted RMSNorm in float32, as shipped
-    value = (ops.rmsnorm(values, unit(self.head_dim, values), self.v_norm.eps) if "rmsnorm" in self.workbench_blocks
-             else self.v_norm(values)).to(value.dtype)
+    value = (ops.rmsnorm(values, unit(self.head_dim, values.dtype, values.device), self.v_norm.eps)
+             if "rmsnorm" in self.workbench_blocks else self.v_norm(values)).to(value.dtype)
     if past_key_values is not None:
         key, value = (x.transpose(1, 2) for x in past_key_values.update(key.transpose(1, 2), value.transpose(1, 2),
                                                                          self.layer_idx))
